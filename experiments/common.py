@@ -1,0 +1,89 @@
+"""Helpers shared by the experiment scripts: running a step in a fresh process, timing compiled
+artifacts side by side, and writing CSV / markdown tables."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_step(script: Path, args: Sequence[str], log: Path) -> dict:
+    """Run ``script --step ...`` in a fresh Python process; it prints one JSON line last."""
+    started = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.run([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=out, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script.name} {' '.join(args)} failed (exit {proc.returncode}); see {log}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["process_seconds"] = time.monotonic() - started
+    return result
+
+
+def time_side_by_side(artifacts: dict[str, str], kind: str, args: list, device: str, log: Path, processes: int = 3) -> dict[str, float]:
+    """Time two artifacts ("ours" and "stock") in ``processes`` fresh processes, alternating
+    between them within each. On a shared machine the speed of a whole process varies by ~10%,
+    so the ratio is taken within each process and the median over processes is reported."""
+    request = json.dumps({"artifacts": artifacts, "kind": kind, "args": args, "device": device})
+    per_process = []
+    for _ in range(processes):
+        with open(log, "a") as err:
+            out = subprocess.run([sys.executable, __file__, request], stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT, check=True)
+        per_process.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    result = {name: statistics.median(p[name] for p in per_process) for name in artifacts}
+    result["ratio"] = statistics.median(p["ours"] / p["stock"] for p in per_process)
+    return result
+
+
+def time_artifacts_interleaved(artifacts: dict[str, str], kind: str, args: list, device: str, rounds: int = 8) -> dict[str, float]:
+    """Median seconds per run of each artifact, timed in alternating rounds in one process so
+    that drift of the machine affects all of them alike."""
+    import tvm
+
+    from measure.run_job import random_arrays
+
+    dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
+    tensors = [tvm.runtime.tensor(a, dev) for a in random_arrays(args)]
+    evaluators = {}
+    for name, path in artifacts.items():
+        lib = tvm.runtime.load_module(path)
+        if kind == "relax":
+            from tvm.runtime.vm import VirtualMachine
+
+            vm = VirtualMachine(lib, dev)
+            evaluators[name] = (vm, vm.time_evaluator("main", dev, number=1, repeat=5, min_repeat_ms=50))
+        else:
+            evaluators[name] = (lib, lib.time_evaluator(lib.entry_name, dev, number=1, repeat=5, min_repeat_ms=50))
+    samples: dict[str, list[float]] = {name: [] for name in artifacts}
+    for _ in range(rounds):
+        for name, (_, evaluator) in evaluators.items():
+            evaluator(*tensors)  # warm-up round
+            samples[name] += list(evaluator(*tensors).results)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def markdown_table(rows: list[dict], columns: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(row[c]) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # one timing process of time_side_by_side
+    sys.path.insert(0, str(ROOT))
+    spec = json.loads(sys.argv[1])
+    print(json.dumps(time_artifacts_interleaved(spec["artifacts"], spec["kind"], spec["args"], spec["device"])))

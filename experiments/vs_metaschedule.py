@@ -1,0 +1,195 @@
+"""Ours against stock MetaSchedule on the same workloads, target and trial budget, in one run.
+
+Each tuner runs in a fresh process (so start-up is counted) and produces a compiled artifact;
+both artifacts of a workload are then timed in one process, in alternating rounds. Prints and
+writes a table of wall time, best latency and the ratios ours/stock.
+
+    python experiments/vs_metaschedule.py                       # the default set, 64 trials per task, seeds 1 2
+    python experiments/vs_metaschedule.py --workloads matmul-512 --trials-per-task 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments.common import markdown_table, run_step, time_side_by_side, write_csv  # noqa: E402
+
+DEFAULT_WORKLOADS = ["matmul-512", "conv2d-resnet18-l2", "tiny-resnet"]
+
+
+def stock_step(workload_name: str, target_spec: str, trials: int, work_dir: Path, seed: int) -> dict:
+    """Stock MetaSchedule as a user runs it: tune_tir / tune_relax with default settings, then
+    compile with the database. The only change: a build timeout long enough for this machine
+    (the default 30 s makes every build of a batch time out under load)."""
+    started = time.monotonic()
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuner.targets import resolve_target
+    from workloads import get_workload
+
+    workload = get_workload(workload_name)
+    target = resolve_target(target_spec)
+    builder = ms.builder.LocalBuilder(timeout_sec=300)
+    if workload.kind == "tir":
+        db = ms.tune_tir(workload.mod, target, str(work_dir), trials, builder=builder, seed=seed)
+        sch = ms.tir_integration.compile_tir(db, workload.mod, target)
+        import tvm
+
+        executable = tvm.compile(sch.mod, target=target)
+    else:
+        from tuner.tasks import fuse_relax
+
+        # tune_relax finds no tasks in an un-lowered module: give it the fused one compile_relax makes
+        fused = fuse_relax(workload.mod, target)
+        db = ms.relax_integration.tune_relax(fused, None, target, str(work_dir), trials, builder=builder, seed=seed)
+        executable = ms.relax_integration.compile_relax(db, workload.mod, target, None)
+    artifact = work_dir / "stock.so"
+    executable.export_library(str(artifact))
+    return {"seconds": time.monotonic() - started, "artifact": str(artifact), "trials": len(db.get_all_tuning_records())}
+
+
+def ours_step(workload_name: str, target_spec: str, trials: int, work_dir: Path, seed: int) -> dict:
+    started = time.monotonic()
+    from tuner import tune
+
+    result = tune(workload_name, target=target_spec, trials=trials, work_dir=work_dir, seed=seed)
+    return {"seconds": time.monotonic() - started, "artifact": str(result.artifact_path), "trials": result.trials}
+
+
+def compare(args: argparse.Namespace) -> None:
+    from tuner.targets import resolve_target
+    from tuner.tasks import extract_tasks
+    from workloads import get_workload
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = resolve_target(args.target)
+    if target.kind.name == "llvm":
+        # TVM's CPU thread pool defaults to fewer threads than the target's cores on some machines;
+        # both tuners, and the final timing, use the cores the schedules are compiled for.
+        os.environ["TVM_NUM_THREADS"] = str(int(target.attrs["num-cores"]))
+    rows = []
+    for name in args.workloads:
+        workload = get_workload(name)
+        tasks = extract_tasks(workload, target)
+        trials = args.trials_per_task * len(tasks)
+        for seed in args.seeds:
+            rows.append(_compare_one(workload, len(tasks), trials, seed, args.target, target, out))
+            print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
+    write_csv(out / "vs_metaschedule.csv", rows)
+    summary_rows = _summaries(rows)
+    table = markdown_table(summary_rows, list(summary_rows[0]))
+    (out / "vs_metaschedule.md").write_text(
+        f"# Ours vs stock MetaSchedule\n\ntarget `{args.target}`, {args.trials_per_task} trials per task, seeds {args.seeds}; "
+        "wall time from process start to a compiled artifact; latency of both artifacts timed side by side "
+        "(median over 3 timing processes of the ratio within each).\n\n" + table + "\n\nPer seed:\n\n"
+        + markdown_table(rows, list(rows[0])) + "\n"
+    )
+    _plot(summary_rows, out / "vs_metaschedule.png")
+    print("\n" + table)
+
+
+def _compare_one(workload, num_tasks: int, trials: int, seed: int, target_spec: str, target, out: Path) -> dict:
+    import shutil
+
+    name = workload.name
+    results = {}
+    for tuner_name in ("stock", "ours"):
+        work_dir = out / f"{name}-{tuner_name}-seed{seed}"
+        shutil.rmtree(work_dir, ignore_errors=True)
+        work_dir.mkdir(parents=True)
+        step = ["--step", tuner_name, name, "--target", target_spec, "--trials", str(trials), "--work-dir", str(work_dir), "--seed", str(seed)]
+        print(f"[{name} seed {seed}] {tuner_name}: tuning {num_tasks} task(s), {trials} trials ...", flush=True)
+        results[tuner_name] = run_step(Path(__file__), step, out / f"{name}-{tuner_name}-seed{seed}.log")
+        print(f"[{name} seed {seed}] {tuner_name}: {results[tuner_name]['process_seconds']:.1f} s", flush=True)
+    args_spec = [[s.dtype, list(s.shape)] for s in workload.inputs]
+    device = "cuda" if target.kind.name == "cuda" else "cpu"
+    latency = time_side_by_side({k: v["artifact"] for k, v in results.items()}, workload.kind, args_spec, device, out / f"{name}-timing.log")
+    stock_s, ours_s = results["stock"]["process_seconds"], results["ours"]["process_seconds"]
+    return {
+        "workload": name,
+        "seed": seed,
+        "tasks": num_tasks,
+        "trials": trials,
+        "stock_wall_s": round(stock_s, 1),
+        "ours_wall_s": round(ours_s, 1),
+        "wall_ratio": round(ours_s / stock_s, 3),
+        "stock_latency_ms": round(latency["stock"] * 1e3, 4),
+        "ours_latency_ms": round(latency["ours"] * 1e3, 4),
+        "latency_ratio": round(latency["ratio"], 3),
+    }
+
+
+def _summaries(rows: list[dict]) -> list[dict]:
+    """One row per workload: means over seeds."""
+    summary = []
+    for name in dict.fromkeys(r["workload"] for r in rows):
+        mine = [r for r in rows if r["workload"] == name]
+        mean = lambda key: sum(r[key] for r in mine) / len(mine)  # noqa: E731
+        summary.append(
+            {
+                "workload": name,
+                "seeds": len(mine),
+                "trials": mine[0]["trials"],
+                "stock_wall_s": round(mean("stock_wall_s"), 1),
+                "ours_wall_s": round(mean("ours_wall_s"), 1),
+                "wall_ratio": round(mean("wall_ratio"), 3),
+                "stock_latency_ms": round(mean("stock_latency_ms"), 4),
+                "ours_latency_ms": round(mean("ours_latency_ms"), 4),
+                "latency_ratio": round(mean("latency_ratio"), 3),
+            }
+        )
+    return summary
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (wall, lat) = plt.subplots(1, 2, figsize=(10, 4))
+    names = [r["workload"] for r in rows]
+    xs = range(len(rows))
+    wall.bar([x - 0.2 for x in xs], [r["stock_wall_s"] for r in rows], 0.4, label="stock MetaSchedule")
+    wall.bar([x + 0.2 for x in xs], [r["ours_wall_s"] for r in rows], 0.4, label="tensor-tuner")
+    wall.set_ylabel("wall time (s)")
+    lat.bar(xs, [r["latency_ratio"] for r in rows], 0.5, color="tab:green")
+    lat.axhline(1.0, color="gray", lw=1)
+    lat.set_ylabel("best latency, ours / stock")
+    for ax in (wall, lat):
+        ax.set_xticks(list(xs), names, rotation=15)
+    wall.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS)
+    parser.add_argument("--target", default="llvm")
+    parser.add_argument("--trials-per-task", type=int, default=64)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="experiments/results/vs_metaschedule")
+    parser.add_argument("--step", nargs=1, help=argparse.SUPPRESS)
+    parser.add_argument("--trials", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--work-dir", type=Path, help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args()
+    if args.step:
+        step = {"stock": stock_step, "ours": ours_step}[args.step[0]]
+        print(json.dumps(step(rest[0], args.target, args.trials, args.work_dir, args.seed)))
+    else:
+        compare(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Runs inside a measuring worker: load built artifacts, time them, compare outputs.
+
+Needs only the TVM runtime (``TVM_USE_RUNTIME_LIB=1`` works), so measuring can happen on a host
+that cannot compile.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+from .timing import TimingConfig, time_with_evaluator
+
+ArgSpec = Sequence  # [dtype, shape]
+
+
+class NoDevice(RuntimeError):
+    pass
+
+
+def _load_cuda_runtime() -> None:
+    """The runtime-only TVM does not load its CUDA backend by itself."""
+    if tvm.get_global_func("device_api.cuda", allow_missing=True) is not None:
+        return
+    lib_dir = Path(tvm.__file__).parent / "lib"
+    for candidate in (lib_dir / "libtvm_runtime_cuda.so", *Path(tvm.__file__).parent.glob("**/libtvm_runtime_cuda.so")):
+        if candidate.exists():
+            ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+            return
+
+
+def device(kind: str) -> tvm.runtime.Device:
+    if kind == "cpu":
+        return tvm.cpu(0)
+    if kind == "cuda":
+        _load_cuda_runtime()
+        dev = tvm.cuda(0)
+        if not dev.exist:
+            raise NoDevice("no CUDA GPU is visible to the measuring worker")
+        return dev
+    raise ValueError(f"unknown device kind {kind!r}")
+
+
+def random_arrays(args: Sequence[ArgSpec], seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for dtype, shape in args:
+        if dtype.startswith(("float", "bfloat")):
+            arrays.append(rng.uniform(-1.0, 1.0, size=shape).astype(dtype))
+        elif dtype == "bool":
+            arrays.append(rng.integers(0, 2, size=shape).astype(dtype))
+        else:
+            arrays.append(rng.integers(0, 8, size=shape).astype(dtype))
+    return arrays
+
+
+def _to_device(arrays: Sequence[np.ndarray], dev: tvm.runtime.Device) -> list:
+    return [tvm.runtime.tensor(a, dev) for a in arrays]
+
+
+def _time(make_evaluator, dev: tvm.runtime.Device, tensors: list, timing: dict) -> dict:
+    def evaluator(number: int, repeat: int, min_repeat_ms: int) -> list[float]:
+        return list(make_evaluator(number, repeat, min_repeat_ms)(*tensors).results)
+
+    start = time.perf_counter()
+    samples, number = time_with_evaluator(evaluator, TimingConfig(**timing))
+    return {"samples": samples, "number": number, "seconds": time.perf_counter() - start}
+
+
+def time_kernel(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing: dict) -> dict:
+    """Time the entry function of a kernel library on random inputs."""
+    dev = device(device_kind)
+    mod = tvm.runtime.load_module(artifact)
+    tensors = _to_device(random_arrays(args), dev)
+
+    def make_evaluator(number: int, repeat: int, min_repeat_ms: int):
+        return mod.time_evaluator(mod.entry_name, dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
+
+    return _time(make_evaluator, dev, tensors, timing)
+
+
+def time_model(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing: dict) -> dict:
+    """Time ``main`` of a compiled Relax model (a VM executable) on random inputs."""
+    from tvm.runtime.vm import VirtualMachine
+
+    dev = device(device_kind)
+    vm = VirtualMachine(tvm.runtime.load_module(artifact), dev)
+    tensors = _to_device(random_arrays(args), dev)
+
+    def make_evaluator(number: int, repeat: int, min_repeat_ms: int):
+        return vm.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
+
+    return _time(make_evaluator, dev, tensors, timing)
+
+
+def compare_outputs(
+    candidate: str,
+    candidate_device: str,
+    reference: str,
+    reference_device: str,
+    args: Sequence[ArgSpec],
+    rtol: float,
+) -> dict:
+    """Run both kernels on the same random arguments and compare every argument afterwards.
+
+    Comparing all arguments (not only those known to be outputs) also catches a kernel that
+    writes where it should only read.
+    """
+    arrays = random_arrays(args, seed=1)
+    results = []
+    for artifact, kind in ((reference, reference_device), (candidate, candidate_device)):
+        dev = device(kind)
+        mod = tvm.runtime.load_module(artifact)
+        tensors = _to_device(arrays, dev)
+        mod[mod.entry_name](*tensors)
+        dev.sync()
+        results.append([t.numpy() for t in tensors])
+    worst, where = 0.0, ""
+    for index, (expected, got) in enumerate(zip(*results)):
+        expected64 = expected.astype(np.float64)
+        got64 = got.astype(np.float64)
+        if not np.all(np.isfinite(got64) | ~np.isfinite(expected64)):
+            return {"ok": False, "detail": f"argument {index} holds NaN or Inf where the reference is finite"}
+        scale = max(1.0, float(np.max(np.abs(expected64), initial=0.0)))
+        error = float(np.max(np.abs(got64 - expected64), initial=0.0)) / scale
+        if error > worst:
+            worst, where = error, f"argument {index}"
+    ok = worst <= rtol
+    detail = f"max relative error {worst:.2e} ({where or 'all arguments equal'}); tolerance {rtol:.0e}"
+    return {"ok": ok, "max_error": worst, "detail": detail}
+
+
+HANDLERS = {"time_kernel": time_kernel, "time_model": time_model, "compare_outputs": compare_outputs}
+
+# Keep the worker's thread pool at the size the target was compiled for.
+if os.environ.get("TVM_NUM_THREADS"):
+    os.environ.setdefault("OMP_NUM_THREADS", os.environ["TVM_NUM_THREADS"])

@@ -1,0 +1,74 @@
+"""What goes into the measurement engine and what comes out of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+
+from .timing import median
+
+
+class Status:
+    OK = "ok"
+    BUILD_ERROR = "build_error"
+    BUILD_TIMEOUT = "build_timeout"
+    BUILD_CRASH = "build_crash"
+    RUN_ERROR = "run_error"
+    RUN_TIMEOUT = "run_timeout"
+    RUN_CRASH = "run_crash"
+    WRONG_RESULT = "wrong_result"
+
+
+@dataclass(frozen=True)
+class MeasureInput:
+    """A scheduled kernel to build and time; ``key`` identifies it to the caller."""
+
+    key: str
+    mod: tvm.IRModule
+
+
+@dataclass
+class BuildResult:
+    """A built candidate: ``artifact`` is a shared library holding the kernel, or None if the build failed."""
+
+    key: str
+    status: str
+    artifact: str | None = None
+    args: list | None = None  # [dtype, shape] of the kernel's arguments as built
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == Status.OK
+
+    def as_failure(self) -> MeasureResult:
+        return MeasureResult(self.key, self.status, error=self.error, build_seconds=self.seconds)
+
+
+@dataclass
+class MeasureResult:
+    key: str
+    status: str
+    samples: list[float] = field(default_factory=list)  # seconds per call, every sample kept
+    error: str | None = None
+    build_seconds: float = 0.0
+    run_seconds: float = 0.0
+    args: list | None = None  # [dtype, shape] of the kernel's arguments as built
+
+    @property
+    def ok(self) -> bool:
+        return self.status == Status.OK
+
+    @property
+    def latency(self) -> float | None:
+        return median(self.samples) if self.ok and self.samples else None
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Whether a candidate's output matched the unscheduled function's; ``ok`` is None if it could not be checked."""
+
+    ok: bool | None
+    detail: str

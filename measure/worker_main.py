@@ -1,0 +1,79 @@
+"""Entry point of a worker process: ``python -m measure.worker_main REQUEST_FD REPLY_FD ROLE``.
+
+Roles: ``build`` compiles candidates (full TVM), ``run`` loads and times built artifacts (the TVM
+runtime is enough). Imports happen once, before the worker reports ready.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import time
+import traceback
+
+from .worker import receive_message, send_message
+
+
+def describe_error(err: BaseException) -> str:
+    """One readable line for the database; TVM errors carry long C++ back-traces, and terse
+    messages ("not implemented") get the TVM function they came from."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    meaningful = [line for line in lines if not line.startswith(("File ", "at ", "0:", "1:", "2:", "3:")) and "Traceback" not in line]
+    message = meaningful[-1] if meaningful else ""
+    frames = traceback.extract_tb(err.__traceback__)
+    if frames and frames[-1].filename.endswith((".cc", ".h")):
+        function = frames[-1].name.split("(")[0].split()[-1]
+        message += f" (in {function})"
+    return f"{type(err).__name__}: {message}"[:500]
+
+
+def _load_handlers(role: str) -> dict:
+    if role == "build":
+        if os.environ.get("TENSOR_TUNER_CUDA_BUILD") == "1":
+            from .cuda_env import prepare_cuda_build_env
+
+            prepare_cuda_build_env()  # must precede `import tvm`
+        from . import build_job
+
+        build_job.warm_up()
+        return build_job.HANDLERS
+    if role == "run":
+        from . import run_job
+
+        return run_job.HANDLERS
+    raise ValueError(f"unknown worker role {role!r}")
+
+
+def main(argv: list[str]) -> int:
+    request_fd, reply_fd, role = int(argv[1]), int(argv[2]), argv[3]
+    faulthandler.enable()
+    # tvm_ffi imports torch whenever it is installed (2-3 s); workers never need it.
+    sys.modules.setdefault("torch", None)
+    started = time.monotonic()
+    try:
+        handlers = _load_handlers(role)
+    except Exception as err:  # report any start-up failure to the parent rather than dying silently
+        traceback.print_exc()
+        send_message(reply_fd, ("failed", describe_error(err)))
+        return 1
+    send_message(reply_fd, ("ready", {"pid": os.getpid(), "seconds": time.monotonic() - started}))
+    while True:
+        try:
+            op, kwargs = receive_message(request_fd)
+        except EOFError:  # the tuner went away
+            return 0
+        if op == "exit":
+            return 0
+        try:
+            reply = ("ok", handlers[op](**kwargs))
+        except Exception as err:  # a failing candidate is a result, not a reason to stop serving
+            traceback.print_exc()
+            reply = ("error", describe_error(err))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        send_message(reply_fd, reply)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

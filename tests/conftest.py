@@ -1,0 +1,34 @@
+"""Shared fixtures: real TVM, real worker processes, small shapes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@pytest.fixture(scope="session")
+def llvm_target():
+    from tuner.targets import resolve_target
+
+    return resolve_target("llvm")
+
+
+@pytest.fixture(scope="session")
+def tuned_matmul(tmp_path_factory) -> "TuneResult":  # noqa: F821
+    """matmul-128 tuned once for the session (16 trials), shared by tests that only read it."""
+    from tuner import tune
+
+    work_dir = tmp_path_factory.mktemp("tuned-matmul")
+    return tune("matmul-128", target="llvm", trials=16, work_dir=work_dir, batch_size=8, progress=False)
+
+
+@pytest.fixture
+def engine(tmp_path: Path, llvm_target):
+    from measure import EngineConfig, MeasureEngine
+
+    with MeasureEngine(llvm_target, tmp_path, EngineConfig(build_workers=2)) as eng:
+        yield eng

@@ -1,0 +1,92 @@
+"""Real kernels that fail in the ways candidates fail: they do not build, build forever, crash, hang,
+or compute wrong results. Used to check that every such failure is recorded and tuning goes on."""
+
+from __future__ import annotations
+
+import tvm
+from tvm.script import tirx as T
+
+
+def _module(func) -> tvm.IRModule:
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def unbuildable() -> tvm.IRModule:
+    """Binds a GPU thread on a CPU target: code generation rejects it."""
+
+    @T.prim_func(s_tir=True)
+    def main(a: T.Buffer((32,), "float32"), b: T.Buffer((32,), "float32")):
+        for i in T.thread_binding(32, thread="threadIdx.x"):
+            with T.sblock("b"):
+                vi = T.axis.spatial(32, i)
+                b[vi] = a[vi] + T.float32(1)
+
+    return _module(main)
+
+
+def slow_to_build(unroll: int = 200_000) -> tvm.IRModule:
+    """A loop unrolled so far that LLVM takes minutes to compile it."""
+
+    @T.prim_func(s_tir=True)
+    def main(a: T.Buffer((unroll,), "float32"), b: T.Buffer((unroll,), "float32")):
+        for i in T.unroll(unroll):
+            with T.sblock("b"):
+                vi = T.axis.spatial(unroll, i)
+                b[vi] = a[vi] * T.float32(2)
+
+    return _module(main)
+
+
+def crashing() -> tvm.IRModule:
+    """Writes far outside its buffer: the measuring process dies with SIGSEGV."""
+
+    @T.prim_func(s_tir=True)
+    def main(a: T.Buffer((16,), "float32"), b: T.Buffer((16,), "float32")):
+        b_flat = T.decl_buffer((1,), "float32", data=b.data)
+        for i in range(16):
+            with T.sblock("b"):
+                vi = T.axis.spatial(16, i)
+                b_flat[T.int64(1) << T.int64(40) + T.Cast("int64", vi)] = a[vi]
+
+    return _module(main)
+
+
+def hanging() -> tvm.IRModule:
+    """Never returns: a loop whose exit condition is never met."""
+
+    @T.prim_func(s_tir=True)
+    def main(a: T.Buffer((1,), "float32"), b: T.Buffer((1,), "float32")):
+        with T.sblock("root"):
+            i = T.alloc_buffer((1,), "int32", scope="local")
+            i[0] = 0
+            while i[0] >= 0:
+                i[0] = (i[0] + 1) % 7
+            b[0] = a[0]
+
+    return _module(main)
+
+
+def copy(n: int = 64) -> tvm.IRModule:
+    """b = a, correctly."""
+
+    @T.prim_func(s_tir=True)
+    def main(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")):
+        for i in range(n):
+            with T.sblock("b"):
+                vi = T.axis.spatial(n, i)
+                b[vi] = a[vi]
+
+    return _module(main)
+
+
+def wrong_copy(n: int = 64) -> tvm.IRModule:
+    """Claims to copy a into b but doubles it."""
+
+    @T.prim_func(s_tir=True)
+    def main(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")):
+        for i in range(n):
+            with T.sblock("b"):
+                vi = T.axis.spatial(n, i)
+                b[vi] = a[vi] * T.float32(2)
+
+    return _module(main)

@@ -1,0 +1,113 @@
+"""tune() end to end on the CPU, with real builds, timing and XGBoost."""
+
+import sqlite3
+import stat
+
+import numpy as np
+import pytest
+import tvm
+
+from tuner import NoDeviceError, TargetError, TunerError, WorkloadError, tune
+
+
+def test_tuning_beats_the_untuned_kernel_and_checks_its_result(tuned_matmul):
+    result = tuned_matmul
+    assert result.trials == 16
+    (task,) = result.tasks
+    assert task.best_latency > 0 and task.verified is True and "sample_perfect_tile" in task.schedule
+    assert result.latency_after < result.latency_before / 2
+    a, b = np.random.rand(128, 128).astype("float32"), np.random.rand(128, 128).astype("float32")
+    _, _, c = result.run(a, b, np.zeros((128, 128), "float32"))
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4)
+
+
+def test_export_writes_a_library_tvm_loads(tuned_matmul, tmp_path):
+    path = tuned_matmul.export(tmp_path / "mm.so")
+    lib = tvm.runtime.load_module(str(path))
+    a = tvm.runtime.tensor(np.ones((128, 128), "float32"))
+    c = tvm.runtime.tensor(np.zeros((128, 128), "float32"))
+    lib[lib.entry_name](a, a, c)
+    assert np.allclose(c.numpy(), 128.0)
+
+
+def _records(work_dir):
+    with sqlite3.connect(work_dir / "tuning.db") as conn:
+        return conn.execute("SELECT candidate, status FROM records").fetchall()
+
+
+def test_resuming_measures_nothing_twice(tmp_path):
+    tune("matmul-128", trials=8, work_dir=tmp_path, batch_size=8, progress=False, verify=False)
+    first = _records(tmp_path)
+    assert len(first) == 8
+    again = tune("matmul-128", trials=8, work_dir=tmp_path, batch_size=8, progress=False, verify=False)
+    assert _records(tmp_path) == first and again.trials == 8
+    tune("matmul-128", trials=12, work_dir=tmp_path, batch_size=8, progress=False, verify=False)
+    after = _records(tmp_path)
+    assert after[:8] == first and len(after) == 12
+    assert len({candidate for candidate, _ in after}) == 12
+
+
+def test_a_relax_model_is_tuned_task_by_task_and_runs(tmp_path):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 64), "float32"))
+    weight = np.random.rand(64, 32).astype("float32")
+    w = relax.const(weight)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, w)))
+        bb.emit_func_output(out)
+    result = tune(bb.get(), trials=8, work_dir=tmp_path, batch_size=8, progress=False)
+    assert result.kind == "relax" and len(result.tasks) == 1 and result.tasks[0].verified
+    data = np.random.rand(8, 64).astype("float32")
+    np.testing.assert_allclose(result.run(data), np.maximum(data @ weight, 0), rtol=1e-4)
+
+
+@pytest.mark.parametrize("trials", [0, -3, 2.5, "8", True])
+def test_trials_must_be_a_positive_integer(trials, tmp_path):
+    with pytest.raises(TunerError, match="positive integer"):
+        tune("matmul-128", trials=trials, work_dir=tmp_path)
+
+
+def test_unknown_model_names_the_closest(tmp_path):
+    with pytest.raises(WorkloadError, match="matmul-128"):
+        tune("matmul-12", trials=4, work_dir=tmp_path)
+
+
+def test_invalid_target(tmp_path):
+    with pytest.raises(TargetError, match="unsupported target kind 'vulkan'"):
+        tune("matmul-128", target="vulkan", trials=4, work_dir=tmp_path)
+
+
+def test_unwritable_work_dir(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(TunerError, match="cannot write to work dir"):
+        tune("matmul-128", trials=4, work_dir=blocker / "run")
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        if not _writable(read_only):  # root ignores permission bits
+            with pytest.raises(TunerError, match="cannot write to work dir"):
+                tune("matmul-128", trials=4, work_dir=read_only)
+    finally:
+        read_only.chmod(stat.S_IRWXU)
+
+
+def _writable(path):
+    try:
+        (path / "probe").write_text("")
+        (path / "probe").unlink()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(tvm.cuda(0).exist, reason="a GPU is present")
+def test_cuda_without_a_gpu_stops_with_one_clear_line(tmp_path):
+    with pytest.raises(NoDeviceError) as err:
+        tune("matmul-128", target="cuda -arch=sm_90", trials=4, work_dir=tmp_path)
+    message = str(err.value)
+    assert "no CUDA GPU" in message and "\n" not in message

@@ -1,0 +1,146 @@
+"""``tune()``: the Python entry point."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+from costmodel import CostModel
+from measure import DeviceUnavailable, EngineConfig, MeasureEngine
+from workloads import Workload, load_workload
+
+from .compile import best_schedules, compile_workload, time_workload
+from .database import TuningDatabase
+from .errors import NoDeviceError, TunerError
+from .loop import LoopConfig, TuningLoop
+from .metaschedule import schedule_from_json
+from .progress import Progress
+from .result import TaskResult, TuneResult
+from .targets import require_device, resolve_target
+from .tasks import Task, extract_tasks
+
+DATABASE_FILE = "tuning.db"
+ARTIFACT_FILE = "model.so"
+COST_MODEL_FILE = "cost_model.ubj"
+
+
+def tune(
+    model: Any,
+    target: str | dict | tvm.target.Target = "llvm",
+    trials: int = 64,
+    work_dir: str | Path | None = None,
+    *,
+    example_inputs: Sequence[Any] | None = None,
+    batch_size: int | None = None,
+    build_workers: int | None = None,
+    seed: int = 1,
+    verify: bool = True,
+    progress: bool = True,
+) -> TuneResult:
+    """Tune every kernel of ``model`` for ``target`` and return the compiled result.
+
+    ``model`` is a built-in workload name (``tuner workloads`` lists them), a TensorIR PrimFunc, a
+    Relax IRModule, or a torch.nn.Module with ``example_inputs``. ``trials`` is the number of
+    candidates measured in total, counting earlier runs in the same ``work_dir``: running again on
+    a work dir resumes it and measures nothing twice.
+    """
+    started = time.monotonic()
+    _check_trials(trials)
+    workload = load_workload(model, example_inputs)
+    require_device(target)
+    tvm_target = resolve_target(target)
+    work_dir = prepare_work_dir(work_dir, workload.name, tvm_target)
+    report = Progress(enabled=progress)
+    db = TuningDatabase(work_dir / DATABASE_FILE)
+    engine = MeasureEngine(tvm_target, work_dir, EngineConfig(build_workers=build_workers))
+    try:
+        engine.start()  # workers import TVM while the tasks and search spaces are prepared
+        tasks = extract_tasks(workload, tvm_target)
+        _record_job(db, workload, tvm_target, tasks)
+        cost_model = CostModel(seed=seed)
+        loop = TuningLoop(tasks, tvm_target, db, engine, cost_model, seed, LoopConfig(batch_size=batch_size, verify=verify), report)
+        loop.run(trials)
+        report.line("re-measuring the best candidates and checking their results")
+        loop.finalize()
+        cost_model.save(work_dir / COST_MODEL_FILE)
+        report.line("compiling the tuned and the untuned program")
+        artifact = compile_workload(engine, workload, best_schedules(db, tasks, tvm_target), work_dir / ARTIFACT_FILE)
+        untuned = compile_workload(engine, workload, [], work_dir / "artifacts" / "untuned.so")
+        latency_after = time_workload(engine, workload, artifact)
+        latency_before = time_workload(engine, workload, untuned)
+        result = TuneResult(
+            model=workload.name,
+            kind=workload.kind,
+            target=str(tvm_target),
+            work_dir=work_dir,
+            database_path=db.path,
+            artifact_path=artifact,
+            inputs=workload.inputs,
+            tasks=[_task_result(run) for run in loop.runs],
+            latency_before=latency_before,
+            latency_after=latency_after,
+            trials=loop.trials_done,
+            wall_seconds=time.monotonic() - started,
+        )
+        db.set_meta("result", {"latency_before": latency_before, "latency_after": latency_after, "trials": loop.trials_done})
+        report.line(result.summary())
+        return result
+    except DeviceUnavailable as err:
+        raise NoDeviceError(f"cannot measure on {tvm_target.kind.name}: {err}") from None
+    except KeyboardInterrupt:
+        report.line(f"interrupted; every measurement so far is saved in {db.path}: run again with the same work dir to resume")
+        raise
+    finally:
+        engine.close()
+        db.close()
+
+
+def _check_trials(trials: Any) -> None:
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials <= 0:
+        raise TunerError(f"trials must be a positive integer (the number of candidates to measure), got {trials!r}")
+
+
+def prepare_work_dir(work_dir: str | Path | None, name: str, target: tvm.target.Target) -> Path:
+    """Create the work dir if needed and make sure it can be written to."""
+    path = Path(work_dir) if work_dir is not None else Path("tuner-runs") / f"{name}-{target.kind.name}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise TunerError(f"cannot write to work dir {str(path)!r} ({err.strerror or err}): choose a directory you can write to") from None
+    return path
+
+
+def _record_job(db: TuningDatabase, workload: Workload, target: tvm.target.Target, tasks: list[Task]) -> None:
+    db.set_meta(
+        "job",
+        {
+            "model": workload.name,
+            "kind": workload.kind,
+            "target": str(target),
+            "inputs": [[s.name, list(s.shape), s.dtype] for s in workload.inputs],
+            "tasks": [{"name": t.name, "workload_id": db.workload_id(t.mod, t.name), "weight": t.weight, "flops": t.flops} for t in tasks],
+        },
+    )
+
+
+def _task_result(run) -> TaskResult:
+    best = run.best
+    schedule = None
+    if best is not None:
+        schedule = "\n".join(schedule_from_json(run.task.mod, best.trace).trace.as_python())
+    return TaskResult(
+        name=run.task.name,
+        weight=run.task.weight,
+        flops=run.task.flops,
+        trials=run.trials,
+        best_latency=best.latency if best else None,
+        verified=best.verified if best else None,
+        schedule=schedule,
+    )

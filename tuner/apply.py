@@ -1,0 +1,54 @@
+"""``tuner apply``: compile a model with the schedules a work dir holds."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+from measure import EngineConfig, MeasureEngine
+from workloads import load_workload
+
+from .api import DATABASE_FILE
+from .compile import best_schedules, compile_workload
+from .database import TuningDatabase
+from .errors import TunerError
+from .targets import resolve_target
+from .tasks import extract_tasks
+
+
+def apply(
+    work_dir: str | Path,
+    model: Any,
+    output: str | Path,
+    target: str | dict | tvm.target.Target | None = None,
+    example_inputs: Sequence[Any] | None = None,
+) -> Path:
+    """Compile ``model`` with the best schedules tuned in ``work_dir`` and write it to ``output``
+    (a shared library for ``tvm.runtime.load_module``). Kernels without a tuned schedule keep
+    TVM's default one."""
+    work_dir, output = Path(work_dir), Path(output).resolve()
+    db_path = work_dir / DATABASE_FILE
+    if not db_path.exists():
+        raise TunerError(f"{work_dir} holds no tuning database ({DATABASE_FILE}): run `tuner tune MODEL --work-dir {work_dir}` first")
+    db = TuningDatabase(db_path)
+    try:
+        job = db.get_meta("job")
+        if target is None and job is None:
+            raise TunerError(f"{db_path} does not say which target it was tuned for: pass --target")
+        tvm_target = resolve_target(target if target is not None else json.loads(job["target"]))
+        workload = load_workload(model, example_inputs)
+        tasks = extract_tasks(workload, tvm_target)
+        schedules = best_schedules(db, tasks, tvm_target)
+    finally:
+        db.close()
+    print(f"tuner: {len(schedules)} of {len(tasks)} kernels have tuned schedules in {work_dir}", file=sys.stderr)
+    engine = MeasureEngine(tvm_target, work_dir, EngineConfig(build_workers=1))
+    try:
+        return compile_workload(engine, workload, schedules, output)
+    finally:
+        engine.close()

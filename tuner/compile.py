@@ -1,0 +1,39 @@
+"""Apply the best schedules to a workload, compile it, and time it against TVM's defaults."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import tvm
+
+from measure import MeasureEngine, TimingConfig
+from workloads import Workload
+
+from .database import TuningDatabase
+from .tasks import Task
+
+_MODEL_TIMING = TimingConfig(min_repeats=5, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.1)
+
+
+def best_schedules(db: TuningDatabase, tasks: list[Task], target: tvm.target.Target) -> list[tuple[tvm.IRModule, str]]:
+    """(kernel, trace JSON) of the fastest correct record of each task that has one."""
+    schedules = []
+    for task in tasks:
+        workload_id = db.find_workload(task.mod)
+        best = db.best(workload_id, str(target), 1) if workload_id is not None else []
+        if best:
+            schedules.append((task.mod, best[0].trace))
+    return schedules
+
+
+def compile_workload(engine: MeasureEngine, workload: Workload, schedules: list, artifact: Path) -> Path:
+    """Compile ``workload`` with ``schedules`` (none: TVM's default schedules) into ``artifact``."""
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    return engine.compile_program(artifact, mod=workload.mod, kind=workload.kind, schedules=schedules)
+
+
+def time_workload(engine: MeasureEngine, workload: Workload, artifact: Path, timing: TimingConfig = _MODEL_TIMING) -> float:
+    """Median seconds per run of a compiled workload, timed in the measuring worker."""
+    args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
+    return statistics.median(engine.time_program(artifact, workload.kind, args, timing))

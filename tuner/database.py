@@ -1,0 +1,304 @@
+"""The tuning database: SQLite under the work dir, every result committed as it arrives.
+
+Stock TVM can use it directly (``as_tvm_database`` implements MetaSchedule's Database interface,
+so ``ms.relax_integration.compile_relax`` and ``ms.tir_integration.compile_tir`` apply it), or take
+it away in MetaSchedule's JSON format (``export_json``).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tvm
+import tvm_ffi
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
+
+from . import metaschedule as msc
+from .errors import DatabaseError
+
+SCHEMA = "tensor-tuner/1"
+_TABLES = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE workloads (id INTEGER PRIMARY KEY, shash TEXT NOT NULL, mod_json TEXT NOT NULL, name TEXT);
+CREATE INDEX workloads_by_hash ON workloads(shash);
+CREATE TABLE records (
+    id INTEGER PRIMARY KEY,
+    workload_id INTEGER NOT NULL REFERENCES workloads(id),
+    target TEXT NOT NULL,
+    candidate TEXT NOT NULL,
+    trace TEXT NOT NULL,
+    status TEXT NOT NULL,
+    latency REAL,
+    samples TEXT,
+    error TEXT,
+    args TEXT,
+    build_seconds REAL,
+    run_seconds REAL,
+    elapsed REAL NOT NULL,
+    created REAL NOT NULL,
+    verified INTEGER,
+    UNIQUE (workload_id, target, candidate)
+);
+"""
+
+
+@dataclass
+class Record:
+    """One measured candidate."""
+
+    id: int
+    workload_id: int
+    target: str
+    candidate: str
+    trace: str
+    status: str
+    latency: float | None
+    samples: list[float]
+    error: str | None
+    args: list | None
+    elapsed: float
+    verified: bool | None
+
+
+class TuningDatabase:
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self._mods: dict[int, tvm.IRModule] = {}
+        try:
+            self._conn = sqlite3.connect(str(self.path), isolation_level=None)
+            self._check_or_create()
+        except sqlite3.DatabaseError as err:
+            raise DatabaseError(
+                f"{self.path} is not a usable tensor-tuner database ({err}); it was left untouched: "
+                "choose another --work-dir or move the file away"
+            ) from None
+
+    def _check_or_create(self) -> None:
+        tables = {row[0] for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables:
+            self._conn.executescript(f"BEGIN; {_TABLES} COMMIT;")
+            self._conn.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA,))
+        else:
+            row = self._conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() if "meta" in tables else None
+            if row is None or row[0] != SCHEMA:
+                found = row[0] if row else "tables " + ", ".join(sorted(tables))
+                raise DatabaseError(
+                    f"{self.path} is a SQLite file of something else ({found}), not a {SCHEMA} database; "
+                    "it was left untouched: choose another --work-dir"
+                )
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # -- job description ----------------------------------------------------------------------
+    def set_meta(self, key: str, value: Any) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    # -- workloads ------------------------------------------------------------------------------
+    def find_workload(self, mod: tvm.IRModule) -> int | None:
+        shash = msc.structural_key(mod)
+        for (workload_id,) in self._conn.execute("SELECT id FROM workloads WHERE shash=?", (shash,)):
+            if tvm_ffi.structural_equal(self.workload_mod(workload_id), mod):
+                return workload_id
+        return None
+
+    def workload_id(self, mod: tvm.IRModule, name: str | None = None) -> int:
+        """The id of ``mod``'s workload, committing it if new."""
+        found = self.find_workload(mod)
+        if found is not None:
+            return found
+        cursor = self._conn.execute(
+            "INSERT INTO workloads (shash, mod_json, name) VALUES (?, ?, ?)", (msc.structural_key(mod), tvm.ir.save_json(mod), name)
+        )
+        self._mods[cursor.lastrowid] = mod
+        return cursor.lastrowid
+
+    def workload_mod(self, workload_id: int) -> tvm.IRModule:
+        if workload_id not in self._mods:
+            (text,) = self._conn.execute("SELECT mod_json FROM workloads WHERE id=?", (workload_id,)).fetchone()
+            self._mods[workload_id] = tvm.ir.load_json(text)
+        return self._mods[workload_id]
+
+    def workload_ids(self) -> list[int]:
+        return [row[0] for row in self._conn.execute("SELECT id FROM workloads ORDER BY id")]
+
+    # -- records --------------------------------------------------------------------------------
+    def commit(
+        self,
+        workload_id: int,
+        target: str,
+        candidate: str,
+        trace: str,
+        status: str,
+        samples: list[float] | None = None,
+        error: str | None = None,
+        args: list | None = None,
+        build_seconds: float | None = None,
+        run_seconds: float | None = None,
+        elapsed: float = 0.0,
+    ) -> int:
+        """Store one result durably; a candidate already stored is left as it is."""
+        latency = statistics.median(samples) if status == "ok" and samples else None
+        cursor = self._conn.execute(
+            "INSERT OR IGNORE INTO records (workload_id, target, candidate, trace, status, latency, samples, error, args,"
+            " build_seconds, run_seconds, elapsed, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                workload_id,
+                target,
+                candidate,
+                trace,
+                status,
+                latency,
+                json.dumps(samples or []),
+                error,
+                json.dumps(args) if args is not None else None,
+                build_seconds,
+                run_seconds,
+                elapsed,
+                time.time(),
+            ),
+        )
+        return cursor.lastrowid
+
+    def add_samples(self, record_id: int, samples: list[float]) -> None:
+        """Attach a re-measurement: the latency becomes the median of the new samples, all are kept."""
+        (old,) = self._conn.execute("SELECT samples FROM records WHERE id=?", (record_id,)).fetchone()
+        self._conn.execute(
+            "UPDATE records SET samples=?, latency=? WHERE id=?", (json.dumps(json.loads(old) + samples), statistics.median(samples), record_id)
+        )
+
+    def set_verified(self, record_id: int, ok: bool, detail: str | None = None) -> None:
+        if ok:
+            self._conn.execute("UPDATE records SET verified=1 WHERE id=?", (record_id,))
+        else:
+            self._conn.execute("UPDATE records SET verified=0, status='wrong_result', error=? WHERE id=?", (detail, record_id))
+
+    def measured_candidates(self, workload_id: int, target: str) -> set[str]:
+        rows = self._conn.execute("SELECT candidate FROM records WHERE workload_id=? AND target=?", (workload_id, target))
+        return {row[0] for row in rows}
+
+    def count(self, workload_id: int, target: str) -> int:
+        (n,) = self._conn.execute("SELECT COUNT(*) FROM records WHERE workload_id=? AND target=?", (workload_id, target)).fetchone()
+        return n
+
+    def best(self, workload_id: int, target: str, k: int = 1) -> list[Record]:
+        """The ``k`` fastest successful records of a workload (wrong results excluded)."""
+        return self._select(
+            "WHERE workload_id=? AND target=? AND status='ok' ORDER BY latency ASC, id ASC LIMIT ?", (workload_id, target, k)
+        )
+
+    def records(self, target: str | None = None) -> list[Record]:
+        if target is None:
+            return self._select("ORDER BY id", ())
+        return self._select("WHERE target=? ORDER BY id", (target,))
+
+    def targets(self) -> list[str]:
+        return [row[0] for row in self._conn.execute("SELECT DISTINCT target FROM records ORDER BY id")]
+
+    def elapsed_so_far(self) -> float:
+        (value,) = self._conn.execute("SELECT MAX(elapsed) FROM records").fetchone()
+        return float(value or 0.0)
+
+    def _select(self, where: str, params: tuple) -> list[Record]:
+        rows = self._conn.execute(
+            "SELECT id, workload_id, target, candidate, trace, status, latency, samples, error, args, elapsed, verified FROM records " + where,
+            params,
+        )
+        return [
+            Record(
+                id=r[0],
+                workload_id=r[1],
+                target=r[2],
+                candidate=r[3],
+                trace=r[4],
+                status=r[5],
+                latency=r[6],
+                samples=json.loads(r[7] or "[]"),
+                error=r[8],
+                args=json.loads(r[9]) if r[9] else None,
+                elapsed=r[10],
+                verified=None if r[11] is None else bool(r[11]),
+            )
+            for r in rows
+        ]
+
+    # -- stock TVM interoperability -----------------------------------------------------------
+    def as_tvm_database(self, target: tvm.target.Target) -> ms.Database:
+        """This database as a MetaSchedule Database for ``target`` (records of other targets are hidden)."""
+        return _MetaScheduleView(self, target)
+
+    def tvm_record(self, record: Record, target: tvm.target.Target) -> TuningRecord:
+        mod = self.workload_mod(record.workload_id)
+        trace = msc.schedule_from_json(mod, record.trace).trace
+        args = [ArgInfo.from_json(["TENSOR", dtype, shape]) for dtype, shape in record.args] if record.args else None
+        return TuningRecord(trace, Workload(mod), record.samples or None, target, args)
+
+    def export_json(self, directory: Path | str, target: tvm.target.Target) -> tuple[Path, Path]:
+        """Write the successful records for ``target`` in MetaSchedule's JSON database format."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = (directory / "database_workload.json", directory / "database_tuning_record.json")
+        for path in paths:
+            path.unlink(missing_ok=True)
+        stock = ms.database.JSONDatabase(str(paths[0]), str(paths[1]), allow_missing=True)
+        key = str(target)
+        for workload_id in self.workload_ids():
+            stock.commit_workload(self.workload_mod(workload_id))
+            for record in self.best(workload_id, key, k=1_000_000):
+                stock.commit_tuning_record(self.tvm_record(record, target))
+        return paths
+
+
+@tvm.ir.utils.derived_object
+class _MetaScheduleView(PyDatabase):
+    def __init__(self, db: TuningDatabase, target: tvm.target.Target):
+        super().__init__()
+        self.db = db
+        self.target = target
+        self.key = str(target)
+
+    def has_workload(self, mod: tvm.IRModule) -> bool:
+        return self.db.find_workload(mod) is not None
+
+    def commit_workload(self, mod: tvm.IRModule) -> Workload:
+        self.db.workload_id(mod)
+        return Workload(mod)
+
+    def commit_tuning_record(self, record: TuningRecord) -> None:
+        workload_id = self.db.workload_id(record.workload.mod)
+        sch = tvm.s_tir.Schedule(record.workload.mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        samples = [float(s) for s in record.run_secs] if record.run_secs else []
+        ok = bool(samples) and max(samples) < 1e9  # MetaSchedule records failures as 1e10 s
+        args = [list(a.as_json()[1:]) for a in record.args_info] if record.args_info else None
+        self.db.commit(
+            workload_id, self.key, msc.structural_key(sch.mod), msc.trace_to_json(sch), "ok" if ok else "run_error",
+            samples=samples if ok else None, args=args,
+        )  # fmt: skip
+
+    def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
+        workload_id = self.db.find_workload(workload.mod)
+        if workload_id is None:
+            return []
+        return [self.db.tvm_record(r, self.target) for r in self.db.best(workload_id, self.key, top_k)]
+
+    def get_all_tuning_records(self) -> list[TuningRecord]:
+        return [self.db.tvm_record(r, self.target) for r in self.db.records(self.key) if r.status == "ok"]
+
+    def __len__(self) -> int:
+        return len(self.db.records(self.key))
+

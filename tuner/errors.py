@@ -1,0 +1,22 @@
+"""Errors that stop a tuning job with a message the user can act on."""
+
+from workloads import WorkloadError
+
+
+class TunerError(Exception):
+    """A user-facing error: the message names the problem and the fix, in one line."""
+
+
+class TargetError(TunerError, ValueError):
+    """The target string or dict cannot be used."""
+
+
+class NoDeviceError(TunerError):
+    """The target's device is not present, so candidates cannot be measured here."""
+
+
+class DatabaseError(TunerError):
+    """The work dir's database is unreadable or belongs to something else."""
+
+
+__all__ = ["DatabaseError", "NoDeviceError", "TargetError", "TunerError", "WorkloadError"]

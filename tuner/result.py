@@ -1,0 +1,93 @@
+"""What tune() hands back."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+
+from workloads import TensorSpec
+
+from .progress import format_latency, format_seconds
+from .targets import describe_target
+
+
+@dataclass
+class TaskResult:
+    name: str
+    weight: int
+    flops: float
+    trials: int
+    best_latency: float | None  # seconds per launch of the best verified schedule
+    verified: bool | None
+    schedule: str | None  # the best schedule as a MetaSchedule trace (Python)
+
+    @property
+    def gflops(self) -> float | None:
+        return self.flops / self.best_latency / 1e9 if self.best_latency and self.flops else None
+
+
+@dataclass
+class TuneResult:
+    model: str
+    kind: str  # "relax" (a model) or "tir" (a kernel)
+    target: str
+    work_dir: Path
+    database_path: Path
+    artifact_path: Path
+    inputs: list[TensorSpec]
+    tasks: list[TaskResult]
+    latency_before: float | None  # seconds per run with TVM's default schedules
+    latency_after: float | None  # seconds per run with the tuned schedules
+    trials: int
+    wall_seconds: float
+    _module: Any = field(default=None, repr=False)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.latency_before and self.latency_after:
+            return self.latency_before / self.latency_after
+        return None
+
+    @property
+    def module(self) -> tvm.runtime.Module:
+        """The compiled artifact, loaded into this process."""
+        if self._module is None:
+            self._module = tvm.runtime.load_module(str(self.artifact_path))
+        return self._module
+
+    def export(self, path: str | Path) -> Path:
+        """Write the compiled model as a shared library that ``tvm.runtime.load_module`` loads."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.artifact_path, path)
+        return path
+
+    def run(self, *inputs: np.ndarray, device: tvm.runtime.Device | None = None) -> Any:
+        """Run the tuned program on numpy inputs. A model returns its output(s) as numpy; a kernel
+        takes every buffer argument (outputs too) and returns them all after the call."""
+        dev = device or (tvm.cuda(0) if self.target.startswith('{"kind":"cuda"') else tvm.cpu(0))
+        tensors = [tvm.runtime.tensor(np.asarray(x), dev) for x in inputs]
+        if self.kind == "relax":
+            from tvm.runtime.vm import VirtualMachine
+
+            out = VirtualMachine(self.module, dev)["main"](*tensors)
+            return out.numpy() if hasattr(out, "numpy") else [o.numpy() for o in out]
+        self.module[self.module.entry_name](*tensors)
+        return [t.numpy() for t in tensors]
+
+    def summary(self) -> str:
+        lines = [f"{self.model} on {describe_target(self.target)}: {self.trials} trials in {format_seconds(self.wall_seconds)}"]
+        if self.latency_before is not None:
+            speedup = f" ({self.speedup:.2f}x)" if self.speedup else ""
+            lines.append(f"latency {format_latency(self.latency_before)} untuned -> {format_latency(self.latency_after)} tuned{speedup}")
+        for task in self.tasks:
+            speed = f"  {task.gflops:.1f} GFLOP/s" if task.gflops else ""
+            check = {True: "verified", False: "WRONG", None: "unverified"}[task.verified]
+            lines.append(f"  {task.name} x{task.weight}: {format_latency(task.best_latency)}{speed}, {task.trials} trials, {check}")
+        lines.append(f"artifact {self.artifact_path}  database {self.database_path}")
+        return "\n".join(lines)

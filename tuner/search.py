@@ -1,0 +1,209 @@
+"""Search for one task: sample MetaSchedule's design space, evolve with its mutators, and propose
+batches of unmeasured candidates ranked by the cost model."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm.s_tir import Schedule
+
+from costmodel import CandidateFeatures, CostModel, TopKWithExploration
+
+from . import metaschedule as msc
+
+
+@dataclass
+class Candidate:
+    key: str  # structural identity of the scheduled module
+    schedule: Schedule
+    parent: str | None = None  # the candidate this one was mutated from; None for a fresh sample
+
+    @property
+    def mod(self) -> tvm.IRModule:
+        return self.schedule.mod
+
+    @property
+    def trace_json(self) -> str:
+        return msc.trace_to_json(self.schedule)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    fresh_per_pick: int = 8  # fresh random samples scored per fresh candidate proposed
+    population: int = 32  # evolved population: the best measured, then the best-rated fresh samples
+    generations: int = 2
+    elite_share: float = 0.5  # of the population seeded with the best measured candidates
+    mutant_share: float = 0.5  # of a batch taken from evolved mutants; the rest are fresh samples
+    max_share_per_parent: float = 0.25  # of a batch that may descend from one parent
+    sample_attempts: int = 64  # tries per wanted sample (on GPUs most random samples fail verification)
+
+
+class TaskSearch:
+    def __init__(
+        self,
+        mod: tvm.IRModule,
+        target: tvm.target.Target,
+        seed: int,
+        cost_model: CostModel,
+        features: CandidateFeatures,
+        group: str,
+        policy: TopKWithExploration | None = None,
+        config: SearchConfig | None = None,
+    ):
+        self.mod = mod
+        self.group = group
+        self.cost_model = cost_model
+        self.features = features
+        self.policy = policy or TopKWithExploration()
+        self.config = config or SearchConfig()
+        self.rng = np.random.default_rng(seed)
+        self.context = msc.make_context(mod, target, seed, num_threads=_THREADS)
+        self.spaces = msc.design_spaces(self.context)
+        self.postprocs = msc.postprocessors(self.context)
+        self.mutators, probs = msc.mutators(self.context)
+        self.mutator_probs = np.asarray(probs) / sum(probs) if probs else np.zeros(0)
+        self.measured: set[str] = set()
+        self.elites: list[tuple[float, Candidate]] = []  # best measured first
+        self.exhausted = False
+        self._features: dict[str, np.ndarray] = {}
+
+    # -- what was measured ----------------------------------------------------------------------
+    def observe(self, candidate: Candidate, latency: float | None) -> None:
+        """Learn from a measured candidate (``latency`` None if it failed)."""
+        self.measured.add(candidate.key)
+        self.cost_model.add(self.group, self.feature_rows([candidate]), [latency])
+        if latency is not None:
+            self.elites.append((latency, candidate))
+            self.elites.sort(key=lambda pair: pair[0])
+            del self.elites[self.config.population :]
+
+    def restore(self, key: str, trace_json: str, latency: float | None) -> None:
+        """Take in a candidate measured by an earlier run of this work dir."""
+        self.observe(Candidate(key, msc.schedule_from_json(self.mod, trace_json)), latency)
+
+    # -- proposing -----------------------------------------------------------------------------
+    def propose(self, n: int) -> list[Candidate]:
+        """Up to ``n`` candidates never measured before; fewer if the space runs dry.
+
+        Half are evolved (mutants of the best measured and best-rated candidates), half are the
+        model's pick among many fresh random samples. Evolution refines what works; the fresh
+        half finds new regions, and keeps a model that overrates some region (it happens, with
+        little data) from filling whole batches with it.
+        """
+        if not self.cost_model.trained:
+            return self._sample_new(n, set())
+        n_mutants = int(round(n * self.config.mutant_share))
+        fresh = self._sample_new(max(1, n - n_mutants) * self.config.fresh_per_pick, set())
+        fresh_scores = self._scores(fresh)
+        elites = [c for _, c in self.elites[: int(self.config.population * self.config.elite_share)]]
+        best_fresh = [fresh[i] for i in np.argsort(-fresh_scores, kind="stable")[: self.config.population - len(elites)]]
+        population = elites + best_fresh
+        scores = self._scores(population)
+        mutants: dict[str, Candidate] = {}
+        for _ in range(self.config.generations):
+            children = [c for c in self._mutate(population, scores, len(population)) if c.key not in self.measured]
+            for child in children:
+                mutants.setdefault(child.key, child)
+            merged = list({c.key: c for c in (*population, *children)}.values())
+            merged_scores = self._scores(merged)
+            keep = np.argsort(-merged_scores, kind="stable")[: len(population)]
+            population, scores = [merged[i] for i in keep], merged_scores[keep]
+        fresh_keys = {c.key for c in fresh}
+        family_cap = max(1, int(n * self.config.max_share_per_parent))
+        candidates = self._one_family_at_most([c for c in mutants.values() if c.key not in fresh_keys], family_cap)
+        picked = self._pick(candidates, min(len(candidates), n_mutants))
+        taken = {c.key for c in picked}
+        picked += self._pick([c for c in fresh if c.key not in taken], n - len(picked))
+        return picked
+
+    def _pick(self, candidates: list[Candidate], k: int) -> list[Candidate]:
+        if k <= 0 or not candidates:
+            return []
+        return [candidates[i] for i in self.policy.select(self._scores(candidates), k, self.rng)]
+
+    def _one_family_at_most(self, candidates: list[Candidate], cap: int) -> list[Candidate]:
+        """The candidates in score order, keeping at most ``cap`` children of any one parent."""
+        order = np.argsort(-self._scores(candidates), kind="stable")
+        per_parent: dict[str | None, int] = {}
+        kept = []
+        for i in order:
+            parent = candidates[i].parent
+            if per_parent.get(parent, 0) < cap:
+                per_parent[parent] = per_parent.get(parent, 0) + 1
+                kept.append(candidates[i])
+        return kept
+
+    def feature_rows(self, candidates: Iterable[Candidate]) -> np.ndarray:
+        candidates = list(candidates)
+        missing = [c for c in candidates if c.key not in self._features]
+        if missing:
+            rows = self.features.extract(self.context, [msc.measure_candidate(c.schedule) for c in missing])
+            for candidate, row in zip(missing, rows):
+                self._features[candidate.key] = row
+        return np.stack([self._features[c.key] for c in candidates]) if candidates else np.zeros((0, self.features.width))
+
+    def _scores(self, candidates: list[Candidate]) -> np.ndarray:
+        return self.cost_model.predict(self.feature_rows(candidates), self.rng)
+
+    def _seed(self) -> int:
+        return int(self.rng.integers(1, msc.MAX_SEED))
+
+    def _sample_new(self, n: int, exclude: set[str]) -> list[Candidate]:
+        found: dict[str, Candidate] = {}
+        attempts = 0
+        while len(found) < n and attempts < n * self.config.sample_attempts:
+            wanted = 2 * (n - len(found))
+            attempts += wanted
+            draws = [(self.spaces[int(self.rng.integers(len(self.spaces)))], self._seed()) for _ in range(wanted)]
+            for sch in _parallel(lambda draw: msc.sample(self.mod, draw[0], draw[1], self.postprocs), draws):
+                if sch is None or len(found) >= n:
+                    continue
+                key = msc.structural_key(sch.mod)
+                if key not in self.measured and key not in exclude and key not in found:
+                    found[key] = Candidate(key, sch)
+        if not found and n:
+            self.exhausted = True
+        return list(found.values())
+
+    def _mutate(self, parents: list[Candidate], scores: np.ndarray, count: int) -> list[Candidate]:
+        """``count`` mutants of parents drawn in proportion to their predicted score."""
+        if not parents or not self.mutators:
+            return []
+        weights = scores - scores.min() + 1e-3
+        weights = weights / weights.sum()
+        draws = [
+            (
+                parents[int(self.rng.choice(len(parents), p=weights))],
+                self.mutators[int(self.rng.choice(len(self.mutators), p=self.mutator_probs))],
+                self._seed(),
+                self._seed(),
+            )
+            for _ in range(count)
+        ]
+        return [c for c in _parallel(self._mutant, draws) if c is not None]
+
+    def _mutant(self, draw: tuple) -> Candidate | None:
+        parent, mutator, mutate_seed, replay_seed = draw
+        trace = msc.mutate(mutator, parent.schedule.trace, mutate_seed)
+        if trace is None:
+            return None
+        sch = msc.replay(self.mod, trace, replay_seed, self.postprocs)
+        return Candidate(msc.structural_key(sch.mod), sch, parent.parent or parent.key) if sch is not None else None
+
+
+# TVM releases the GIL in schedule replay and postprocessing, so threads use every core.
+_THREADS = os.cpu_count() or 1
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _parallel(fn, items: list) -> list:
+    """``[fn(x) for x in items]`` on a shared thread pool, results in order."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="search")
+    return list(_POOL.map(fn, items))

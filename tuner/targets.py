@@ -1,0 +1,165 @@
+"""Translate the targets users write ("llvm", "cuda -arch=sm_90", dicts, tags) into TVM 0.27 Targets.
+
+TVM 0.27 accepts only the dict form; the old CLI form ("llvm -num-cores 2") is rejected, so it is
+parsed here. A bare "llvm" means the host CPU with its vector extensions (``mcpu``): without it
+LLVM emits SSE only and the same schedule runs several times slower.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import psutil
+import tvm
+from tvm.target import Target
+
+from .errors import TargetError
+
+SUPPORTED_KINDS = ("llvm", "cuda")
+_LIST_OPTIONS = {"mattr", "keys", "libs"}
+_EXAMPLES = "'llvm', 'llvm -mcpu=skylake-avx512 -num-cores=4', 'cuda', 'cuda -arch=sm_90', or a dict like {'kind': 'cuda', 'arch': 'sm_90'}"
+# Limits of every CUDA GPU since Volta, used where the device cannot be asked (a build host without a GPU).
+_CUDA_DEFAULT_LIMITS = {
+    "max_shared_memory_per_block": 49152,
+    "max_threads_per_block": 1024,
+    "registers_per_block": 65536,
+    "thread_warp_size": 32,
+}
+
+
+def resolve_target(spec: str | dict | Target) -> Target:
+    """Return a complete TVM Target for ``spec``, or raise TargetError naming the problem."""
+    if isinstance(spec, Target):
+        config = _config_of(spec)
+    elif isinstance(spec, dict):
+        config = dict(spec)
+    elif isinstance(spec, str) and spec.strip():
+        config = _parse_string(spec.strip())
+    else:
+        raise TargetError(f"invalid target {spec!r}: use {_EXAMPLES}")
+    kind = config.get("kind")
+    if kind not in SUPPORTED_KINDS:
+        raise TargetError(f"unsupported target kind {kind!r} in {spec!r}: the tuner supports {', '.join(SUPPORTED_KINDS)}; use {_EXAMPLES}")
+    config = _complete_llvm(config) if kind == "llvm" else _complete_cuda(config)
+    try:
+        return Target(config)
+    except (ValueError, RuntimeError) as err:
+        raise TargetError(f"invalid target {spec!r}: {str(err).splitlines()[0]}; use {_EXAMPLES}") from err
+
+
+def target_key(target: Target) -> str:
+    """A stable string identifying the target, used to key database records."""
+    return str(target)
+
+
+def is_gpu(target: Target) -> bool:
+    return target.kind.name == "cuda"
+
+
+def _parse_string(text: str) -> dict[str, Any]:
+    if text.startswith("{"):
+        raise TargetError(f"invalid target {text!r}: pass a dict object, not its JSON text, or use {_EXAMPLES}")
+    tokens = shlex.split(text)
+    kind = tokens[0]
+    if "/" in kind and len(tokens) == 1:  # a tag such as "nvidia/nvidia-h100"
+        try:
+            return _config_of(Target(kind))
+        except (ValueError, RuntimeError) as err:
+            raise TargetError(f"unknown target tag {kind!r}: use {_EXAMPLES}") from err
+    config: dict[str, Any] = {"kind": kind}
+    i = 1
+    while i < len(tokens):
+        token = tokens[i]
+        if not token.startswith("-"):
+            raise TargetError(f"invalid target {text!r}: expected an option like -key=value, found {token!r}")
+        key = token.lstrip("-")
+        if "=" in key:
+            key, value = key.split("=", 1)
+        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
+            value = tokens[i + 1]
+            i += 1
+        else:
+            value = "true"
+        config[key] = _parse_value(key, value)
+        i += 1
+    return config
+
+
+def _parse_value(key: str, value: str) -> Any:
+    if key in _LIST_OPTIONS:
+        return [v for v in value.split(",") if v]
+    if value.lstrip("-").isdigit():
+        return int(value)
+    if value in ("true", "false"):
+        return value == "true"
+    return value
+
+
+def _config_of(target: Target) -> dict[str, Any]:
+    import json
+
+    return json.loads(str(target))
+
+
+def _complete_llvm(config: dict[str, Any]) -> dict[str, Any]:
+    config = dict(config)
+    if "mtriple" not in config and "mcpu" not in config:
+        config["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
+    config.setdefault("num-cores", psutil.cpu_count(logical=False) or 1)
+    return config
+
+
+def _complete_cuda(config: dict[str, Any]) -> dict[str, Any]:
+    config = dict(config)
+    device = tvm.cuda(0)
+    if device.exist:
+        config.setdefault("arch", "sm_" + device.compute_version.replace(".", ""))
+        config.setdefault("max_shared_memory_per_block", device.max_shared_memory_per_block)
+        config.setdefault("max_threads_per_block", device.max_threads_per_block)
+    elif "arch" not in config:
+        raise TargetError(
+            "target 'cuda' needs an architecture on a machine without a GPU: write e.g. 'cuda -arch=sm_90' (H100) or 'cuda -arch=sm_80' (A100)"
+        )
+    for key, value in _CUDA_DEFAULT_LIMITS.items():
+        config.setdefault(key, value)
+    config.setdefault("host", _complete_llvm({"kind": "llvm"}))
+    return config
+
+
+def target_kind(spec: str | dict | Target) -> str | None:
+    """The kind a target spec names, without resolving it (None if it names none)."""
+    if isinstance(spec, Target):
+        return spec.kind.name
+    if isinstance(spec, dict):
+        return spec.get("kind")
+    if isinstance(spec, str) and spec.strip():
+        first = spec.split()[0]
+        if "/" in first:
+            try:
+                return Target(first).kind.name
+            except (ValueError, RuntimeError):
+                return None
+        return first
+    return None
+
+
+def require_device(spec: str | dict | Target) -> None:
+    """Stop early, in one line, when the target's device is not on this machine."""
+    from .errors import NoDeviceError
+
+    if target_kind(spec) == "cuda" and not tvm.cuda(0).exist:
+        raise NoDeviceError(
+            "cannot tune for 'cuda' here: no CUDA GPU is visible on this machine (no NVIDIA driver or device); "
+            "candidates can be built here but timing them needs a GPU, so run on a GPU host or use --target llvm"
+        )
+
+
+def describe_target(target: Target | str) -> str:
+    """A short human-readable form, e.g. ``llvm -mcpu=znver5 -num-cores=2`` or ``cuda -arch=sm_90``."""
+    import json
+
+    config = json.loads(str(target)) if not isinstance(target, dict) else target
+    shown = {"llvm": ("mcpu", "mtriple", "num-cores"), "cuda": ("arch",)}.get(config.get("kind"), ())
+    options = " ".join(f"-{k}={config[k]}" for k in shown if k in config)
+    return f"{config.get('kind')} {options}".strip()

@@ -1,0 +1,61 @@
+"""Built-in workloads, looked up by name."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import WorkloadError
+from .workload import Workload
+
+
+@dataclass(frozen=True)
+class WorkloadEntry:
+    """A registered workload: how to build it and where its shapes come from."""
+
+    name: str
+    category: str  # "operator" or "model"
+    source: str
+    build: Callable[[], Workload]
+
+
+_REGISTRY: dict[str, WorkloadEntry] = {}
+
+
+def register(name: str, category: str, source: str) -> Callable[[Callable[[], Workload]], Callable[[], Workload]]:
+    """Register ``fn`` (which builds the workload) under ``name``."""
+
+    def wrap(fn: Callable[[], Workload]) -> Callable[[], Workload]:
+        if name in _REGISTRY:
+            raise RuntimeError(f"workload {name!r} registered twice")
+        _REGISTRY[name] = WorkloadEntry(name, category, source, fn)
+        return fn
+
+    return wrap
+
+
+def list_workloads() -> list[WorkloadEntry]:
+    _load_builtins()
+    return sorted(_REGISTRY.values(), key=lambda e: (e.category, e.name))
+
+
+def get_workload(name: str) -> Workload:
+    """Build the registered workload ``name``; an unknown name suggests the closest ones."""
+    _load_builtins()
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise WorkloadError(
+            f"unknown model {name!r}.{hint} Run `tuner workloads` to list the built-in workloads, "
+            "or pass a PrimFunc, a Relax IRModule or a torch.nn.Module."
+        )
+    workload = entry.build()
+    workload.source = workload.source or entry.source
+    return workload
+
+
+def _load_builtins() -> None:
+    # Importing the modules runs their @register decorators.
+    from . import models, operators  # noqa: F401
