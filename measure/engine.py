@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import tvm
 
+from .host import available_memory_bytes
 from .timeouts import AdaptiveTimeout
 from .timing import TimingConfig
 from .types import BuildResult, MeasureInput, MeasureResult, Status, VerifyResult
@@ -40,7 +40,7 @@ class EngineConfig:
 
 
 def default_build_workers() -> int:
-    memory_bound = max(1, int(psutil.virtual_memory().available // (2 << 30)))  # ~2 GiB per compiling worker
+    memory_bound = max(1, available_memory_bytes() // (2 << 30))  # ~2 GiB per compiling worker
     return max(1, min(os.cpu_count() or 1, memory_bound))
 
 

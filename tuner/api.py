@@ -63,15 +63,18 @@ def tune(
         _record_job(db, workload, tvm_target, tasks)
         cost_model = CostModel(seed=seed)
         loop = TuningLoop(tasks, tvm_target, db, engine, cost_model, seed, LoopConfig(batch_size=batch_size, verify=verify), report)
+        tuning_started = time.monotonic()
         loop.run(trials)
         report.line("re-measuring the best candidates and checking their results")
         loop.finalize()
         cost_model.save(work_dir / COST_MODEL_FILE)
         report.line("compiling the tuned and the untuned program")
+        compiling = time.monotonic()
         artifact = compile_workload(engine, workload, best_schedules(db, tasks, tvm_target), work_dir / ARTIFACT_FILE)
         untuned = compile_workload(engine, workload, [], work_dir / "artifacts" / "untuned.so")
         latency_after = time_workload(engine, workload, artifact)
         latency_before = time_workload(engine, workload, untuned)
+        seconds = {"start-up": tuning_started - started, **loop.phase_seconds, "compile and time": time.monotonic() - compiling}
         result = TuneResult(
             model=workload.name,
             kind=workload.kind,
@@ -85,8 +88,11 @@ def tune(
             latency_after=latency_after,
             trials=loop.trials_done,
             wall_seconds=time.monotonic() - started,
+            seconds=seconds,
         )
-        db.set_meta("result", {"latency_before": latency_before, "latency_after": latency_after, "trials": loop.trials_done})
+        db.set_meta(
+            "result", {"latency_before": latency_before, "latency_after": latency_after, "trials": loop.trials_done, "seconds": seconds}
+        )
         report.line(result.summary())
         return result
     except DeviceUnavailable as err:

@@ -27,7 +27,7 @@ from .tasks import Task
 class LoopConfig:
     batch_size: int | None = None  # default: about a quarter of each task's share of the trials
     search: SearchConfig = field(default_factory=SearchConfig)
-    remeasure_top: int = 3  # re-measured at the end with final_timing before the best is chosen
+    remeasure_top: int = 5  # re-measured at the end with final_timing before the best is chosen
     final_timing: TimingConfig = field(default_factory=lambda: TimingConfig(min_repeats=5, max_repeats=50, budget_seconds=0.25))
     verify: bool = True
     give_up_after: int = 32  # failures in a row, with no success at all yet, that end the run
@@ -74,7 +74,7 @@ class TuningLoop:
         self.config = config or LoopConfig()
         self.progress = progress or Progress(enabled=False)
         self.scheduler = TaskScheduler()
-        self.phase_seconds: dict[str, float] = {"search": 0.0, "measure": 0.0, "cost model": 0.0}
+        self.phase_seconds: dict[str, float] = {"search": 0.0, "measure": 0.0, "cost model": 0.0, "final choice": 0.0}
         self._successes = 0
         self._failures: Counter[str] = Counter()
         self._clock_offset = db.elapsed_so_far()
@@ -111,12 +111,12 @@ class TuningLoop:
 
     # -- resuming --------------------------------------------------------------------------------
     def _restore(self) -> None:
+        records = self.db.records(self.target_key)
         for run in self.runs:
-            records = [r for r in self.db.records(self.target_key) if r.workload_id == run.workload_id]
-            for record in records:
-                run.search.restore(record.candidate, record.trace, record.latency)
-            run.trials = len(records)
-            if records:
+            mine = [(r.candidate, r.trace, r.latency) for r in records if r.workload_id == run.workload_id]
+            run.search.restore(mine)
+            run.trials = len(mine)
+            if mine:
                 best = self.db.best(run.workload_id, self.target_key, 1)
                 run.progress.batches = 1
                 run.progress.best = best[0].latency if best else None
@@ -190,6 +190,10 @@ class TuningLoop:
     def finalize(self) -> None:
         """Re-measure each task's top candidates with more repeats, then take the fastest one whose
         output matches the unscheduled function's."""
+        with self._phase("final choice"):
+            self._finalize()
+
+    def _finalize(self) -> None:
         for run in self.runs:
             top = self.db.best(run.workload_id, self.target_key, self.config.remeasure_top)
             if not top:

@@ -80,6 +80,8 @@ def _markdown(job: dict, result: dict, records: list[Record], curve: Curve, png_
     if result.get("latency_after"):
         before, after = result["latency_before"], result["latency_after"]
         lines.append(f"- latency: {format_latency(before)} with TVM's default schedules, {format_latency(after)} tuned ({before / after:.2f}x)")
+    if result.get("seconds"):
+        lines.append("- time of the last run: " + ", ".join(f"{phase} {sec:.1f} s" for phase, sec in result["seconds"].items()))
     failures = Counter(r.status for r in records if r.status != "ok")
     if failures:
         lines.append("- failed candidates: " + ", ".join(f"{n} {status}" for status, n in sorted(failures.items())))

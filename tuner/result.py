@@ -45,6 +45,7 @@ class TuneResult:
     latency_after: float | None  # seconds per run with the tuned schedules
     trials: int
     wall_seconds: float
+    seconds: dict[str, float] = field(default_factory=dict)  # where the wall time went, by phase
     _module: Any = field(default=None, repr=False)
 
     @property
@@ -82,6 +83,8 @@ class TuneResult:
 
     def summary(self) -> str:
         lines = [f"{self.model} on {describe_target(self.target)}: {self.trials} trials in {format_seconds(self.wall_seconds)}"]
+        if self.seconds:
+            lines.append("time: " + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.seconds.items()))
         if self.latency_before is not None:
             speedup = f" ({self.speedup:.2f}x)" if self.speedup else ""
             lines.append(f"latency {format_latency(self.latency_before)} untuned -> {format_latency(self.latency_after)} tuned{speedup}")

@@ -34,7 +34,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class SearchConfig:
-    fresh_per_pick: int = 8  # fresh random samples scored per fresh candidate proposed
+    fresh_per_pick: int = 16  # fresh random samples scored per fresh candidate proposed
     population: int = 32  # evolved population: the best measured, then the best-rated fresh samples
     generations: int = 2
     elite_share: float = 0.5  # of the population seeded with the best measured candidates
@@ -82,9 +82,13 @@ class TaskSearch:
             self.elites.sort(key=lambda pair: pair[0])
             del self.elites[self.config.population :]
 
-    def restore(self, key: str, trace_json: str, latency: float | None) -> None:
-        """Take in a candidate measured by an earlier run of this work dir."""
-        self.observe(Candidate(key, msc.schedule_from_json(self.mod, trace_json)), latency)
+    def restore(self, measured: list[tuple[str, str, float | None]]) -> None:
+        """Take in candidates (key, trace JSON, latency or None) measured by earlier runs of this work dir."""
+        schedules = _parallel(lambda item: msc.schedule_from_json(self.mod, item[1]), measured)
+        candidates = [Candidate(key, sch) for (key, _, _), sch in zip(measured, schedules)]
+        self.feature_rows(candidates)  # one batched extraction
+        for candidate, (_, _, latency) in zip(candidates, measured):
+            self.observe(candidate, latency)
 
     # -- proposing -----------------------------------------------------------------------------
     def propose(self, n: int) -> list[Candidate]:

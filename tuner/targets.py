@@ -10,9 +10,10 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-import psutil
 import tvm
 from tvm.target import Target
+
+from measure.host import physical_cores
 
 from .errors import TargetError
 
@@ -106,7 +107,7 @@ def _complete_llvm(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config)
     if "mtriple" not in config and "mcpu" not in config:
         config["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
-    config.setdefault("num-cores", psutil.cpu_count(logical=False) or 1)
+    config.setdefault("num-cores", physical_cores())
     return config
 
 
