@@ -31,14 +31,18 @@ _FAILED_PENALTY = np.log(2.0)  # a failed candidate counts as twice as slow as t
 class CostModel:
     """Predicts a score per candidate (higher is faster) from its features."""
 
-    def __init__(self, seed: int = 1, rounds: int = 60, ensemble: int = 4, min_samples: int = 8, threads: int | None = None):
+    def __init__(
+        self, seed: int = 1, rounds: int = 40, ensemble: int = 4, min_samples: int = 8, refit_growth: float = 0.1, threads: int | None = None
+    ):
         self.seed = seed
+        self.refit_growth = refit_growth
         self.rounds = rounds
         self.ensemble = ensemble
         self.min_samples = min_samples
         self.params = {
             "objective": "reg:squarederror",
             "max_depth": 6,
+            "max_bin": 64,
             "eta": 0.2,
             "min_child_weight": 1,
             "subsample": 0.8,
@@ -49,6 +53,7 @@ class CostModel:
         self._features: dict[str, list[np.ndarray]] = {}
         self._latencies: dict[str, list[float]] = {}  # inf for a failed candidate
         self._boosters: list[xgb.Booster] = []
+        self._trained_on = 0
 
     @property
     def trained(self) -> bool:
@@ -63,11 +68,19 @@ class CostModel:
         self._features.setdefault(group, []).extend(np.asarray(features, dtype=np.float32))
         self._latencies.setdefault(group, []).extend(np.inf if lat is None else float(lat) for lat in latencies)
 
+    def update(self) -> bool:
+        """Retrain once the data has grown by ``refit_growth`` since the last training: each batch
+        while data is scarce, every few batches once a few hundred results are in."""
+        if self._boosters and self.num_samples < self._trained_on * (1 + self.refit_growth):
+            return False
+        return self.fit()
+
     def fit(self) -> bool:
         """Retrain on everything recorded; False while there is too little to learn from."""
         x, y = self._training_set()
         if len(y) < self.min_samples or np.ptp(y) == 0:
             return False
+        self._trained_on = len(y)
         data = xgb.DMatrix(x, label=y)
         self._boosters = [
             xgb.train({**self.params, "seed": self.seed + member}, data, num_boost_round=self.rounds) for member in range(self.ensemble)

@@ -144,7 +144,7 @@ class TuningLoop:
                 run.progress.record_batch(self._measure(run, candidates))
             self._stop_if_nothing_works()
             with self._phase("cost model"):
-                self.cost_model.fit()
+                self.cost_model.update()
             self.progress.batch(
                 index, len(self.runs), run.task.name, self.trials_done, budget, run.progress.best, run.task.flops, self.model_latency()
             )

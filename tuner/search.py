@@ -71,6 +71,7 @@ class TaskSearch:
         self.elites: list[tuple[float, Candidate]] = []  # best measured first
         self.exhausted = False
         self._features: dict[str, np.ndarray] = {}
+        self._fresh: dict[str, Candidate] = {}  # sampled, scored, not yet picked: carried to the next batch
 
     # -- what was measured ----------------------------------------------------------------------
     def observe(self, candidate: Candidate, latency: float | None) -> None:
@@ -102,7 +103,7 @@ class TaskSearch:
         if not self.cost_model.trained:
             return self._sample_new(n, set())
         n_mutants = int(round(n * self.config.mutant_share))
-        fresh = self._sample_new(max(1, n - n_mutants) * self.config.fresh_per_pick, set())
+        fresh = self._refresh_pool(max(1, n - n_mutants) * self.config.fresh_per_pick)
         fresh_scores = self._scores(fresh)
         elites = [c for _, c in self.elites[: int(self.config.population * self.config.elite_share)]]
         best_fresh = [fresh[i] for i in np.argsort(-fresh_scores, kind="stable")[: self.config.population - len(elites)]]
@@ -123,7 +124,20 @@ class TaskSearch:
         picked = self._pick(candidates, min(len(candidates), n_mutants))
         taken = {c.key for c in picked}
         picked += self._pick([c for c in fresh if c.key not in taken], n - len(picked))
+        for candidate in picked:
+            self._fresh.pop(candidate.key, None)
         return picked
+
+    def _refresh_pool(self, size: int) -> list[Candidate]:
+        """``size`` unmeasured random samples: at least half new, the rest the best-rated left over
+        from this task's previous batch (their features are already known)."""
+        kept = [c for c in self._fresh.values() if c.key not in self.measured]
+        if kept:
+            order = np.argsort(-self._scores(kept), kind="stable")
+            kept = [kept[i] for i in order[: size // 2]]
+        new = self._sample_new(size - len(kept), {c.key for c in kept})
+        self._fresh = {c.key: c for c in (*kept, *new)}
+        return list(self._fresh.values())
 
     def _pick(self, candidates: list[Candidate], k: int) -> list[Candidate]:
         if k <= 0 or not candidates:
@@ -161,7 +175,10 @@ class TaskSearch:
         found: dict[str, Candidate] = {}
         attempts = 0
         while len(found) < n and attempts < n * self.config.sample_attempts:
-            wanted = 2 * (n - len(found))
+            # Ask for a little more than is missing; after a round with many rejects (GPU
+            # verification rejects most samples), ask for proportionally more.
+            rate = len(found) / attempts if attempts else 1.0
+            wanted = max(4, int((n - len(found)) * 1.2 / max(rate, 0.05)))
             attempts += wanted
             draws = [(self.spaces[int(self.rng.integers(len(self.spaces)))], self._seed()) for _ in range(wanted)]
             for sch in _parallel(lambda draw: msc.sample(self.mod, draw[0], draw[1], self.postprocs), draws):
