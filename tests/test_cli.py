@@ -52,3 +52,55 @@ def test_help_explains_each_command(tmp_path):
 def test_workloads_lists_builtins(tmp_path):
     run = tuner("workloads", cwd=tmp_path)
     assert run.returncode == 0 and "matmul-512" in run.stdout and "tiny-resnet" in run.stdout
+
+
+def test_workloads_show_prints_the_tasks(tmp_path):
+    run = tuner("workloads", "show", "conv2d-resnet50-l3", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "0.231 GFLOP per run, 1 distinct kernels, 1 launches" in run.stdout
+
+
+def test_workloads_lists_flops_tasks_and_sources(tmp_path):
+    """With the catalog cache in place (as after a first listing), the listing is instant."""
+    import json
+    import os
+
+    from tuner.catalog import _definitions_fingerprint
+
+    home = tmp_path / "home"
+    (home / ".cache" / "tensor-tuner").mkdir(parents=True)
+    fake = {"name": "x", "category": "model", "family": "model", "source": "s", "flops": 4.1e9, "unavailable": None,
+            "tasks": [{"name": "k", "weight": 2, "flops": 2.05e9}], "fingerprint": _definitions_fingerprint()}  # fmt: skip
+    from workloads import list_workloads
+
+    entries = {e.name: {**fake, "name": e.name, "category": e.category, "source": e.source} for e in list_workloads() if e.category == "model"}
+    (home / ".cache" / "tensor-tuner" / "catalog.json").write_text(json.dumps(entries))
+    run = subprocess.run([sys.executable, "-m", "tuner.cli", "workloads"], capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "HOME": str(home)})
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].split()[:5] == ["workload", "kind", "family", "GFLOP", "tasks"]
+    conv = next(line for line in lines if line.startswith("conv2d-resnet50-l3 "))
+    assert "0.231" in conv and "ResNet-50 layer3" in conv
+    resnet = next(line for line in lines if line.startswith("resnet50 "))
+    assert "4.100" in resnet and "He et al." in resnet
+    assert "building" not in run.stderr
+
+
+def test_onnx_input_errors_from_the_cli(tmp_path):
+    torch = __import__("pytest").importorskip("torch")
+    __import__("pytest").importorskip("onnx")
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    torch.onnx.export(net, (torch.randn(1, 3, 8, 8),), str(tmp_path / "m.onnx"), input_names=["x"], dynamic_axes={"x": {0: "n"}}, dynamo=False)
+    (tmp_path / "bad.onnx").write_bytes(b"nope" * 50)
+    cases = [
+        (("tune", "m.onnx"), "dynamic dimension"),
+        (("tune", "m.onnx", "--input-shape", "0,3,8,8"), "size 0"),
+        (("tune", "m.onnx", "--input-shape", "1,3,8,8", "--input-shape", "1,3,8,8"), "1 inputs but 2 example inputs"),
+        (("tune", "bad.onnx"), "not a valid ONNX model"),
+        (("tune", "matmul-512", "--batch", "2"), "fixed shapes"),
+    ]
+    for args, expected in cases:
+        run = tuner(*args, cwd=tmp_path)
+        assert run.returncode == 2, (args, run.stderr)
+        errors = [line for line in run.stderr.splitlines() if line.startswith("tuner: error")]
+        assert len(errors) == 1 and expected in errors[0], run.stderr

@@ -1,4 +1,4 @@
-"""CUDA candidates build into real cubins on a machine without a GPU (nvcc and a stand-in driver)."""
+"""CUDA code builds into real cubins on a machine without a GPU (nvcc and a stand-in driver)."""
 
 import shutil
 
@@ -14,21 +14,31 @@ from workloads import get_workload
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None and not tvm.cuda(0).exist, reason="needs the CUDA toolkit")
 
 
+def _holds_a_cubin(path) -> bool:
+    data = open(path, "rb").read()
+    return b"\x7fELF" in data[64:] and b"__global__" not in data  # an embedded sm_90 image, not CUDA source
+
+
 def test_search_proposes_valid_gpu_schedules_and_they_build_to_cubins(tmp_path):
     target = resolve_target("cuda -arch=sm_90")
     mod = get_workload("matmul-128").mod
     search = TaskSearch(mod, target, seed=3, cost_model=CostModel(), features=CandidateFeatures(), group="mm")
     candidates = search.propose(3)
     assert len(candidates) == 3
-    engine = MeasureEngine(target, tmp_path, EngineConfig(build_workers=2))
-    try:
+    with MeasureEngine(target, tmp_path, EngineConfig(build_workers=2)) as engine:
         built = list(engine.build([MeasureInput(c.key, c.mod) for c in candidates]))
-    finally:
-        engine._builders[0].close()
-        engine._builders[1].close()
     assert all(b.ok for b in built), [b.error for b in built]
     for b in built:
-        data = open(b.artifact, "rb").read()
-        assert b"sm_90" in data or b"\x7fELF" in data  # the cubin (an ELF image for sm_90) is embedded
-        assert b"__global__" not in data, "CUDA source instead of a binary"
+        assert _holds_a_cubin(b.artifact)
         assert b.args == [["float32", [128, 128]]] * 3
+
+
+@pytest.mark.parametrize("name", ["matmul-llama2-7b-qproj-fp16", "conv2d-resnet50-l3", "softmax-bert-base-attn", "layernorm-bert-base"])
+def test_operators_build_for_sm90_with_tvms_default_gpu_schedules(name, tmp_path):
+    workload = get_workload(name)
+    engine = MeasureEngine(resolve_target("cuda -arch=sm_90"), tmp_path, EngineConfig(build_workers=1))
+    try:
+        artifact = engine.compile_program(tmp_path / "op.so", mod=workload.mod, kind="tir", schedules=[])
+    finally:
+        engine.close()
+    assert _holds_a_cubin(artifact)

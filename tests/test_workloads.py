@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, te
+from tvm import te
 
 from workloads import WorkloadError, get_workload, list_workloads, load_workload
 
@@ -25,14 +25,6 @@ def test_matmul_workload_matches_numpy(llvm_target):
     c = tvm.runtime.tensor(np.zeros((128, 128), "float32"))
     lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
     np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4)
-
-
-def test_tiny_resnet_is_a_relax_model_with_bound_weights(llvm_target):
-    workload = get_workload("tiny-resnet")
-    assert workload.kind == "relax" and [s.shape for s in workload.inputs] == [(1, 3, 32, 32)]
-    vm = relax.VirtualMachine(tvm.compile(workload.mod, target=llvm_target), tvm.cpu())
-    out = vm["main"](tvm.runtime.tensor(np.random.rand(1, 3, 32, 32).astype("float32"))).numpy()
-    assert out.shape == (1, 10) and np.all(np.isfinite(out))
 
 
 def _elementwise(shape):

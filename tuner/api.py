@@ -35,6 +35,8 @@ def tune(
     work_dir: str | Path | None = None,
     *,
     example_inputs: Sequence[Any] | None = None,
+    batch: int | None = None,
+    dtype: str | None = None,
     batch_size: int | None = None,
     build_workers: int | None = None,
     seed: int = 1,
@@ -43,14 +45,16 @@ def tune(
 ) -> TuneResult:
     """Tune every kernel of ``model`` for ``target`` and return the compiled result.
 
-    ``model`` is a built-in workload name (``tuner workloads`` lists them), a TensorIR PrimFunc, a
-    Relax IRModule, or a torch.nn.Module with ``example_inputs``. ``trials`` is the number of
+    ``model`` is a built-in workload name (``tuner workloads`` lists them; ``batch`` and ``dtype``
+    choose a built-in model's batch size and precision), a TensorIR PrimFunc, a Relax IRModule, a
+    torch.nn.Module with ``example_inputs`` (tensors or shapes), or the path of an ONNX file
+    (``example_inputs`` gives shapes its inputs leave symbolic). ``trials`` is the number of
     candidates measured in total, counting earlier runs in the same ``work_dir``: running again on
     a work dir resumes it and measures nothing twice.
     """
     started = time.monotonic()
     _check_trials(trials)
-    workload = load_workload(model, example_inputs)
+    workload = load_workload(model, example_inputs, batch=batch, dtype=dtype)
     require_device(target)
     tvm_target = resolve_target(target)
     work_dir = prepare_work_dir(work_dir, workload.name, tvm_target)

@@ -27,6 +27,8 @@ def apply(
     output: str | Path,
     target: str | dict | tvm.target.Target | None = None,
     example_inputs: Sequence[Any] | None = None,
+    batch: int | None = None,
+    dtype: str | None = None,
 ) -> Path:
     """Compile ``model`` with the best schedules tuned in ``work_dir`` and write it to ``output``
     (a shared library for ``tvm.runtime.load_module``). Kernels without a tuned schedule keep
@@ -41,7 +43,7 @@ def apply(
         if target is None and job is None:
             raise TunerError(f"{db_path} does not say which target it was tuned for: pass --target")
         tvm_target = resolve_target(target if target is not None else json.loads(job["target"]))
-        workload = load_workload(model, example_inputs)
+        workload = load_workload(model, example_inputs, batch=batch, dtype=dtype)
         tasks = extract_tasks(workload, tvm_target)
         schedules = best_schedules(db, tasks, tvm_target)
     finally:

@@ -29,6 +29,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a shape like 1,3,224,224, got {text!r}") from None
+    return shape
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -40,12 +48,21 @@ def build_parser() -> argparse.ArgumentParser:
         "elapsed and remaining time. Running again on the same work dir resumes it: nothing is measured twice, "
         "and --trials counts what earlier runs measured.",
     )
-    tune.add_argument("model", help="a built-in workload name (see `tuner workloads`)")
+    tune.add_argument("model", help="a built-in workload name (see `tuner workloads`) or an .onnx file")
     tune.add_argument("--target", default="llvm", help="'llvm' (this CPU), 'cuda', 'cuda -arch=sm_90', ... (default: llvm)")
     tune.add_argument("--trials", type=_positive_int, default=64, help="candidates to measure in total (default: 64)")
     tune.add_argument("--work-dir", type=Path, help="where the database, logs and compiled model go (default: tuner-runs/MODEL-KIND)")
     tune.add_argument("--batch-size", type=_positive_int, help="candidates measured per round (default: chosen from the budget)")
     tune.add_argument("--build-workers", type=_positive_int, help="parallel build processes (default: one per core)")
+    tune.add_argument("--batch", type=_positive_int, help="batch size of a built-in model (default: 1)")
+    tune.add_argument("--dtype", choices=("float32", "float16"), help="precision of a built-in model (default: float32)")
+    tune.add_argument(
+        "--input-shape",
+        type=_shape,
+        action="append",
+        metavar="D0,D1,...",
+        help="shape of an ONNX model's input, once per input, where the file leaves dimensions symbolic",
+    )
     tune.add_argument("--seed", type=_positive_int, default=1, help="random seed (default: 1)")
     tune.add_argument("--no-verify", action="store_true", help="skip checking the best schedules' outputs against the untuned kernels")
     tune.add_argument("--quiet", action="store_true", help="print only the final summary")
@@ -54,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
         "apply", help="compile a model with tuned schedules", description="Compile MODEL with the best schedules in DIR's database."
     )
     apply.add_argument("work_dir", type=Path, metavar="DIR", help="a work dir written by `tuner tune`")
-    apply.add_argument("model", help="the model to compile (a built-in workload name)")
+    apply.add_argument("model", help="the model to compile (a built-in workload name or an .onnx file)")
+    apply.add_argument("--batch", type=_positive_int, help="batch size of a built-in model (default: 1)")
+    apply.add_argument("--dtype", choices=("float32", "float16"), help="precision of a built-in model (default: float32)")
+    apply.add_argument("--input-shape", type=_shape, action="append", metavar="D0,D1,...", help="shape of an ONNX model's input")
     apply.add_argument("-o", "--output", type=Path, required=True, help="the shared library to write (load it with tvm.runtime.load_module)")
     apply.add_argument("--target", help="compile for this target (default: the one DIR was tuned for)")
 
@@ -66,7 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("work_dir", type=Path, metavar="DIR", help="a work dir written by `tuner tune`")
     report.add_argument("-o", "--output-dir", type=Path, help="where to write the report (default: DIR)")
 
-    commands.add_parser("workloads", help="list built-in workloads", description="List the built-in models and operators.")
+    listing = commands.add_parser(
+        "workloads",
+        help="list built-in workloads",
+        description="List the built-in models and operators with their FLOPs, distinct kernels (tasks) and where their "
+        "shapes come from; `tuner workloads show NAME` prints one workload's tasks. Models are built to count their "
+        "kernels the first time (cached afterwards).",
+    )
+    listing.add_argument("action", nargs="?", choices=("show",), help="show one workload's tasks")
+    listing.add_argument("name", nargs="?", help="the workload to show")
     return parser
 
 
@@ -87,6 +115,9 @@ def _tune(args: argparse.Namespace) -> int:
     result = tune(
         args.model,
         target=args.target,
+        example_inputs=args.input_shape,
+        batch=args.batch,
+        dtype=args.dtype,
         trials=args.trials,
         work_dir=args.work_dir,
         batch_size=args.batch_size,
@@ -103,7 +134,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _apply(args: argparse.Namespace) -> int:
     from .apply import apply
 
-    path = apply(args.work_dir, args.model, args.output, target=args.target)
+    path = apply(args.work_dir, args.model, args.output, target=args.target, example_inputs=args.input_shape, batch=args.batch, dtype=args.dtype)
     print(f"wrote {path}")
     return 0
 
@@ -119,10 +150,41 @@ def _report(args: argparse.Namespace) -> int:
 def _workloads(args: argparse.Namespace) -> int:
     from workloads import list_workloads
 
+    from .catalog import catalog
+
     entries = list_workloads()
-    width = max(len(e.name) for e in entries)
-    for entry in entries:
-        print(f"{entry.name:<{width}}  {entry.category:<8}  {entry.source}")
+    if args.action == "show":
+        return _show_workload(args.name, entries)
+    infos = catalog(entries, on_build=lambda name: print(f"tuner: building {name} to count its kernels (cached afterwards)", file=sys.stderr))
+    width = max(len(i.name) for i in infos)
+    print(f"{'workload':<{width}}  {'kind':<8}  {'family':<20}  {'GFLOP':>8}  {'tasks':>5}  source")
+    for info in infos:
+        gflop = f"{info.flops / 1e9:8.3f}" if info.flops is not None else f"{'-':>8}"
+        tasks = f"{info.distinct_tasks:5d}" if info.flops is not None else f"{'-':>5}"
+        note = f"  [not built: {info.unavailable}]" if info.unavailable else ""
+        print(f"{info.name:<{width}}  {info.category:<8}  {info.family:<20}  {gflop}  {tasks}  {info.source}{note}")
+    return 0
+
+
+def _show_workload(name: str | None, entries) -> int:
+    from workloads import get_workload
+
+    from .catalog import describe
+
+    if not name:
+        raise TunerError("`tuner workloads show` needs a workload name: see `tuner workloads`")
+    entry = next((e for e in entries if e.name == name), None)
+    if entry is None:
+        get_workload(name)  # raises the unknown-name error with suggestions
+    info = describe(entry)
+    if info.unavailable:
+        raise TunerError(info.unavailable)
+    print(f"{info.name}: {info.source}")
+    print(f"{info.flops / 1e9:.3f} GFLOP per run, {info.distinct_tasks} distinct kernels, {sum(t.weight for t in info.tasks)} launches")
+    width = max(len(t.name) for t in info.tasks)
+    print(f"  {'kernel':<{width}}  {'launches':>8}  {'MFLOP/launch':>12}")
+    for task in info.tasks:
+        print(f"  {task.name:<{width}}  {task.weight:>8}  {task.flops / 1e6:12.2f}")
     return 0
 
 

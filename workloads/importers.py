@@ -1,25 +1,41 @@
-"""Turn what a user hands the tuner (a name, a PrimFunc, a Relax module, a torch module) into a Workload."""
+"""Turn what a user hands the tuner into a Workload: a registered name, a TensorIR PrimFunc, a Relax
+IRModule, a torch.nn.Module with example inputs, or the path of an ONNX file."""
 
 from __future__ import annotations
 
+import importlib
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import tvm
 from tvm import relax
 
 from .errors import WorkloadError
-from .operators import prim_func_workload
 from .registry import get_workload
 from .workload import TensorSpec, Workload, prim_func_inputs
 
 
-def load_workload(model: Any, example_inputs: Sequence[Any] | None = None, name: str | None = None) -> Workload:
-    """Return the Workload for ``model``: a registered name, a PrimFunc, an IRModule or a torch.nn.Module."""
+def load_workload(
+    model: Any,
+    example_inputs: Sequence[Any] | None = None,
+    name: str | None = None,
+    batch: int | None = None,
+    dtype: str | None = None,
+) -> Workload:
+    """Return the Workload for ``model``.
+
+    ``example_inputs`` are tensors or shapes: required for a torch module, and for an ONNX model
+    whose inputs have symbolic dimensions. ``batch`` and ``dtype`` choose a built-in model's
+    batch size and precision.
+    """
     if isinstance(model, Workload):
         return model
+    if isinstance(model, (str, Path)) and str(model).endswith(".onnx"):
+        return from_onnx(Path(model), example_inputs, name)
     if isinstance(model, str):
-        return get_workload(model)
+        return get_workload(model, batch=batch, dtype=dtype)
     if isinstance(model, tvm.tirx.PrimFunc):
         return from_prim_func(model, name or "primfunc")
     if isinstance(model, tvm.IRModule):
@@ -28,17 +44,27 @@ def load_workload(model: Any, example_inputs: Sequence[Any] | None = None, name:
         return from_torch(model, example_inputs, name or type(model).__name__)
     raise WorkloadError(
         f"cannot tune an object of type {type(model).__name__}: pass a registered workload name, "
-        "a TensorIR PrimFunc, a Relax IRModule, or a torch.nn.Module with example_inputs"
+        "a TensorIR PrimFunc, a Relax IRModule, a torch.nn.Module with example_inputs, or an .onnx path"
     )
 
 
+def import_optional(module: str, extra: str, why: str) -> Any:
+    """Import an optional dependency, or say which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise WorkloadError(f"{why}, which needs {module}: pip install 'tensor-tuner[{extra}]'") from None
+
+
 def from_prim_func(func: tvm.tirx.PrimFunc, name: str) -> Workload:
+    from .operators import prim_func_workload
+
     try:
         inputs = prim_func_inputs(func)
     except TypeError as err:
         raise WorkloadError(f"PrimFunc {name!r} has an argument that is not a buffer; only buffer arguments can be tuned") from err
     for spec in inputs:
-        _check_static(f"argument {spec.name}", spec.shape)
+        check_static(f"argument {spec.name}", spec.shape)
     return prim_func_workload(name, func, f"PrimFunc {name}")
 
 
@@ -54,20 +80,19 @@ def from_ir_module(mod: tvm.IRModule, name: str) -> Workload:
         return from_prim_func(prim_funcs[0], name)
     if "main" not in [gv.name_hint for gv in relax_funcs]:
         raise WorkloadError(f"Relax module {name!r} has no `main` function: name the entry function `main`")
-    main = mod["main"]
     inputs = []
-    for param in main.params:
+    for param in mod["main"].params:
         ty = param.ty
         if not isinstance(ty, relax.TensorType) or ty.shape is None:
             raise WorkloadError(f"input {param.name} of {name!r} is not a tensor with a known shape")
-        _check_static(f"input {param.name}", ty.shape.values)
+        check_static(f"input {param.name}", ty.shape.values)
         inputs.append(TensorSpec(str(param.name), tuple(int(d) for d in ty.shape.values), str(ty.dtype)))
     return Workload(name=name, kind="relax", mod=mod, inputs=inputs, description=f"Relax module {name}")
 
 
 def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> Workload:
     """Import a torch.nn.Module through torch.export; ``example_inputs`` are tensors or shapes."""
-    torch = _import_torch()
+    torch = import_optional("torch", "torch", f"importing torch module {name}")
     if example_inputs is None:
         raise WorkloadError(
             f"tuning torch module {name} needs example_inputs: a tuple of tensors or of shapes, e.g. example_inputs=[(1, 3, 224, 224)]"
@@ -77,22 +102,58 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
 
     try:
         exported = torch.export.export(module.eval(), examples)
-    except Exception as err:  # torch raises many types here; they all mean the inputs or module do not fit
-        raise WorkloadError(f"torch.export could not trace {name} with the given example_inputs: {_first_line(err)}") from err
-    mod = from_exported_program(exported, unwrap_unit_return_tuple=True)
+    except Exception as err:  # torch raises many types here; they all mean the inputs do not fit the module
+        raise WorkloadError(
+            f"example inputs {[tuple(x.shape) for x in examples]} do not fit torch module {name}: {_first_line(err)}"
+        ) from None
+    try:
+        mod = from_exported_program(exported, unwrap_unit_return_tuple=True)
+    except AssertionError as err:
+        ops = re.search(r"Unsupported function types (\[.*\])", str(err))
+        if ops is None:
+            raise
+        raise WorkloadError(f"torch module {name} uses operators TVM's importer does not support: {ops.group(1)}") from None
     return from_ir_module(mod, name)
+
+
+def from_onnx(path: Path, example_inputs: Sequence[Any] | None = None, name: str | None = None) -> Workload:
+    """Import an ONNX model; inputs with symbolic dimensions take their shapes from ``example_inputs``."""
+    onnx = import_optional("onnx", "onnx", f"importing the ONNX model {path}")
+    name = name or path.stem
+    if not path.exists():
+        raise WorkloadError(f"ONNX file {path} does not exist")
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as err:  # onnx raises DecodeError, ValidationError, ...: all mean a broken file
+        raise WorkloadError(f"{path} is not a valid ONNX model ({_first_line(err)}): re-export it, or check the file is complete") from None
+    initializers = {init.name for init in model.graph.initializer}
+    graph_inputs = [i for i in model.graph.input if i.name not in initializers]
+    overrides = list(_as_sequence(example_inputs)) if example_inputs is not None else []
+    if overrides and len(overrides) != len(graph_inputs):
+        raise WorkloadError(f"{path} has {len(graph_inputs)} inputs but {len(overrides)} example inputs were given")
+    shapes = {}
+    for index, graph_input in enumerate(graph_inputs):
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in graph_input.type.tensor_type.shape.dim]
+        shape = tuple(_shape_of(overrides[index])) if overrides else dims
+        check_static(f"ONNX input {graph_input.name!r} of {path.name}", shape, hint="give its shape with example_inputs")
+        shapes[graph_input.name] = list(shape)
+    from tvm.relax.frontend.onnx import from_onnx as relax_from_onnx
+
+    try:
+        mod = relax_from_onnx(model, shape_dict=shapes, dtype_dict=_onnx_dtypes(onnx, graph_inputs))
+    except tvm.error.OpNotImplemented as err:
+        ops = str(err).split(":", 1)[-1].strip().splitlines()[0]
+        raise WorkloadError(f"{path.name} uses ONNX operators TVM's importer does not support: {ops}") from None
+    return from_ir_module(mod, name)
+
+
+def _onnx_dtypes(onnx: Any, graph_inputs: Sequence[Any]) -> dict[str, str]:
+    return {i.name: str(onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)) for i in graph_inputs}
 
 
 def _is_torch_module(obj: Any) -> bool:
     return any(cls.__module__.startswith("torch.nn") and cls.__name__ == "Module" for cls in type(obj).__mro__)
-
-
-def _import_torch():
-    try:
-        import torch
-    except ImportError as err:
-        raise WorkloadError("importing a torch module needs torch: pip install 'tensor-tuner[torch]'") from err
-    return torch
 
 
 def _as_sequence(example_inputs: Any) -> Sequence[Any]:
@@ -101,21 +162,23 @@ def _as_sequence(example_inputs: Any) -> Sequence[Any]:
     return example_inputs if isinstance(example_inputs, (list, tuple)) else [example_inputs]
 
 
+def _shape_of(x: Any) -> Sequence[int]:
+    return tuple(x.shape) if hasattr(x, "shape") else tuple(x)
+
+
 def _as_example_tensor(torch: Any, x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return x
     if isinstance(x, (list, tuple)) and all(isinstance(d, int) for d in x):
-        _check_static("example input", x)
+        check_static("example input", x)
         return torch.randn(*x)
     raise WorkloadError(f"example input {x!r} is neither a torch.Tensor nor a shape tuple")
 
 
-def _check_static(what: str, shape: Sequence[Any]) -> None:
+def check_static(what: str, shape: Sequence[Any], hint: str = "bind it to a concrete size") -> None:
     for dim in shape:
         if not isinstance(dim, (int, tvm.tirx.IntImm)):
-            raise WorkloadError(
-                f"{what} has a dynamic dimension ({dim}); the tuner needs static shapes: bind it to a concrete size"
-            )
+            raise WorkloadError(f"{what} has a dynamic dimension ({dim}); the tuner needs static shapes: {hint}")
         if int(dim) <= 0:
             raise WorkloadError(f"{what} has a dimension of size {int(dim)}; every dimension must be positive")
 

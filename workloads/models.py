@@ -1,71 +1,97 @@
-"""Whole models built locally with random weights: tuning needs shapes, not trained values."""
+"""Built-in models: PyTorch definitions (workloads.zoo) with seeded random weights, imported through
+torch.export. Tuning needs shapes, not trained weights, so nothing is downloaded. Every model takes
+a batch size and a dtype (float32 or float16); its PyTorch module is kept as the numerical
+reference."""
 
 from __future__ import annotations
 
+import copy
+import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
-import tvm
-from tvm import relax
 
+from .errors import WorkloadError
+from .importers import from_torch, import_optional
 from .registry import register
-from .workload import TensorSpec, Workload
+from .workload import Workload
+
+DTYPES = ("float32", "float16")
 
 
-class RelaxGraph:
-    """A small helper over Relax's BlockBuilder that emits layers with random weights bound as constants."""
-
-    def __init__(self, seed: int = 0):
-        self.bb = relax.BlockBuilder()
-        self.rng = np.random.default_rng(seed)
-
-    def weight(self, shape: tuple[int, ...], fan_in: int, dtype: str = "float32") -> relax.Constant:
-        values = self.rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
-        return relax.const(values.astype(dtype))
-
-    def conv2d(self, x: relax.Expr, cin: int, cout: int, kernel: int, stride: int = 1, relu: bool = True) -> relax.Expr:
-        w = self.weight((cout, cin, kernel, kernel), cin * kernel * kernel)
-        y = self.bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=kernel // 2))
-        y = self.bb.emit(relax.op.add(y, self.weight((1, cout, 1, 1), cout)))
-        return self.bb.emit(relax.op.nn.relu(y)) if relu else y
-
-    def dense(self, x: relax.Expr, cin: int, cout: int) -> relax.Expr:
-        y = self.bb.emit(relax.op.matmul(x, self.weight((cin, cout), cin)))
-        return self.bb.emit(relax.op.add(y, self.weight((cout,), cout)))
-
-    def residual_block(self, x: relax.Expr, cin: int, cout: int, stride: int) -> relax.Expr:
-        y = self.conv2d(x, cin, cout, 3, stride)
-        y = self.conv2d(y, cout, cout, 3, relu=False)
-        shortcut = x if (cin == cout and stride == 1) else self.conv2d(x, cin, cout, 1, stride, relu=False)
-        return self.bb.emit(relax.op.nn.relu(relax.op.add(y, shortcut)))
-
-    def build(self, inputs: list[TensorSpec], body: Callable[["RelaxGraph", list[relax.Var]], relax.Expr]) -> tvm.IRModule:
-        params = [relax.Var(spec.name, relax.TensorType(spec.shape, spec.dtype)) for spec in inputs]
-        with self.bb.function("main", params):
-            with self.bb.dataflow():
-                out = self.bb.emit_output(body(self, params))
-            self.bb.emit_func_output(out)
-        return self.bb.get()
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    source: str
+    factory: str  # "module:callable" in workloads.zoo
+    input_shape: Callable[[int], tuple[int, ...]]  # batch size -> shape of the one input
+    token_ids: int = 0  # > 0: the input is int64 token ids below this
 
 
-def model_workload(name: str, inputs: list[TensorSpec], body: Callable, description: str, seed: int = 0) -> Workload:
-    mod = RelaxGraph(seed).build(inputs, body)
-    return Workload(name=name, kind="relax", mod=mod, inputs=inputs, description=description)
+def _image(size: int) -> Callable[[int], tuple[int, ...]]:
+    return lambda batch: (batch, 3, size, size)
 
 
-def _tiny_resnet(g: RelaxGraph, args: list[relax.Var]) -> relax.Expr:
-    x = g.conv2d(args[0], 3, 16, 3)
-    x = g.residual_block(x, 16, 16, 1)
-    x = g.residual_block(x, 16, 32, 2)
-    pooled = g.bb.emit(relax.op.mean(x, axis=[2, 3]))
-    return g.dense(pooled, 32, 10)
+MODELS = [
+    ModelSpec("resnet18", "ResNet-18 (He et al. 2016), ImageNet 224x224", "convnets:resnet18", _image(224)),
+    ModelSpec("resnet50", "ResNet-50 (He et al. 2016), ImageNet 224x224", "convnets:resnet50", _image(224)),
+    ModelSpec("mobilenetv2", "MobileNetV2 1.0 (Sandler et al. 2018), ImageNet 224x224", "convnets:MobileNetV2", _image(224)),
+    ModelSpec("vgg16", "VGG-16 configuration D (Simonyan & Zisserman 2015), ImageNet 224x224", "convnets:VGG16", _image(224)),
+    ModelSpec("squeezenet1.1", "SqueezeNet 1.1 (Iandola et al. 2016), ImageNet 224x224", "convnets:SqueezeNet11", _image(224)),
+    ModelSpec("convnext-t", "ConvNeXt-T (Liu et al. 2022), ImageNet 224x224", "convnets:ConvNeXtT", _image(224)),
+    ModelSpec("bert-base", "BERT-base uncased (Devlin et al. 2019), 128 tokens", "transformers:BertBase", lambda batch: (batch, 128), token_ids=30522),
+    ModelSpec(
+        "llama3-8b-layer",
+        "one Llama-3-8B decoder layer (hidden 4096, 32/8 GQA heads, SwiGLU 14336, RoPE), 128 tokens",
+        "transformers:LlamaDecoderLayer",
+        lambda batch: (batch, 128, 4096),
+    ),
+    ModelSpec("tiny-resnet", "a 2-stage residual CNN on 32x32 images (CIFAR-sized), for quick end-to-end runs", "convnets:tiny_resnet", _image(32)),
+]
 
 
-@register("tiny-resnet", "model", "a 2-block residual CNN on 32x32 images (CIFAR-sized), for quick end-to-end runs")
-def tiny_resnet() -> Workload:
-    return model_workload(
-        "tiny-resnet",
-        [TensorSpec("x", (1, 3, 32, 32))],
-        _tiny_resnet,
-        "ResNet-style CNN: 3x3 stem, two basic blocks (16 and 32 channels), global pool, dense; batch 1, fp32",
-    )
+def build_model(spec: ModelSpec, batch: int = 1, dtype: str = "float32") -> Workload:
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch <= 0:
+        raise WorkloadError(f"batch size must be a positive integer, got {batch!r}")
+    if dtype not in DTYPES:
+        raise WorkloadError(f"model dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    torch = import_optional("torch", "torch", f"built-in model {spec.name!r} is defined in PyTorch")
+    module_name, attr = spec.factory.split(":")
+    factory = getattr(importlib.import_module(f"workloads.zoo.{module_name}"), attr)
+    torch.manual_seed(0)
+    module = factory().eval()
+    shape = spec.input_shape(batch)
+    generator = torch.Generator().manual_seed(1)
+    if spec.token_ids:
+        example = torch.randint(0, spec.token_ids, shape, generator=generator)
+    else:
+        example = torch.randn(shape, generator=generator).to(getattr(torch, dtype))
+    if dtype != "float32":
+        module = module.to(getattr(torch, dtype))
+    name = spec.name + (f"-b{batch}" if batch != 1 else "") + ("-fp16" if dtype == "float16" else "")
+    with torch.no_grad():
+        workload = from_torch(module, [example], name)
+    workload.source = spec.source
+    workload.description = f"{spec.source}; batch {batch}, {dtype}"
+    workload.reference = _torch_reference(module)
+    return workload
+
+
+def _torch_reference(module) -> Callable[..., np.ndarray]:
+    """The module's output in float32 (an fp16 model's reference runs on a float32 copy)."""
+
+    def reference(*inputs: np.ndarray) -> np.ndarray:
+        import torch
+
+        model = module if next(module.parameters()).dtype == torch.float32 else copy.deepcopy(module).float()
+        args = [torch.from_numpy(np.asarray(x)) for x in inputs]
+        args = [a.float() if a.is_floating_point() else a for a in args]
+        with torch.no_grad():
+            return model(*args).numpy()
+
+    return reference
+
+
+for _spec in MODELS:
+    register(_spec.name, "model", _spec.source, family="model")(lambda batch=1, dtype="float32", _spec=_spec: build_model(_spec, batch, dtype))

@@ -18,18 +18,19 @@ class WorkloadEntry:
     category: str  # "operator" or "model"
     source: str
     build: Callable[[], Workload]
+    family: str = ""
 
 
 _REGISTRY: dict[str, WorkloadEntry] = {}
 
 
-def register(name: str, category: str, source: str) -> Callable[[Callable[[], Workload]], Callable[[], Workload]]:
+def register(name: str, category: str, source: str, family: str = "") -> Callable[[Callable[[], Workload]], Callable[[], Workload]]:
     """Register ``fn`` (which builds the workload) under ``name``."""
 
     def wrap(fn: Callable[[], Workload]) -> Callable[[], Workload]:
         if name in _REGISTRY:
             raise RuntimeError(f"workload {name!r} registered twice")
-        _REGISTRY[name] = WorkloadEntry(name, category, source, fn)
+        _REGISTRY[name] = WorkloadEntry(name, category, source, fn, family)
         return fn
 
     return wrap
@@ -40,8 +41,11 @@ def list_workloads() -> list[WorkloadEntry]:
     return sorted(_REGISTRY.values(), key=lambda e: (e.category, e.name))
 
 
-def get_workload(name: str) -> Workload:
-    """Build the registered workload ``name``; an unknown name suggests the closest ones."""
+def get_workload(name: str, **options) -> Workload:
+    """Build the registered workload ``name``; an unknown name suggests the closest ones.
+
+    Models take ``batch`` and ``dtype`` options; operators have the fixed shapes of the layer
+    they come from (fp16 variants are registered as NAME-fp16)."""
     _load_builtins()
     entry = _REGISTRY.get(name)
     if entry is None:
@@ -51,7 +55,13 @@ def get_workload(name: str) -> Workload:
             f"unknown model {name!r}.{hint} Run `tuner workloads` to list the built-in workloads, "
             "or pass a PrimFunc, a Relax IRModule or a torch.nn.Module."
         )
-    workload = entry.build()
+    options = {key: value for key, value in options.items() if value is not None}
+    if options and entry.category != "model":
+        raise WorkloadError(
+            f"{name!r} is an operator with the fixed shapes of the layer it comes from; batch and dtype apply to models "
+            "(operators with a tensor-core path also come as NAME-fp16)"
+        )
+    workload = entry.build(**options)
     workload.source = workload.source or entry.source
     return workload
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import tvm
@@ -31,7 +32,9 @@ class Workload:
     inputs: list[TensorSpec]
     description: str = ""
     source: str = ""
-    tags: dict[str, str] = field(default_factory=dict)
+    # Computes the expected output from the inputs (NumPy arrays, outputs excluded) independently
+    # of TVM: NumPy for operators, the PyTorch module for models. None for imported programs.
+    reference: Callable[..., object] | None = field(default=None, repr=False)
 
     @property
     def is_model(self) -> bool:

@@ -1,0 +1,110 @@
+"""Importers for user models: round trips with matching numbers, and one clear error per bad input."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from workloads import WorkloadError, load_workload
+
+torch = pytest.importorskip("torch")
+
+
+class SmallNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+def _run(workload, *inputs):
+    vm = relax.VirtualMachine(tvm.compile(workload.mod, target="llvm"), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(x) for x in inputs])
+    return out.numpy() if hasattr(out, "numpy") else out[0].numpy()
+
+
+def test_torch_round_trip():
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    workload = load_workload(net, example_inputs=[(2, 3, 16, 16)])
+    x = np.random.rand(2, 3, 16, 16).astype("float32")
+    np.testing.assert_allclose(_run(workload, x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _export_onnx(net, path, dynamic_batch=False):
+    pytest.importorskip("onnx")
+    axes = {"x": {0: "batch"}} if dynamic_batch else None
+    torch.onnx.export(net, (torch.randn(1, 3, 16, 16),), str(path), input_names=["x"], dynamic_axes=axes, dynamo=False)
+    return path
+
+
+def test_onnx_round_trip(tmp_path):
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    workload = load_workload(str(_export_onnx(net, tmp_path / "net.onnx")))
+    assert workload.kind == "relax" and workload.inputs[0].shape == (1, 3, 16, 16)
+    x = np.random.rand(1, 3, 16, 16).astype("float32")
+    np.testing.assert_allclose(_run(workload, x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_onnx_symbolic_dimensions_need_shapes(tmp_path):
+    path = _export_onnx(SmallNet().eval(), tmp_path / "dyn.onnx", dynamic_batch=True)
+    with pytest.raises(WorkloadError, match="dynamic dimension .*example_inputs"):
+        load_workload(str(path))
+    assert load_workload(str(path), example_inputs=[(4, 3, 16, 16)]).inputs[0].shape == (4, 3, 16, 16)
+    with pytest.raises(WorkloadError, match="size 0"):
+        load_workload(str(path), example_inputs=[(0, 3, 16, 16)])
+
+
+def test_a_file_that_is_not_onnx(tmp_path):
+    pytest.importorskip("onnx")
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"\x08\x07garbage that is not a protobuf" * 10)
+    with pytest.raises(WorkloadError, match="not a valid ONNX model"):
+        load_workload(str(bad))
+    with pytest.raises(WorkloadError, match="does not exist"):
+        load_workload(str(tmp_path / "missing.onnx"))
+
+
+def test_unsupported_onnx_operator_is_named(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Det", ["x"], ["y"])
+    graph = helper.make_graph(
+        [node], "det", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])]
+    )
+    path = tmp_path / "det.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    with pytest.raises(WorkloadError, match="does not support: Det"):
+        load_workload(str(path))
+
+
+def test_unsupported_torch_operator_is_named():
+    class Inverse(torch.nn.Module):
+        def forward(self, x):
+            return torch.linalg.inv(x)
+
+    with pytest.raises(WorkloadError, match="does not support: .*linalg"):
+        load_workload(Inverse(), example_inputs=[(4, 4)])
+
+
+def test_example_inputs_that_do_not_fit_the_module():
+    with pytest.raises(WorkloadError, match=r"example inputs \[\(2, 7\)\] do not fit"):
+        load_workload(SmallNet(), example_inputs=[(2, 7)])
+
+
+def test_a_missing_extra_is_named():
+    code = (
+        "import sys; sys.modules['onnx'] = None\n"
+        "from workloads import load_workload, WorkloadError\n"
+        "try:\n    load_workload('x.onnx')\nexcept WorkloadError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert "pip install 'tensor-tuner[onnx]'" in out
