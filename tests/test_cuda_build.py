@@ -27,10 +27,10 @@ def test_search_proposes_valid_gpu_schedules_and_they_build_to_cubins(tmp_path):
     assert len(candidates) == 3
     with MeasureEngine(target, tmp_path, EngineConfig(build_workers=2)) as engine:
         built = list(engine.build([MeasureInput(c.key, c.mod) for c in candidates]))
-    assert all(b.ok for b in built), [b.error for b in built]
-    for b in built:
-        assert _holds_a_cubin(b.artifact)
-        assert b.args == [["float32", [128, 128]]] * 3
+        assert all(b.ok for b in built), [b.error for b in built]
+        for b in built:  # artifacts live as long as the engine
+            assert _holds_a_cubin(b.artifact)
+            assert b.args == [["float32", [128, 128]]] * 3
 
 
 @pytest.mark.parametrize("name", ["matmul-llama2-7b-qproj-fp16", "conv2d-resnet50-l3", "softmax-bert-base-attn", "layernorm-bert-base"])

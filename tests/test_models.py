@@ -71,10 +71,12 @@ def test_fp16_model_matches_pytorch_within_fp16_precision(llvm_target):
     _check_against_torch(get_workload("resnet18", dtype="float16"), llvm_target, 1e-2)
 
 
-def test_batch_and_dtype_are_parameters():
+def test_batch_and_dtype_are_parameters(llvm_target):
     workload = get_workload("tiny-resnet", batch=4, dtype="float16")
     assert workload.name == "tiny-resnet-b4-fp16"
-    assert workload.inputs[0].shape == (4, 3, 32, 32) and workload.inputs[0].dtype == "float16"
+    assert workload.inputs[0].shape == (4, 3, 32, 32)
+    conv_tasks = [t for t in extract_tasks(workload, llvm_target) if "conv2d" in t.name]
+    assert conv_tasks and all("float16" in t.mod.script() for t in conv_tasks)
     with pytest.raises(WorkloadError, match="positive integer"):
         get_workload("tiny-resnet", batch=0)
     with pytest.raises(WorkloadError, match="float32, float16"):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import tvm
-from tvm import te
+from tvm import relax, te
 
 from workloads import WorkloadError, get_workload, list_workloads, load_workload
 

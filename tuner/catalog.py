@@ -68,7 +68,7 @@ def catalog(entries: list[WorkloadEntry], on_build: Callable[[str], None] | None
             info = WorkloadInfo(**{k: v for k, v in cached.items() if k != "fingerprint"})
             info.tasks = [TaskInfo(**t) for t in cached["tasks"]]
         else:
-            if on_build:
+            if on_build and entry.category == "model":  # operators describe in milliseconds
                 on_build(entry.name)
             info = describe(entry)
             stored[entry.name] = {**asdict(info), "fingerprint": fingerprint}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -100,19 +101,21 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
     examples = tuple(_as_example_tensor(torch, x) for x in _as_sequence(example_inputs))
     from tvm.relax.frontend.torch import from_exported_program
 
-    try:
-        exported = torch.export.export(module.eval(), examples)
-    except Exception as err:  # torch raises many types here; they all mean the inputs do not fit the module
-        raise WorkloadError(
-            f"example inputs {[tuple(x.shape) for x in examples]} do not fit torch module {name}: {_first_line(err)}"
-        ) from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation notices
+        try:
+            exported = torch.export.export(module.eval(), examples)
+        except Exception as err:  # torch raises many types here; they all mean the inputs do not fit the module
+            raise WorkloadError(
+                f"example inputs {[tuple(x.shape) for x in examples]} do not fit torch module {name}: {_first_line(err)}"
+            ) from None
     try:
         mod = from_exported_program(exported, unwrap_unit_return_tuple=True)
-    except AssertionError as err:
+    except Exception as err:  # noqa: BLE001 - the importer signals unsupported programs with several types
         ops = re.search(r"Unsupported function types (\[.*\])", str(err))
-        if ops is None:
-            raise
-        raise WorkloadError(f"torch module {name} uses operators TVM's importer does not support: {ops.group(1)}") from None
+        if ops is not None:
+            raise WorkloadError(f"torch module {name} uses operators TVM's importer does not support: {ops.group(1)}") from None
+        raise WorkloadError(f"TVM's torch importer cannot translate module {name}: {_first_line(err)}") from None
     return from_ir_module(mod, name)
 
 
