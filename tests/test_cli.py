@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import tvm
+from onnx_models import save_det_model
 
 
 def tuner(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -92,11 +93,13 @@ def test_onnx_input_errors_from_the_cli(tmp_path):
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
     torch.onnx.export(net, (torch.randn(1, 3, 8, 8),), str(tmp_path / "m.onnx"), input_names=["x"], dynamic_axes={"x": {0: "n"}}, dynamo=False)
     (tmp_path / "bad.onnx").write_bytes(b"nope" * 50)
+    save_det_model(tmp_path / "det.onnx")
     cases = [
         (("tune", "m.onnx"), "dynamic dimension"),
         (("tune", "m.onnx", "--input-shape", "0,3,8,8"), "size 0"),
         (("tune", "m.onnx", "--input-shape", "1,3,8,8", "--input-shape", "1,3,8,8"), "1 inputs but 2 example inputs"),
         (("tune", "bad.onnx"), "not a valid ONNX model"),
+        (("tune", "det.onnx"), "does not support: Det"),
         (("tune", "matmul-512", "--batch", "2"), "fixed shapes"),
     ]
     for args, expected in cases:

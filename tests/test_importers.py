@@ -10,6 +10,8 @@ from tvm import relax
 
 from workloads import WorkloadError, load_workload
 
+from onnx_models import save_det_model
+
 torch = pytest.importorskip("torch")
 
 
@@ -73,17 +75,9 @@ def test_a_file_that_is_not_onnx(tmp_path):
 
 
 def test_unsupported_onnx_operator_is_named(tmp_path):
-    onnx = pytest.importorskip("onnx")
-    from onnx import TensorProto, helper
-
-    node = helper.make_node("Det", ["x"], ["y"])
-    graph = helper.make_graph(
-        [node], "det", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])]
-    )
-    path = tmp_path / "det.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    pytest.importorskip("onnx")
     with pytest.raises(WorkloadError, match="does not support: Det"):
-        load_workload(str(path))
+        load_workload(str(save_det_model(tmp_path / "det.onnx")))
 
 
 def test_unsupported_torch_operator_is_named():
