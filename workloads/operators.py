@@ -54,9 +54,9 @@ def prim_func_workload(name: str, func: tvm.tirx.PrimFunc, description: str) -> 
     return Workload(name=name, kind="tir", mod=tvm.IRModule({"main": func}), inputs=prim_func_inputs(func), description=description)
 
 
-def _out_dtype(dtype: str) -> str:
-    """Accumulation and output type: fp16 inputs accumulate in fp32, the tensor-core way."""
-    return "float32"
+# Accumulation and output type for every input dtype: fp16 inputs accumulate in fp32, the
+# tensor-core way.
+ACCUMULATE = "float32"
 
 
 # -- the computations -----------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def matmul_compute(m: int, n: int, k: int) -> Compute:
         a = te.placeholder((m, k), dtype, name="A")
         b = te.placeholder((k, n), dtype, name="B")
         r = te.reduce_axis((0, k), name="k")
-        out = _out_dtype(dtype)
+        out = ACCUMULATE
         c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype(out) * b[r, j].astype(out), axis=r), name="C")
         return [a, b], c
 
@@ -82,7 +82,7 @@ def conv_compute(kind: str, data_shape, weight_shape, stride, pad, groups: int =
     def compute(dtype: str):
         data = te.placeholder(data_shape, dtype, name="data")
         weight = te.placeholder(weight_shape, dtype, name="weight")
-        out = _out_dtype(dtype)
+        out = ACCUMULATE
         if kind == "conv1d":
             y = topi.nn.conv1d_ncw(data, weight, stride, pad, 1, out_dtype=out)
         elif kind == "conv2d":
@@ -110,7 +110,7 @@ def conv2d_transpose_compute(data_shape, weight_shape, stride: int, pad: int) ->
     def compute(dtype: str):
         data = te.placeholder(data_shape, dtype, name="data")
         weight = te.placeholder(weight_shape, dtype, name="weight")
-        return [data, weight], topi.nn.conv2d_transpose_nchw(data, weight, (stride, stride), (pad, pad), _out_dtype(dtype), (0, 0))
+        return [data, weight], topi.nn.conv2d_transpose_nchw(data, weight, (stride, stride), (pad, pad), ACCUMULATE, (0, 0))
 
     return compute
 
@@ -119,7 +119,7 @@ def dense_compute(m: int, n: int, k: int) -> Compute:
     def compute(dtype: str):
         x = te.placeholder((m, k), dtype, name="x")
         w = te.placeholder((n, k), dtype, name="weight")
-        return [x, w], topi.nn.dense(x, w, out_dtype=_out_dtype(dtype))
+        return [x, w], topi.nn.dense(x, w, out_dtype=ACCUMULATE)
 
     return compute
 
@@ -128,7 +128,7 @@ def batch_matmul_compute(b: int, m: int, n: int, k: int) -> Compute:
     def compute(dtype: str):
         x = te.placeholder((b, m, k), dtype, name="a")
         y = te.placeholder((b, n, k), dtype, name="b")
-        return [x, y], topi.nn.batch_matmul(x, y, out_dtype=_out_dtype(dtype))
+        return [x, y], topi.nn.batch_matmul(x, y, out_dtype=ACCUMULATE)
 
     return compute
 
