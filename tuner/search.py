@@ -181,12 +181,17 @@ class TaskSearch:
             wanted = max(4, int((n - len(found)) * 1.2 / max(rate, 0.05)))
             attempts += wanted
             draws = [(self.spaces[int(self.rng.integers(len(self.spaces)))], self._seed()) for _ in range(wanted)]
+            valid = new = 0
             for sch in _parallel(lambda draw: msc.sample(self.mod, draw[0], draw[1], self.postprocs), draws):
                 if sch is None or len(found) >= n:
                     continue
+                valid += 1
                 key = msc.structural_key(sch.mod)
                 if key not in self.measured and key not in exclude and key not in found:
                     found[key] = Candidate(key, sch)
+                    new += 1
+            if valid and new < 0.05 * valid and attempts >= n:
+                break  # nearly every valid sample is one seen before: a small space, nearly all known
         if not found and n:
             self.exhausted = True
         return list(found.values())
