@@ -12,6 +12,10 @@ increase congestion control:
 - Before the first loss, the DOP doubles (slow start). On a loss at DOP w, the DOP falls to
   ``decrease * w`` and w is remembered as where losses start; later growth binary-searches
   towards w (half the distance per accurate batch), then probes past it one step at a time.
+- A loss when probing at or past w again doubles the number of accurate batches to wait before
+  the next probe (up to ``max_cooldown``): where parallel measurement never holds (a CPU whose
+  cores the candidates share), the controller settles at the DOP below and probes ever more
+  rarely.
 
 Every decision is kept, with the evidence and the reason, for logs and plots.
 """
@@ -48,6 +52,9 @@ class DopController:
     decrease: float = 0.5
     dop: int = 1
     loss_dop: int | None = None  # the DOP of the last loss (TCP's W_max)
+    max_cooldown: int = 32
+    cooldown: int = 0  # accurate batches to wait before probing at loss_dop again
+    loss_streak: int = 0  # losses in a row when probing at or past loss_dop
     decisions: list[DopDecision] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -85,6 +92,9 @@ class DopController:
         return decision
 
     def _lose(self) -> None:
+        probing = self.loss_dop is not None and self.dop >= self.loss_dop
+        self.loss_streak = self.loss_streak + 1 if probing else 0
+        self.cooldown = min(self.max_cooldown, 2**self.loss_streak) if probing else 0
         self.loss_dop = self.dop
         self.dop = max(1, math.floor(self.dop * self.decrease))
 
@@ -96,9 +106,14 @@ class DopController:
         if self.loss_dop is None:
             self.dop = min(self.max_dop, self.dop * 2)
             return "accurate: double (no loss yet)"
+        if self.dop >= self.loss_dop:
+            self.loss_streak = 0  # a probe at or past the last loss held
         if self.dop < self.loss_dop - 1:
             self.dop = min(self.max_dop, self.dop + max(1, (self.loss_dop - self.dop) // 2))
             return f"accurate: halve the distance to {self.loss_dop}, where the last loss was"
+        if self.cooldown > 0:
+            self.cooldown -= 1
+            return f"hold: {self.cooldown + 1} more accurate batch(es) before probing {self.dop + 1} again"
         self.dop = min(self.max_dop, self.dop + 1)
         return "accurate: probe one past the last loss"
 

@@ -29,6 +29,9 @@ class TimingConfig:
     budget_seconds: float = 0.05
     # Stop early once the 95% confidence interval of the median is within this fraction of it.
     precision: float = 0.01
+    # Flush caches before every sample (the L2 on a GPU, the arguments' lines on a CPU) so inputs
+    # are not served from cache; each sample is then a single call, the only cold one.
+    flush_cache: bool = True
     min_sample_seconds: float = 1e-3
     # Calls before timing, for at least this long: a single warm-up call leaves the first samples
     # slow (CPU worker threads asleep, clocks ramping up).
@@ -46,9 +49,10 @@ def time_with_evaluator(evaluator: Evaluator, config: TimingConfig) -> tuple[lis
     few at a time, until its median is known to ``config.precision`` or the budget is spent.
     """
     evaluator(1, 1, math.ceil(config.warmup_seconds * 1e3))
-    samples = [float(s) for s in evaluator(1, config.min_repeats, math.ceil(config.min_sample_seconds * 1e3))]
+    min_sample_seconds = 0.0 if config.flush_cache else config.min_sample_seconds
+    samples = [float(s) for s in evaluator(1, config.min_repeats, math.ceil(min_sample_seconds * 1e3))]
     estimate = statistics.median(samples)
-    number = max(1, math.ceil(config.min_sample_seconds / max(estimate, 1e-9)))
+    number = max(1, math.ceil(min_sample_seconds / max(estimate, 1e-9)))
     spent = len(samples) * number * estimate
     while len(samples) < config.max_repeats and median_precision(samples) > config.precision:
         affordable = math.floor((config.budget_seconds - spent) / (number * estimate))

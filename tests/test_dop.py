@@ -75,3 +75,17 @@ def test_bad_settings_are_refused():
 def test_relative_error_is_against_the_serial_number():
     assert relative_error(1.1, 1.0) == pytest.approx(0.1)
     assert relative_error(0.9, 1.0) == pytest.approx(0.1)
+
+
+def test_repeated_losses_when_probing_make_probes_rarer():
+    controller = DopController(max_dop=2)
+    probes = []
+    for batch in range(40):
+        if controller.dop == 2:
+            probes.append(batch)
+            controller.update(errors=[0.25])  # two candidates at once never measure right here
+        else:
+            controller.update(errors=[])
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0] and len(probes) <= 6
+    assert controller.decisions[-1].dop == 1 or controller.decisions[-1].reason.startswith("loss")

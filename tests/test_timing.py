@@ -27,7 +27,7 @@ def test_slow_kernels_stop_after_the_minimum_samples():
 
 def test_noisy_fast_kernels_get_more_samples_of_many_calls_until_the_budget():
     clock = Recorder(1e-5, noise=0.2)
-    samples, number = time_with_evaluator(clock, TimingConfig(min_repeats=3, max_repeats=20, budget_seconds=0.01, min_sample_seconds=1e-3))
+    samples, number = time_with_evaluator(clock, TimingConfig(min_repeats=3, max_repeats=20, budget_seconds=0.01, min_sample_seconds=1e-3, flush_cache=False))
     assert 80 <= number <= 125  # about 1 ms of calls per sample
     assert 3 < len(samples) <= 11  # about 10 samples of 1 ms spend the 10 ms budget
     assert all(call[0] == number and call[2] == 0 for call in clock.calls[2:])
@@ -49,3 +49,10 @@ def test_median_precision_narrows_with_more_samples():
     many = few + [1 + rng.uniform(-0.1, 0.1) for _ in range(92)]
     assert 0 < median_precision(many) < median_precision(few) <= 0.1
     assert median_precision([2.0, 2.0, 2.0]) == 0
+
+
+def test_with_cache_flushing_every_sample_is_one_cold_call():
+    clock = Recorder(1e-5, noise=0.2)
+    samples, number = time_with_evaluator(clock, TimingConfig(min_repeats=3, max_repeats=20, flush_cache=True))
+    assert number == 1 and all(call[0] == 1 for call in clock.calls)
+    assert 3 < len(samples) <= 20
