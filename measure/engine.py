@@ -8,26 +8,32 @@ same cores would distort the timings; on a GPU, builds go on while earlier candi
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import queue
+import random
 import shutil
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import tvm
 
+from .dop import DopController, DopDecision, relative_error
 from .host import available_memory_bytes
+from .nvml import NvmlMonitor
+from .runners import DeviceUnavailable, RunnerPool
 from .timeouts import AdaptiveTimeout
 from .timing import TimingConfig
 from .types import BuildResult, MeasureInput, MeasureResult, Status, VerifyResult
 from .worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
 
+__all__ = ["DeviceUnavailable", "EngineConfig", "MeasureEngine"]
 
-class DeviceUnavailable(RuntimeError):
-    """The measuring worker found no device of the target's kind."""
+_RUN_FAILURES = (Status.RUN_ERROR, Status.RUN_TIMEOUT, Status.RUN_CRASH)
 
 
 @dataclass
@@ -35,6 +41,9 @@ class EngineConfig:
     build_workers: int | None = None  # default: one per core, fewer if memory is short
     timing: TimingConfig = field(default_factory=TimingConfig)
     runtime_only_runner: bool = True  # measure with the TVM runtime alone, as a GPU host would
+    max_dop: int | None = None  # most candidates timed at once; default: cores on a CPU, 8 on a GPU
+    dop_error_threshold: float = 0.05  # a parallel measurement this far off the serial one is a loss
+    dop_check_fraction: float = 0.2  # share of each parallel window re-measured serially
     build_timeout: AdaptiveTimeout = field(default_factory=lambda: AdaptiveTimeout(initial=120.0, floor=2.0))
     run_timeout: AdaptiveTimeout = field(default_factory=lambda: AdaptiveTimeout(initial=60.0, floor=5.0, factor=20.0))
 
@@ -69,19 +78,29 @@ class MeasureEngine:
             run_env["TVM_NUM_THREADS"] = str(int(target.attrs.get("num-cores", os.cpu_count() or 1)))
         workers = self.config.build_workers or default_build_workers()
         self._builders = [WorkerProcess("build", f"builder-{i}", log_dir / f"builder-{i}.log", build_env) for i in range(workers)]
-        self._runner = WorkerProcess("run", "runner", log_dir / "runner.log", run_env)
+        max_dop = self.config.max_dop or (os.cpu_count() or 1 if self.device == "cpu" else 8)
+        # on a GPU one more worker than the DOP prepares the next candidate during timed regions
+        runners = [WorkerProcess("run", f"runner-{i}", log_dir / f"runner-{i}.log", run_env) for i in range(max_dop + (self.device != "cpu"))]
+        self.monitor = NvmlMonitor() if self.device == "cuda" else None
+        self._runners = RunnerPool(runners, self.device, self.config.run_timeout, self.monitor)
+        self.dop = DopController(max_dop, self.config.dop_error_threshold, self.config.dop_check_fraction)
+        self._rng = random.Random(0)
         self._names = itertools.count()
         self._name_lock = threading.Lock()
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start every worker; they import TVM in the background while the caller goes on."""
-        for worker in (*self._builders, self._runner):
+        for worker in self._builders:
             worker.start()
+        self._runners.start()
 
     def close(self) -> None:
-        for worker in (*self._builders, self._runner):
+        for worker in self._builders:
             worker.close()
+        self._runners.close()
+        if self.monitor is not None:
+            self.monitor.close()
         shutil.rmtree(self._artifact_dir, ignore_errors=True)
 
     def __enter__(self) -> MeasureEngine:
@@ -93,23 +112,95 @@ class MeasureEngine:
 
     @property
     def worker_restarts(self) -> int:
-        return sum(w.restarts for w in (*self._builders, self._runner))
+        return sum(w.restarts for w in self._builders) + self._runners.restarts
 
     # -- measuring candidates -------------------------------------------------------------------
-    def measure(self, inputs: Sequence[MeasureInput], timing: TimingConfig | None = None) -> Iterator[MeasureResult]:
-        """Yield one result per input, as each becomes known. A result is handed over before the
-        next candidate's timing starts, so the caller can commit it first."""
+    def measure(self, inputs: Sequence[MeasureInput], timing: TimingConfig | None = None, serial: bool = False) -> Iterator[MeasureResult]:
+        """Yield one result per input, as each becomes known, for the caller to commit.
+
+        Built candidates are timed in windows at the DOP controller's degree of parallelism;
+        a sample of each parallel window (and every candidate that failed in parallel) is
+        re-measured serially, and that serial result is the one handed back. ``serial=True``
+        times every candidate alone (for final choices) and leaves the controller as it is.
+        """
+        return self.measure_built(self.build(inputs), timing, serial)
+
+    def measure_built(self, builds: Iterable[BuildResult], timing: TimingConfig | None = None, serial: bool = False) -> Iterator[MeasureResult]:
+        """``measure`` for candidates already built (here or on another host); their artifacts
+        are deleted once timed."""
         timing = timing or self.config.timing
-        pending: list[BuildResult] = []
-        for built in self.build(inputs):
+        window: list[BuildResult] = []
+        for built in builds:
             if not built.ok:
                 yield built.as_failure()
-            elif self.overlap_builds_with_runs:
-                yield self._run(built, timing)
-            else:
-                pending.append(built)
-        for built in pending:
-            yield self._run(built, timing)
+                continue
+            window.append(built)
+            if self.overlap_builds_with_runs and len(window) >= self._window_size(serial):
+                yield from self._measure_window(window, timing, serial)
+                window = []
+        while window:
+            size = self._window_size(serial)
+            yield from self._measure_window(window[:size], timing, serial)
+            window = window[size:]
+
+    @property
+    def dop_decisions(self) -> list[DopDecision]:
+        return self.dop.decisions
+
+    def _window_size(self, serial: bool) -> int:
+        return 4 if serial else 5 * self.dop.dop
+
+    def _measure_window(self, window: list[BuildResult], timing: TimingConfig, serial: bool) -> Iterator[MeasureResult]:
+        """Time a window at the current DOP. At DOP 1 each result is handed back as it comes. A
+        parallel window is held until its serial checks are done: if they find a loss, the whole
+        window is re-measured serially, so distorted numbers never reach the caller."""
+        dop = 1 if serial else self.dop.dop
+        self._runners.gate.set_limit(dop)
+        results: dict[int, MeasureResult] = {}
+        threads = dop + (self.device != "cpu")  # on a GPU, one more prepares while others are timed
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            futures = {pool.submit(self._runners.measure, built, timing, serial): index for index, built in enumerate(window)}
+            for future in as_completed(futures):
+                index, result = futures[future], future.result()
+                result.dop = dop
+                if dop > 1:
+                    results[index] = result
+                    continue
+                _remove(window[index].artifact)
+                yield result
+        if serial:
+            return
+        if dop > 1:
+            checks = set(self.dop.to_check(len(window), self._rng))
+            checks |= {i for i, r in results.items() if r.status in _RUN_FAILURES}
+            errors, parallel_only_failures = [], 0
+            for index in sorted(checks):
+                parallel = results[index]
+                results[index] = alone = self._runners.measure(window[index], timing, serial=True)
+                if alone.ok:
+                    alone.parallel_samples = parallel.samples
+                    if parallel.ok:
+                        errors.append(relative_error(parallel.latency, alone.latency))
+                    else:
+                        parallel_only_failures += 1
+            decision = self.dop.update(errors, parallel_only_failures)
+            if decision.reason.startswith("loss"):
+                for index in sorted(set(results) - checks):
+                    parallel = results[index]
+                    results[index] = alone = self._runners.measure(window[index], timing, serial=True)
+                    alone.parallel_samples = parallel.samples or None
+            for index, result in sorted(results.items()):
+                _remove(window[index].artifact)
+                yield result
+        else:
+            decision = self.dop.update([], 0)
+        self._log_decision(decision)
+        self._runners.gate.set_limit(self.dop.dop)
+
+    def _log_decision(self, decision: DopDecision) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / "dop.jsonl", "a") as log:
+            log.write(json.dumps({"time": time.time(), **decision.as_dict()}) + "\n")
 
     def build(self, inputs: Sequence[MeasureInput], keep_layout_rewrite: bool = False, target: tvm.target.Target | None = None) -> Iterator[BuildResult]:
         """Build candidates in parallel, yielding each as it finishes. Artifacts are left in the
@@ -136,7 +227,7 @@ class MeasureEngine:
             for built in (ref, cand):
                 if not built.ok:
                     return VerifyResult(None, f"could not build the {built.key} to compare: {built.error}")
-            outcome = self._runner.call(
+            outcome = self._runners.call_alone(
                 "compare_outputs",
                 self.config.run_timeout.value * 10,
                 candidate=cand.artifact,
@@ -164,11 +255,7 @@ class MeasureEngine:
         """Time a compiled model (``kind="relax"``) or kernel (``"tir"``) in the measuring worker."""
         op = "time_model" if kind == "relax" else "time_kernel"
         timing = timing or self.config.timing
-        try:
-            outcome = self._runner.call(op, None, artifact=str(artifact), args=args, device_kind=self.device, timing=timing.as_dict())
-        except WorkerError as err:
-            self._raise_if_no_device(str(err))
-            raise
+        outcome = self._runners.call_alone(op, None, artifact=str(artifact), args=args, device_kind=self.device, timing=timing.as_dict())
         return outcome["samples"]
 
     # -- internals --------------------------------------------------------------------------------
@@ -194,28 +281,6 @@ class MeasureEngine:
             return BuildResult(item.key, Status.OK, artifact=built["artifact"], args=built["args"], seconds=built["seconds"])
         finally:
             free.put(worker)
-
-    def _run(self, built: BuildResult, timing: TimingConfig) -> MeasureResult:
-        common = dict(build_seconds=built.seconds, args=built.args)
-        request = dict(artifact=built.artifact, args=built.args, device_kind=self.device, timing=timing.as_dict())
-        try:
-            outcome = self._runner.call("time_kernel", self.config.run_timeout.value, **request)
-        except WorkerError as err:
-            self._raise_if_no_device(str(err))
-            return MeasureResult(built.key, Status.RUN_ERROR, error=str(err), **common)
-        except WorkerTimeout as err:
-            return MeasureResult(built.key, Status.RUN_TIMEOUT, error=f"run {err}", **common)
-        except WorkerCrashed as err:
-            return MeasureResult(built.key, Status.RUN_CRASH, error=f"run crashed: {err}", **common)
-        finally:
-            _remove(built.artifact)
-        self.config.run_timeout.record(outcome["seconds"])
-        return MeasureResult(built.key, Status.OK, samples=outcome["samples"], run_seconds=outcome["seconds"], **common)
-
-    @staticmethod
-    def _raise_if_no_device(message: str) -> None:
-        if message.startswith("NoDevice"):
-            raise DeviceUnavailable(message.split(":", 1)[-1].strip())
 
 
 def _remove(path: str) -> None:

@@ -56,6 +56,11 @@ class MeasureResult:
     build_seconds: float = 0.0
     run_seconds: float = 0.0
     args: list | None = None  # [dtype, shape] of the kernel's arguments as built
+    timed_seconds: float = 0.0  # time spent inside timed calls (samples x calls per sample)
+    dop: int = 1  # how many candidates were being timed at once when these samples were taken
+    parallel_samples: list[float] | None = None  # when re-measured serially: the parallel samples
+    energy_j: float | None = None  # from NVML, where the GPU counts energy
+    health_flags: list[str] = field(default_factory=list)  # NVML saw clocks or temperature drift
 
     @property
     def ok(self) -> bool:
@@ -64,6 +69,19 @@ class MeasureResult:
     @property
     def latency(self) -> float | None:
         return median(self.samples) if self.ok and self.samples else None
+
+    def measurement_details(self) -> dict:
+        """How the samples were taken, for the database: only what differs from a plain serial run."""
+        details: dict = {}
+        if self.dop != 1:
+            details["dop"] = self.dop
+        if self.parallel_samples:
+            details["parallel_samples"] = self.parallel_samples
+        if self.energy_j is not None:
+            details["energy_j"] = self.energy_j
+        if self.health_flags:
+            details["health_flags"] = self.health_flags
+        return details
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ def describe_error(err: BaseException) -> str:
     if frames and frames[-1].filename.endswith((".cc", ".h")):
         function = frames[-1].name.split("(")[0].split()[-1]
         message += f" (in {function})"
+    if isinstance(err, MemoryError) or "bad_alloc" in message:
+        message = f"out of memory ({message or 'MemoryError'})"
     return f"{type(err).__name__}: {message}"[:500]
 
 

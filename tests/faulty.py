@@ -90,3 +90,61 @@ def wrong_copy(n: int = 64) -> tvm.IRModule:
                 b[vi] = a[vi] * T.float32(2)
 
     return _module(main)
+
+
+def nan_writing(n: int = 64) -> tvm.IRModule:
+    """Writes the square root of a negative number (inputs are in [-1, 1]) into its output."""
+
+    @T.prim_func(s_tir=True)
+    def main(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")):
+        for i in range(n):
+            with T.sblock("b"):
+                vi = T.axis.spatial(n, i)
+                b[vi] = T.sqrt(a[vi] - T.float32(2))
+
+    return _module(main)
+
+
+def out_of_memory(n: int = 1 << 40) -> tvm.IRModule:
+    """Needs a 4 TiB scratch buffer: its allocation fails when the kernel runs."""
+
+    @T.prim_func(s_tir=True)
+    def main(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
+        scratch = T.alloc_buffer((n,), "float32")
+        for i in range(64):
+            with T.sblock("fill"):
+                vi = T.axis.spatial(64, i)
+                scratch[vi * (n // 64)] = a[vi]
+        for i in range(64):
+            with T.sblock("b"):
+                vi = T.axis.spatial(64, i)
+                b[vi] = scratch[vi * (n // 64)]
+
+    return _module(main)
+
+
+def gpu_out_of_bounds() -> tvm.IRModule:
+    """A CUDA kernel that writes far outside its buffer: an illegal memory access on the GPU."""
+
+    @T.prim_func(s_tir=True)
+    def main(a: T.Buffer((32,), "float32"), b: T.Buffer((32,), "float32")):
+        b_flat = T.decl_buffer((1,), "float32", data=b.data)
+        for i in T.thread_binding(32, thread="threadIdx.x"):
+            with T.sblock("b"):
+                vi = T.axis.spatial(32, i)
+                b_flat[(T.int64(1) << T.int64(40)) + T.Cast("int64", vi)] = a[vi]
+
+    return _module(main)
+
+
+def gpu_copy(n: int = 32) -> tvm.IRModule:
+    """b = a on the GPU, correctly."""
+
+    @T.prim_func(s_tir=True)
+    def main(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")):
+        for i in T.thread_binding(n, thread="threadIdx.x"):
+            with T.sblock("b"):
+                vi = T.axis.spatial(n, i)
+                b[vi] = a[vi]
+
+    return _module(main)

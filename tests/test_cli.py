@@ -21,7 +21,7 @@ def test_tune_report_apply(tmp_path):
     report = tuner("report", "run", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     md = (tmp_path / "run" / "report.md").read_text()
-    assert "matmul-128" in md and "| 8 |" in md
+    assert "matmul-128" in md and "| 8 |" in md and "measurement parallelism:" in md and "| spread | samples |" in md
     assert (tmp_path / "run" / "report.png").read_bytes()[:4] == b"\x89PNG"
 
     apply = tuner("apply", "run", "matmul-128", "-o", "out/mm.so", cwd=tmp_path)

@@ -42,3 +42,22 @@ def test_operators_build_for_sm90_with_tvms_default_gpu_schedules(name, tmp_path
     finally:
         engine.close()
     assert _holds_a_cubin(artifact)
+
+
+def test_an_illegal_memory_access_is_recorded_and_the_next_candidate_measures(tmp_path):
+    """Builds here; measures where a GPU is present (the CUDA context of the measuring worker is
+    lost after the fault, so the worker must be replaced)."""
+    import faulty
+
+    from measure import Status
+
+    target = resolve_target("cuda -arch=sm_90" if not tvm.cuda(0).exist else "cuda")
+    inputs = [MeasureInput("illegal", faulty.gpu_out_of_bounds()), MeasureInput("good", faulty.gpu_copy())]
+    with MeasureEngine(target, tmp_path, EngineConfig(build_workers=1)) as engine:
+        built = list(engine.build(inputs))
+        assert all(b.ok for b in built), [b.error for b in built]
+        if not tvm.cuda(0).exist:
+            pytest.skip("built; measuring needs a GPU")
+        results = {r.key: r for r in engine.measure_built(built)}
+    assert results["illegal"].status in (Status.RUN_ERROR, Status.RUN_CRASH) and "illegal" in results["illegal"].error.lower()
+    assert results["good"].ok

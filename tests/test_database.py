@@ -79,3 +79,18 @@ def test_a_foreign_or_corrupt_file_is_refused_and_left_untouched(tmp_path):
         with pytest.raises(DatabaseError, match="left untouched"):
             TuningDatabase(path)
         assert path.read_bytes() == before
+
+
+def test_a_first_version_database_is_brought_up_to_date_keeping_its_records(tmp_path):
+    db = TuningDatabase(tmp_path / "tuning.db")
+    wid = db.workload_id(get_workload("matmul-128").mod, "mm")
+    db.commit(wid, "llvm", "k1", "[]", "ok", samples=[1e-3])
+    db.close()
+    conn = sqlite3.connect(tmp_path / "tuning.db")  # as the first schema left it
+    conn.executescript("ALTER TABLE records DROP COLUMN measurement; UPDATE meta SET value='tensor-tuner/1' WHERE key='schema';")
+    conn.close()
+    db = TuningDatabase(tmp_path / "tuning.db")
+    db.commit(wid, "llvm", "k2", "[]", "ok", samples=[2e-3], measurement={"dop": 2, "parallel_samples": [2.2e-3]})
+    assert [r.candidate for r in db.records()] == ["k1", "k2"]
+    row = db._conn.execute("SELECT measurement FROM records WHERE candidate='k2'").fetchone()
+    assert '"dop": 2' in row[0]

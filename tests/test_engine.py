@@ -5,7 +5,7 @@ import os
 import pytest
 
 import faulty
-from measure import AdaptiveTimeout, EngineConfig, MeasureEngine, MeasureInput, Status
+from measure import AdaptiveTimeout, EngineConfig, MeasureEngine, MeasureInput, Status, TimingConfig
 
 
 def test_good_candidates_are_built_and_timed(engine):
@@ -23,6 +23,8 @@ def test_each_failure_is_reported_with_its_reason_and_measuring_goes_on(tmp_path
         MeasureInput("slow-build", faulty.slow_to_build()),
         MeasureInput("crash", faulty.crashing()),
         MeasureInput("hang", faulty.hanging()),
+        MeasureInput("nan", faulty.nan_writing()),
+        MeasureInput("oom", faulty.out_of_memory()),
         MeasureInput("good", faulty.copy()),
     ]
     with MeasureEngine(llvm_target, tmp_path, config) as engine:
@@ -31,6 +33,8 @@ def test_each_failure_is_reported_with_its_reason_and_measuring_goes_on(tmp_path
         assert results["slow-build"].status == Status.BUILD_TIMEOUT
         assert results["crash"].status == Status.RUN_CRASH and "SIGSEGV" in results["crash"].error
         assert results["hang"].status == Status.RUN_TIMEOUT
+        assert results["nan"].status == Status.RUN_ERROR and "NaN" in results["nan"].error
+        assert results["oom"].status == Status.RUN_ERROR and "memory" in results["oom"].error.lower(), results["oom"].error
         assert results["good"].ok
         assert engine.worker_restarts >= 3  # killed builder, crashed runner, killed runner
         # the replaced workers serve the next batch
@@ -46,9 +50,9 @@ def test_verify_tells_right_from_wrong(engine):
 
 def test_workers_start_once_and_are_reused(engine):
     list(engine.measure([MeasureInput("a", faulty.copy())]))
-    pids = [w.pid for w in engine._builders] + [engine._runner.pid]
+    pids = [w.pid for w in engine._builders] + [*[w.pid for w in engine._runners.workers]]
     list(engine.measure([MeasureInput("b", faulty.copy(32))]))
-    assert [w.pid for w in engine._builders] + [engine._runner.pid] == pids
+    assert [w.pid for w in engine._builders] + [*[w.pid for w in engine._runners.workers]] == pids
     assert all(pid and os.path.exists(f"/proc/{pid}") for pid in pids)
 
 
@@ -56,7 +60,7 @@ def test_closing_leaves_no_worker_behind(tmp_path, llvm_target):
     engine = MeasureEngine(llvm_target, tmp_path, EngineConfig(build_workers=1))
     engine.start()
     list(engine.measure([MeasureInput("a", faulty.copy())]))
-    pids = [w.pid for w in engine._builders] + [engine._runner.pid]
+    pids = [w.pid for w in engine._builders] + [*[w.pid for w in engine._runners.workers]]
     engine.close()
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
@@ -71,3 +75,23 @@ def test_timeouts_follow_the_typical_duration_measured(observed, expected):
     for seconds in observed:
         timeout.record(seconds)
     assert timeout.value == expected
+
+
+def test_parallel_windows_are_checked_serially_and_every_decision_is_logged(tmp_path, llvm_target):
+    config = EngineConfig(build_workers=1, max_dop=2, timing=TimingConfig(max_repeats=5, budget_seconds=0.01))
+    inputs = [MeasureInput(f"c{i}", faulty.copy(256 * (i + 1))) for i in range(15)]
+    with MeasureEngine(llvm_target, tmp_path, config) as engine:
+        results = list(engine.measure(inputs))
+        decisions = engine.dop_decisions
+    assert sorted(r.key for r in results) == sorted(i.key for i in inputs) and all(r.ok for r in results)
+    first, second = decisions[0], decisions[1]
+    assert first.dop == 1 and first.next_dop == 2 and first.checked == 0  # nothing to check alone
+    assert second.dop == 2 and second.checked == 2 and second.max_error is not None  # 20% of a window of 10
+    rechecked = [r for r in results if r.parallel_samples]
+    assert all(r.dop == 1 for r in rechecked)
+    if second.max_error > 0.05:  # a loss: back to 1, and the whole window was re-measured alone
+        assert second.next_dop == 1 and len(rechecked) == 10 and not any(r.dop == 2 for r in results)
+    else:
+        assert second.next_dop == 2 and len(rechecked) == 2 and sum(r.dop == 2 for r in results) >= 8
+    logged = (tmp_path / "logs" / "dop.jsonl").read_text().splitlines()
+    assert len(logged) == len(decisions) and '"reason"' in logged[0]

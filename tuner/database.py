@@ -24,7 +24,8 @@ from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 from . import metaschedule as msc
 from .errors import DatabaseError
 
-SCHEMA = "tensor-tuner/1"
+SCHEMA = "tensor-tuner/2"
+_MIGRATIONS = {"tensor-tuner/1": "ALTER TABLE records ADD COLUMN measurement TEXT"}
 _TABLES = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE workloads (id INTEGER PRIMARY KEY, shash TEXT NOT NULL, mod_json TEXT NOT NULL, name TEXT);
@@ -45,6 +46,7 @@ CREATE TABLE records (
     elapsed REAL NOT NULL,
     created REAL NOT NULL,
     verified INTEGER,
+    measurement TEXT,  -- JSON: how it was measured (DOP, parallel samples, NVML energy and flags)
     UNIQUE (workload_id, target, candidate)
 );
 """
@@ -88,6 +90,9 @@ class TuningDatabase:
             self._conn.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA,))
         else:
             row = self._conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() if "meta" in tables else None
+            if row is not None and row[0] in _MIGRATIONS:  # an older database of ours: bring it up to date
+                self._conn.executescript(f"BEGIN; {_MIGRATIONS[row[0]]}; UPDATE meta SET value='{SCHEMA}' WHERE key='schema'; COMMIT;")
+                row = (SCHEMA,)
             if row is None or row[0] != SCHEMA:
                 found = row[0] if row else "tables " + ", ".join(sorted(tables))
                 raise DatabaseError(
@@ -150,12 +155,13 @@ class TuningDatabase:
         build_seconds: float | None = None,
         run_seconds: float | None = None,
         elapsed: float = 0.0,
+        measurement: dict | None = None,
     ) -> int:
         """Store one result durably; a candidate already stored is left as it is."""
         latency = statistics.median(samples) if status == "ok" and samples else None
         cursor = self._conn.execute(
             "INSERT OR IGNORE INTO records (workload_id, target, candidate, trace, status, latency, samples, error, args,"
-            " build_seconds, run_seconds, elapsed, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " build_seconds, run_seconds, elapsed, created, measurement) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 workload_id,
                 target,
@@ -170,6 +176,7 @@ class TuningDatabase:
                 run_seconds,
                 elapsed,
                 time.time(),
+                json.dumps(measurement) if measurement else None,
             ),
         )
         return cursor.lastrowid

@@ -166,6 +166,7 @@ class TuningLoop:
                 build_seconds=result.build_seconds,
                 run_seconds=result.run_seconds,
                 elapsed=self.elapsed(),
+                measurement=result.measurement_details(),
             )
             run.search.observe(candidate, result.latency)
             run.trials += 1
@@ -201,7 +202,7 @@ class TuningLoop:
             schedules = {r.candidate: msc.schedule_from_json(run.task.mod, r.trace) for r in top}
             records = {r.candidate: r for r in top}
             inputs = [MeasureInput(key, sch.mod) for key, sch in schedules.items()]
-            for result in self.engine.measure(inputs, timing=self.config.final_timing):
+            for result in self.engine.measure(inputs, timing=self.config.final_timing, serial=True):
                 if result.ok:
                     self.db.add_samples(records[result.key].id, result.samples)
             run.best = self._first_correct(run, schedules)

@@ -3,9 +3,12 @@ and against tuning time."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+from measure.timing import relative_spread
 
 from .database import Record, TuningDatabase
 from .errors import TunerError
@@ -62,11 +65,11 @@ def write_report(work_dir: str | Path, output_dir: str | Path | None = None) -> 
     png = output / "report.png"
     _plot(curve, job["model"], png)
     md = output / "report.md"
-    md.write_text(_markdown(job, result, records, curve, png.name))
+    md.write_text(_markdown(job, result, records, curve, png.name, work_dir))
     return md, png
 
 
-def _markdown(job: dict, result: dict, records: list[Record], curve: Curve, png_name: str) -> str:
+def _markdown(job: dict, result: dict, records: list[Record], curve: Curve, png_name: str, work_dir: Path) -> str:
     by_task: dict[int, list[Record]] = {}
     for record in records:
         by_task.setdefault(record.workload_id, []).append(record)
@@ -85,7 +88,8 @@ def _markdown(job: dict, result: dict, records: list[Record], curve: Curve, png_
     failures = Counter(r.status for r in records if r.status != "ok")
     if failures:
         lines.append("- failed candidates: " + ", ".join(f"{n} {status}" for status, n in sorted(failures.items())))
-    lines += ["", "| task | launches | trials | best | GFLOP/s | failed | verified |", "|---|---:|---:|---:|---:|---:|---|"]
+    lines += _dop_summary(work_dir)
+    lines += ["", "| task | launches | trials | best | spread | samples | GFLOP/s | failed | verified |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for task in job["tasks"]:
         mine = by_task.get(task["workload_id"], [])
         ok = [r for r in mine if r.status == "ok"]
@@ -93,7 +97,8 @@ def _markdown(job: dict, result: dict, records: list[Record], curve: Curve, png_
         speed = f"{task['flops'] / best.latency / 1e9:.1f}" if best and task["flops"] else "-"
         verified = {True: "yes", False: "no", None: "-"}[best.verified if best else None]
         lines.append(
-            f"| {task['name']} | {task['weight']} | {len(mine)} | {format_latency(best.latency if best else None)} | {speed} "
+            f"| {task['name']} | {task['weight']} | {len(mine)} | {format_latency(best.latency if best else None)} "
+            f"| {f'{relative_spread(best.samples):.1%}' if best else '-'} | {len(best.samples) if best else '-'} | {speed} "
             f"| {len(mine) - len(ok)} | {verified} |"
         )
     if curve.latency:
@@ -101,6 +106,20 @@ def _markdown(job: dict, result: dict, records: list[Record], curve: Curve, png_
                   f"{format_latency(curve.latency[-1])} after {curve.trials[-1]}."]  # fmt: skip
     lines += ["", f"![best latency against trials and tuning time]({png_name})", ""]
     return "\n".join(lines)
+
+
+def _dop_summary(work_dir: Path) -> list[str]:
+    """The DOP controller's decisions (logs/dop.jsonl), in one line."""
+    try:
+        decisions = [json.loads(line) for line in (work_dir / "logs" / "dop.jsonl").read_text().splitlines() if line]
+    except OSError:
+        return []
+    if not decisions:
+        return []
+    losses = sum(d["reason"].startswith("loss") for d in decisions)
+    counts = Counter(d["dop"] for d in decisions)
+    spread = ", ".join(f"{n} at {dop}" for dop, n in sorted(counts.items()))
+    return [f"- measurement parallelism: {len(decisions)} windows ({spread}), {losses} loss(es); every decision in logs/dop.jsonl"]
 
 
 def _plot(curve: Curve, title: str, path: Path) -> None:

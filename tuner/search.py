@@ -70,6 +70,7 @@ class TaskSearch:
         self.measured: set[str] = set()
         self.elites: list[tuple[float, Candidate]] = []  # best measured first
         self.exhausted = False
+        self.draws = 0  # random samples drawn from the design space, for statistics
         self._features: dict[str, np.ndarray] = {}
         self._fresh: dict[str, Candidate] = {}  # sampled, scored, not yet picked: carried to the next batch
 
@@ -180,6 +181,7 @@ class TaskSearch:
             rate = len(found) / attempts if attempts else 1.0
             wanted = max(4, int((n - len(found)) * 1.2 / max(rate, 0.05)))
             attempts += wanted
+            self.draws += wanted
             draws = [(self.spaces[int(self.rng.integers(len(self.spaces)))], self._seed()) for _ in range(wanted)]
             valid = new = 0
             for sch in _parallel(lambda draw: msc.sample(self.mod, draw[0], draw[1], self.postprocs), draws):
