@@ -21,12 +21,13 @@ import shutil
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.common import markdown_table, write_csv  # noqa: E402
-from measure import EngineConfig, MeasureEngine, MeasureInput  # noqa: E402
+from measure import EngineConfig, MeasureEngine, MeasureInput, TimingConfig  # noqa: E402
 from measure.dop import DopController  # noqa: E402
 from measure.types import BuildResult, MeasureResult  # noqa: E402
 
@@ -130,6 +131,8 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=40, help="per workload")
     parser.add_argument("--max-dop", type=int, default=None)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--max-repeats", type=int, default=None, help="samples per candidate at most (default: the engine's)")
+    parser.add_argument("--no-flush", action="store_true", help="time with warm caches")
     parser.add_argument("--out", type=Path, default=Path("experiments/results/measurement_engine"))
     args = parser.parse_args()
 
@@ -139,7 +142,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.out / "work"
     shutil.rmtree(work, ignore_errors=True)
-    config = EngineConfig(max_dop=args.max_dop)
+    timing = TimingConfig()
+    timing = replace(timing, flush_cache=not args.no_flush, max_repeats=args.max_repeats or timing.max_repeats)
+    config = EngineConfig(max_dop=args.max_dop, timing=timing)
     with MeasureEngine(target, work, config) as engine:
         inputs = [c for name in WORKLOADS for c in sample_candidates(name, target, args.candidates, args.seed)]
         print(f"{len(inputs)} candidates on {describe_target(target)}; building ...", file=sys.stderr)
