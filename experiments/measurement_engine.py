@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("--max-dop", type=int, default=None)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-repeats", type=int, default=None, help="samples per candidate at most (default: the engine's)")
-    parser.add_argument("--no-flush", action="store_true", help="time with warm caches")
+    parser.add_argument("--flush", choices=["auto", "on", "off"], default="auto", help="flush caches before each sample (auto: on a GPU only)")
     parser.add_argument("--out", type=Path, default=Path("experiments/results/measurement_engine"))
     args = parser.parse_args()
 
@@ -143,7 +143,7 @@ def main() -> None:
     work = args.out / "work"
     shutil.rmtree(work, ignore_errors=True)
     timing = TimingConfig()
-    timing = replace(timing, flush_cache=not args.no_flush, max_repeats=args.max_repeats or timing.max_repeats)
+    timing = replace(timing, flush_cache={"auto": None, "on": True, "off": False}[args.flush], max_repeats=args.max_repeats or timing.max_repeats)
     config = EngineConfig(max_dop=args.max_dop, timing=timing)
     with MeasureEngine(target, work, config) as engine:
         inputs = [c for name in WORKLOADS for c in sample_candidates(name, target, args.candidates, args.seed)]

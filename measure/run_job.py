@@ -108,7 +108,9 @@ def time_prepared(timing: dict) -> dict:
     prepared, _prepared = _prepared, None
     mod, dev = prepared.mod, prepared.dev
     config = TimingConfig(**timing)
-    flush = _cache_flush(prepared.kind, dev) if config.flush_cache else {}
+    if config.flush_cache is None:
+        timing = {**timing, "flush_cache": prepared.kind == "cuda"}
+    flush = _cache_flush(prepared.kind, dev) if timing["flush_cache"] else {}
 
     def make_evaluator(number: int, repeat: int, min_repeat_ms: int):
         return mod.time_evaluator(mod.entry_name, dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms, **flush)
