@@ -40,6 +40,10 @@ class DopDecision:
     parallel_only_failures: int
     reason: str
 
+    @property
+    def loss(self) -> bool:
+        return self.next_dop < self.dop
+
     def as_dict(self) -> dict:
         return asdict(self)
 

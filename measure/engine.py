@@ -176,19 +176,15 @@ class MeasureEngine:
             errors, parallel_only_failures = [], 0
             for index in sorted(checks):
                 parallel = results[index]
-                results[index] = alone = self._runners.measure(window[index], timing, serial=True)
-                if alone.ok:
-                    alone.parallel_samples = parallel.samples
-                    if parallel.ok:
-                        errors.append(relative_error(parallel.latency, alone.latency))
-                    else:
-                        parallel_only_failures += 1
+                results[index] = alone = self._alone(window[index], parallel, timing)
+                if alone.ok and parallel.ok:
+                    errors.append(relative_error(parallel.latency, alone.latency))
+                elif alone.ok:
+                    parallel_only_failures += 1
             decision = self.dop.update(errors, parallel_only_failures)
-            if decision.reason.startswith("loss"):
+            if decision.loss:
                 for index in sorted(set(results) - checks):
-                    parallel = results[index]
-                    results[index] = alone = self._runners.measure(window[index], timing, serial=True)
-                    alone.parallel_samples = parallel.samples or None
+                    results[index] = self._alone(window[index], results[index], timing)
             for index, result in sorted(results.items()):
                 _remove(window[index].artifact)
                 yield result
@@ -196,6 +192,13 @@ class MeasureEngine:
             decision = self.dop.update([], 0)
         self._log_decision(decision)
         self._runners.gate.set_limit(self.dop.dop)
+
+    def _alone(self, built: BuildResult, parallel: MeasureResult, timing: TimingConfig) -> MeasureResult:
+        """Re-measure a candidate with nothing else being timed, keeping its parallel samples."""
+        alone = self._runners.measure(built, timing, serial=True)
+        if alone.ok:
+            alone.parallel_samples = parallel.samples or None
+        return alone
 
     def _log_decision(self, decision: DopDecision) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ import ctypes
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +66,12 @@ def _to_device(arrays: Sequence[np.ndarray], dev: tvm.runtime.Device) -> list:
     return [tvm.runtime.tensor(a, dev) for a in arrays]
 
 
-def _time(make_evaluator, dev: tvm.runtime.Device, tensors: list, timing: dict) -> dict:
+def _time(make_evaluator, tensors: list, config: TimingConfig) -> dict:
     def evaluator(number: int, repeat: int, min_repeat_ms: int) -> list[float]:
         return list(make_evaluator(number, repeat, min_repeat_ms)(*tensors).results)
 
     start = time.perf_counter()
-    samples, number = time_with_evaluator(evaluator, TimingConfig(**timing))
+    samples, number = time_with_evaluator(evaluator, config)
     return {"samples": samples, "number": number, "seconds": time.perf_counter() - start}
 
 
@@ -107,23 +107,21 @@ def time_prepared(timing: dict) -> dict:
         raise RuntimeError("time_prepared called before prepare_kernel")
     prepared, _prepared = _prepared, None
     mod, dev = prepared.mod, prepared.dev
-    config = TimingConfig(**timing)
-    if config.flush_cache is None:
-        timing = {**timing, "flush_cache": prepared.kind == "cuda"}
-    flush = _cache_flush(prepared.kind, dev) if timing["flush_cache"] else {}
+    config = TimingConfig(**timing).for_device(prepared.kind)
+    flush = _cache_flush(prepared.kind, dev) if config.flush_cache else {}
 
     def make_evaluator(number: int, repeat: int, min_repeat_ms: int):
         return mod.time_evaluator(mod.entry_name, dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms, **flush)
 
-    outcome = _time(make_evaluator, dev, prepared.tensors, timing)
+    outcome = _time(make_evaluator, prepared.tensors, config)
     outcome["nonfinite"] = [i for i, t in enumerate(prepared.tensors) if not np.all(np.isfinite(t.numpy().astype(np.float64)))]
     return outcome
 
 
 def time_kernel(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing: dict) -> dict:
     """Time the entry function of a kernel library on random inputs (prepare, then time)."""
-    prepare = prepare_kernel(artifact, args, device_kind)
-    return {**time_prepared(timing), "prepare_seconds": prepare["seconds"]}
+    prepare_kernel(artifact, args, device_kind)
+    return time_prepared(timing)
 
 
 def _cache_flush(kind: str, dev: tvm.runtime.Device) -> dict:
@@ -148,7 +146,7 @@ def time_model(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing:
         return vm.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
 
     # A whole model runs as in production: one kernel's output is the next one's input, in cache.
-    return _time(make_evaluator, dev, tensors, {**timing, "flush_cache": False})
+    return _time(make_evaluator, tensors, replace(TimingConfig(**timing), flush_cache=False))
 
 
 def compare_outputs(

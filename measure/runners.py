@@ -101,16 +101,14 @@ class RunnerPool:
         worker = self._free.get()
         region = self.gate.exclusive if serial else self.gate.shared
         prepare = dict(artifact=built.artifact, args=built.args, device_kind=self.device)
-        health: list[MeasurementHealth] = []
+        prepare_outside_the_gate = self.device != "cpu"  # host work does not disturb a GPU being timed
         try:
-            if self.device == "cpu":
-                with region():
-                    worker.call("prepare_kernel", self.timeout.value, **prepare)
-                    outcome = worker.call("time_prepared", self.timeout.value, timing=timing.as_dict())
-            else:
+            if prepare_outside_the_gate:
                 worker.call("prepare_kernel", self.timeout.value, **prepare)
-                with region(), self._watch() as health:
-                    outcome = worker.call("time_prepared", self.timeout.value, timing=timing.as_dict())
+            with region(), self._watch() as health:
+                if not prepare_outside_the_gate:
+                    worker.call("prepare_kernel", self.timeout.value, **prepare)
+                outcome = worker.call("time_prepared", self.timeout.value, timing=timing.as_dict())
         except WorkerError as err:
             raise_if_no_device(str(err))
             if _poisons_the_context(str(err)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 # evaluator(number, repeat, min_repeat_ms) -> ``repeat`` per-call means in seconds (after one warm-up call)
 Evaluator = Callable[[int, int, int], Sequence[float]]
@@ -41,6 +41,10 @@ class TimingConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def for_device(self, device_kind: str) -> TimingConfig:
+        """This config with ``flush_cache`` decided for the device ("cpu" or "cuda")."""
+        return replace(self, flush_cache=device_kind == "cuda" if self.flush_cache is None else self.flush_cache)
 
 
 def time_with_evaluator(evaluator: Evaluator, config: TimingConfig) -> tuple[list[float], int]:

@@ -37,6 +37,19 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+def _add_model_options(command: argparse.ArgumentParser) -> None:
+    """The options that pick which variant of MODEL is meant (tune and apply must agree)."""
+    command.add_argument("--batch", type=_positive_int, help="batch size of a built-in model (default: 1)")
+    command.add_argument("--dtype", choices=("float32", "float16"), help="precision of a built-in model (default: float32)")
+    command.add_argument(
+        "--input-shape",
+        type=_shape,
+        action="append",
+        metavar="D0,D1,...",
+        help="shape of an ONNX model's input, once per input, where the file leaves dimensions symbolic",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -54,15 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--work-dir", type=Path, help="where the database, logs and compiled model go (default: tuner-runs/MODEL-KIND)")
     tune.add_argument("--batch-size", type=_positive_int, help="candidates measured per round (default: chosen from the budget)")
     tune.add_argument("--build-workers", type=_positive_int, help="parallel build processes (default: one per core)")
-    tune.add_argument("--batch", type=_positive_int, help="batch size of a built-in model (default: 1)")
-    tune.add_argument("--dtype", choices=("float32", "float16"), help="precision of a built-in model (default: float32)")
-    tune.add_argument(
-        "--input-shape",
-        type=_shape,
-        action="append",
-        metavar="D0,D1,...",
-        help="shape of an ONNX model's input, once per input, where the file leaves dimensions symbolic",
-    )
+    _add_model_options(tune)
     tune.add_argument("--seed", type=_positive_int, default=1, help="random seed (default: 1)")
     tune.add_argument("--no-verify", action="store_true", help="skip checking the best schedules' outputs against the untuned kernels")
     tune.add_argument("--quiet", action="store_true", help="print only the final summary")
@@ -72,9 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     apply.add_argument("work_dir", type=Path, metavar="DIR", help="a work dir written by `tuner tune`")
     apply.add_argument("model", help="the model to compile (a built-in workload name or an .onnx file)")
-    apply.add_argument("--batch", type=_positive_int, help="batch size of a built-in model (default: 1)")
-    apply.add_argument("--dtype", choices=("float32", "float16"), help="precision of a built-in model (default: float32)")
-    apply.add_argument("--input-shape", type=_shape, action="append", metavar="D0,D1,...", help="shape of an ONNX model's input")
+    _add_model_options(apply)
     apply.add_argument("-o", "--output", type=Path, required=True, help="the shared library to write (load it with tvm.runtime.load_module)")
     apply.add_argument("--target", help="compile for this target (default: the one DIR was tuned for)")
 

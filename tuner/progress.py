@@ -14,6 +14,11 @@ def format_seconds(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def format_phases(seconds: dict[str, float]) -> str:
+    """Where a run's wall time went: "search 5.1 s, measure 21.4 s, ..."."""
+    return ", ".join(f"{phase} {sec:.1f} s" for phase, sec in seconds.items())
+
+
 def format_latency(seconds: float | None) -> str:
     if seconds is None:
         return "-"

@@ -12,7 +12,7 @@ from measure.timing import relative_spread
 
 from .database import Record, TuningDatabase
 from .errors import TunerError
-from .progress import format_latency, format_seconds
+from .progress import format_latency, format_phases, format_seconds
 from .targets import describe_target
 
 
@@ -84,7 +84,7 @@ def _markdown(job: dict, result: dict, records: list[Record], curve: Curve, png_
         before, after = result["latency_before"], result["latency_after"]
         lines.append(f"- latency: {format_latency(before)} with TVM's default schedules, {format_latency(after)} tuned ({before / after:.2f}x)")
     if result.get("seconds"):
-        lines.append("- time of the last run: " + ", ".join(f"{phase} {sec:.1f} s" for phase, sec in result["seconds"].items()))
+        lines.append("- time of the last run: " + format_phases(result["seconds"]))
     failures = Counter(r.status for r in records if r.status != "ok")
     if failures:
         lines.append("- failed candidates: " + ", ".join(f"{n} {status}" for status, n in sorted(failures.items())))

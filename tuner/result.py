@@ -12,7 +12,7 @@ import tvm
 
 from workloads import TensorSpec
 
-from .progress import format_latency, format_seconds
+from .progress import format_latency, format_phases, format_seconds
 from .targets import describe_target
 
 
@@ -84,7 +84,7 @@ class TuneResult:
     def summary(self) -> str:
         lines = [f"{self.model} on {describe_target(self.target)}: {self.trials} trials in {format_seconds(self.wall_seconds)}"]
         if self.seconds:
-            lines.append("time: " + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.seconds.items()))
+            lines.append("time: " + format_phases(self.seconds))
         if self.latency_before is not None:
             speedup = f" ({self.speedup:.2f}x)" if self.speedup else ""
             lines.append(f"latency {format_latency(self.latency_before)} untuned -> {format_latency(self.latency_after)} tuned{speedup}")

@@ -35,23 +35,18 @@ class OperatorCase:
 
     def workload(self, dtype: str = "float32") -> Workload:
         inputs, output = self.compute(dtype)
-        func = te.create_prim_func([*inputs, output]).with_attr("global_symbol", "main")
         suffix = "" if dtype == "float32" else "-fp16"
-        return Workload(
-            name=self.name + suffix,
-            kind="tir",
-            mod=tvm.IRModule({"main": func}),
-            inputs=prim_func_inputs(func),
-            description=f"{self.family}, {self.source}, {'fp16 in / fp32 out' if suffix else 'fp32'}",
-            source=self.source,
-            reference=self.reference,
-        )
+        description = f"{self.family}, {self.source}, {'fp16 in / fp32 out' if suffix else 'fp32'}"
+        return prim_func_workload(self.name + suffix, te.create_prim_func([*inputs, output]), description, self.source, self.reference)
 
 
-def prim_func_workload(name: str, func: tvm.tirx.PrimFunc, description: str) -> Workload:
+def prim_func_workload(
+    name: str, func: tvm.tirx.PrimFunc, description: str, source: str = "", reference: Callable[..., np.ndarray] | None = None
+) -> Workload:
     """Wrap a PrimFunc as a workload whose inputs are the function's buffer arguments."""
     func = func.with_attr("global_symbol", "main")
-    return Workload(name=name, kind="tir", mod=tvm.IRModule({"main": func}), inputs=prim_func_inputs(func), description=description)
+    mod = tvm.IRModule({"main": func})
+    return Workload(name=name, kind="tir", mod=mod, inputs=prim_func_inputs(func), description=description, source=source, reference=reference)
 
 
 # Accumulation and output type for every input dtype: fp16 inputs accumulate in fp32, the
