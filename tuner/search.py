@@ -73,6 +73,7 @@ class TaskSearch:
         self.draws = 0  # random samples drawn from the design space, for statistics
         self._features: dict[str, np.ndarray] = {}
         self._fresh: dict[str, Candidate] = {}  # sampled, scored, not yet picked: carried to the next batch
+        self._seeds: list[Candidate] = []  # given from outside (transfer-tuning): proposed before anything else
 
     # -- what was measured ----------------------------------------------------------------------
     def observe(self, candidate: Candidate, latency: float | None) -> None:
@@ -93,7 +94,26 @@ class TaskSearch:
             self.observe(candidate, latency)
 
     # -- proposing -----------------------------------------------------------------------------
+    def add_seeds(self, schedules: Iterable[Schedule]) -> int:
+        """Queue schedules found elsewhere (e.g. replayed from another model's tuning) to be proposed
+        first; returns how many were new."""
+        queued = {c.key for c in self._seeds}
+        added = 0
+        for sch in schedules:
+            key = msc.structural_key(sch.mod)
+            if key not in self.measured and key not in queued:
+                self._seeds.append(Candidate(key, sch))
+                queued.add(key)
+                added += 1
+        return added
+
     def propose(self, n: int) -> list[Candidate]:
+        """Queued seeds first (see ``add_seeds``), then ``_search(n)``."""
+        waiting = [c for c in self._seeds if c.key not in self.measured]
+        seeds, self._seeds = waiting[:n], waiting[n:]
+        return seeds + (self._search(n - len(seeds)) if n > len(seeds) else [])
+
+    def _search(self, n: int) -> list[Candidate]:
         """Up to ``n`` candidates never measured before; fewer if the space runs dry.
 
         Half are evolved (mutants of the best measured and best-rated candidates), half are the
