@@ -1,7 +1,10 @@
-"""Features of candidates, the XGBoost model that ranks them, and the policy that picks which to measure."""
+"""Features of candidates, the XGBoost model that ranks them, its measured rank quality, and the
+policies that pick which candidates to measure (search's top-k, the Trimmer filter)."""
 
 from .features import CandidateFeatures
 from .model import CostModel
+from .quality import RankQuality, kendall_tau, rank_quality
 from .selection import TopKWithExploration
+from .trimmer import FilterDecision, FilterLedger, TrimmerFilter
 
-__all__ = ["CandidateFeatures", "CostModel", "TopKWithExploration"]
+__all__ = ["CandidateFeatures", "CostModel", "FilterDecision", "FilterLedger", "RankQuality", "TopKWithExploration", "TrimmerFilter", "kendall_tau", "rank_quality"]

@@ -7,7 +7,8 @@ from measure import AdaptiveTimeout, EngineConfig, MeasureEngine
 from tuner.database import TuningDatabase
 from tuner.errors import TunerError
 from tuner.loop import LoopConfig, TuningLoop, auto_batch_size
-from tuner.scheduler import TaskProgress, TaskScheduler
+from tuner.objectives import Objectives
+from tuner.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, task_kind
 from tuner.tasks import extract_tasks
 from workloads import get_workload
 
@@ -19,37 +20,61 @@ def test_a_run_where_every_candidate_fails_stops_with_the_reason(tmp_path, llvm_
     with MeasureEngine(llvm_target, tmp_path, config) as engine:
         loop = TuningLoop(tasks, llvm_target, db, engine, CostModel(), config=LoopConfig(batch_size=4, give_up_after=4))
         with pytest.raises(TunerError, match="all 4 candidates .* build_timeout"):
-            loop.run(64)
+            loop.run(Objectives(trials=64))
     records = db.records(str(llvm_target))
     assert len(records) == 4 and {r.status for r in records} == {"build_timeout"}  # every failure committed
 
 
-def test_scheduler_visits_every_task_then_favours_the_costliest_improving_one():
-    tasks = [TaskProgress(weight=1), TaskProgress(weight=4), TaskProgress(weight=1)]
-    scheduler = TaskScheduler()
+def _visit_all(scheduler, tasks, bests):
     order = []
-    for batch_best in (1e-3, 1e-3, 5e-3):
+    for best in bests:
         index = scheduler.pick(tasks)
         order.append(index)
-        tasks[index].record_batch(batch_best)
-    assert order == [0, 1, 2]
-    assert scheduler.pick(tasks) == 2  # 1 x 5 ms > 4 x 1 ms
-    tasks[2].record_batch(None)  # no improvement: its priority halves
-    tasks[2].record_batch(None)
+        tasks[index].record_batch(8, 1.0, None, best)
+    return order
+
+
+def test_gradient_scheduler_visits_every_task_then_favours_where_the_model_gains_most():
+    tasks = [TaskProgress(weight=1), TaskProgress(weight=4), TaskProgress(weight=1)]
+    scheduler = GradientScheduler(epsilon=0.0)
+    assert _visit_all(scheduler, tasks, (1e-3, 1e-3, 5e-3)) == [0, 1, 2]
+    assert scheduler.pick(tasks) == 2  # 1 x 5 ms of model time to gain from, against 4 x 1 ms
+    tasks[2].record_batch(8, 1.0, None, 1e-3)  # a big improvement: 4 x 1 ms now weighs most
+    tasks[2].record_batch(8, 1.0, None, None)
     assert scheduler.pick(tasks) == 1
 
 
-def test_a_task_that_never_works_is_given_up():
+def test_gradient_scheduler_favours_a_task_far_below_the_throughput_of_its_kind():
+    tasks = [TaskProgress(weight=1, flops=1e9, kind="conv"), TaskProgress(weight=1, flops=1e9, kind="conv")]
+    scheduler = GradientScheduler(epsilon=0.0)
+    _visit_all(scheduler, tasks, (1e-3, 1e-3))
+    tasks[0].record_batch(8, 1.0, None, 1e-4)  # task 0 now runs at 10 TFLOP/s; task 1 is at 1
+    assert scheduler.pick(tasks) == 1
+
+
+def test_round_robin_scheduler_takes_turns():
+    tasks = [TaskProgress(weight=1), TaskProgress(weight=100)]
+    scheduler = RoundRobinScheduler()
+    assert _visit_all(scheduler, tasks, (1e-3, 1e-3, 1e-3, 1e-3)) == [0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("scheduler", [GradientScheduler(), RoundRobinScheduler()])
+def test_a_task_that_never_works_is_given_up(scheduler):
     tasks = [TaskProgress(weight=1), TaskProgress(weight=1)]
-    tasks[0].record_batch(1e-3)
-    scheduler = TaskScheduler(max_failed_batches=2)
+    tasks[0].record_batch(8, 1.0, None, 1e-3)
+    scheduler.max_failed_batches = 2
     assert scheduler.pick(tasks) == 1
-    tasks[1].record_batch(None)
+    tasks[1].record_batch(8, 1.0, None, None)
     assert scheduler.pick(tasks) == 1
-    tasks[1].record_batch(None)
+    tasks[1].record_batch(8, 1.0, None, None)
     assert scheduler.pick(tasks) == 0 and tasks[1].exhausted
 
 
-@pytest.mark.parametrize("budget, tasks, expected", [(64, 1, 16), (16, 1, 8), (512, 8, 16), (10_000, 1, 64)])
+def test_tasks_of_one_kind_differ_only_by_suffix():
+    assert task_kind("fused_conv2d_add_relu1") == task_kind("fused_conv2d_add_relu") == "fused_conv2d_add_relu"
+    assert task_kind("fused_matmul") != task_kind("fused_conv2d")
+
+
+@pytest.mark.parametrize("budget, tasks, expected", [(64, 1, 8), (128, 1, 16), (512, 8, 8), (10_000, 1, 64), (None, 3, 16)])
 def test_batch_size_follows_the_budget(budget, tasks, expected):
     assert auto_batch_size(budget, tasks) == expected

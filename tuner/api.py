@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import tvm
 
-from costmodel import CostModel
+from costmodel import CostModel, TrimmerFilter
 from measure import DeviceUnavailable, EngineConfig, MeasureEngine
 from workloads import Workload, load_workload
 
@@ -18,8 +19,10 @@ from .database import TuningDatabase
 from .errors import NoDeviceError, TunerError
 from .loop import LoopConfig, TuningLoop
 from .metaschedule import schedule_from_json
+from .objectives import Objectives
 from .progress import Progress
 from .result import TaskResult, TuneResult
+from .scheduler import SCHEDULERS
 from .targets import require_device, resolve_target
 from .tasks import Task, extract_tasks
 
@@ -31,9 +34,13 @@ COST_MODEL_FILE = "cost_model.ubj"
 def tune(
     model: Any,
     target: str | dict | tvm.target.Target = "llvm",
-    trials: int = 64,
+    trials: int | None = 64,
     work_dir: str | Path | None = None,
     *,
+    stop: Objectives | None = None,
+    task_stop: Objectives | None = None,
+    scheduler: str = "gradient",
+    trimmer: bool = True,
     example_inputs: Sequence[Any] | None = None,
     batch: int | None = None,
     dtype: str | None = None,
@@ -51,9 +58,18 @@ def tune(
     (``example_inputs`` gives shapes its inputs leave symbolic). ``trials`` is the number of
     candidates measured in total, counting earlier runs in the same ``work_dir``: running again on
     a work dir resumes it and measures nothing twice.
+
+    ``stop`` adds cost objectives for the whole run (time, energy, money budgets, or no
+    improvement; the first one met ends it) and ``task_stop`` the same per task (a task that
+    meets one gets no more trials); ``trials=None`` leaves only those. ``scheduler`` is
+    "gradient" (trials go where they cut the model's latency most) or "round-robin".
+    ``trimmer=False`` measures every candidate the search proposes instead of skipping those the
+    cost model predicts to be poor.
     """
     started = time.monotonic()
-    _check_trials(trials)
+    objectives = run_objectives(trials, stop)
+    if scheduler not in SCHEDULERS:
+        raise TunerError(f"unknown task scheduler {scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
     workload = load_workload(model, example_inputs, batch=batch, dtype=dtype)
     require_device(target)
     tvm_target = resolve_target(target)
@@ -66,9 +82,10 @@ def tune(
         tasks = extract_tasks(workload, tvm_target)
         _record_job(db, workload, tvm_target, tasks)
         cost_model = CostModel(seed=seed)
-        loop = TuningLoop(tasks, tvm_target, db, engine, cost_model, seed, LoopConfig(batch_size=batch_size, verify=verify), report)
+        config = LoopConfig(batch_size=batch_size, verify=verify, scheduler=scheduler, trimmer=TrimmerFilter(enabled=trimmer))
+        loop = TuningLoop(tasks, tvm_target, db, engine, cost_model, seed, config, report)
         tuning_started = time.monotonic()
-        loop.run(trials)
+        stop_reason = loop.run(objectives, task_stop)
         report.line("re-measuring the best candidates and checking their results")
         loop.finalize()
         cost_model.save(work_dir / COST_MODEL_FILE)
@@ -93,9 +110,19 @@ def tune(
             trials=loop.trials_done,
             wall_seconds=time.monotonic() - started,
             seconds=seconds,
+            stop_reason=stop_reason,
+            filtered=loop.ledger.as_dict(),
         )
         db.set_meta(
-            "result", {"latency_before": latency_before, "latency_after": latency_after, "trials": loop.trials_done, "seconds": seconds}
+            "result",
+            {
+                "latency_before": latency_before,
+                "latency_after": latency_after,
+                "trials": loop.trials_done,
+                "seconds": seconds,
+                "stop_reason": stop_reason,
+                "scheduler": scheduler,
+            },
         )
         report.line(result.summary())
         return result
@@ -109,9 +136,16 @@ def tune(
         db.close()
 
 
-def _check_trials(trials: Any) -> None:
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials <= 0:
+def run_objectives(trials: Any, stop: Objectives | None) -> Objectives:
+    """``stop`` with ``trials`` as its trial budget; some objective must be able to end the run."""
+    if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials <= 0):
         raise TunerError(f"trials must be a positive integer (the number of candidates to measure), got {trials!r}")
+    if stop is not None and not isinstance(stop, Objectives):
+        raise TunerError(f"stop must be a tuner.Objectives, got {type(stop).__name__}")
+    objectives = replace(stop or Objectives(), trials=trials if trials is not None else (stop.trials if stop else None))
+    if objectives.empty:
+        raise TunerError("nothing would end this run: give trials, or a time, energy, money or no-improvement objective in stop")
+    return objectives
 
 
 def prepare_work_dir(work_dir: str | Path | None, name: str, target: tvm.target.Target) -> Path:

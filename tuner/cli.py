@@ -50,6 +50,48 @@ def _add_model_options(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _plateau(text: str) -> tuple[int, float]:
+    """"N,PCT": no improvement by PCT percent over N batches."""
+    try:
+        batches, percent = text.split(",")
+        return int(batches), float(percent) / 100
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BATCHES,PERCENT like 4,1 (1% over 4 batches), got {text!r}") from None
+
+
+def _add_objective_options(command: argparse.ArgumentParser) -> None:
+    """Cost objectives: the run ends (or a task is dropped) when the first is met."""
+    group = command.add_argument_group("stopping", "the run ends when the first of these (or --trials) is met")
+    group.add_argument("--max-seconds", type=_positive_float, help="tuning wall time budget")
+    group.add_argument("--max-joules", type=_positive_float, help="energy budget (GPUs whose driver reports energy)")
+    group.add_argument("--max-cost", type=_positive_float, help="money budget, with --price-per-hour")
+    group.add_argument("--price-per-hour", type=_positive_float, help="what an hour of the device costs")
+    group.add_argument("--plateau", type=_plateau, metavar="N,PCT", help="stop when the model's latency improved less than PCT%% over N batches")
+    group.add_argument("--task-trials", type=_positive_int, help="drop a task after this many trials")
+    group.add_argument("--task-plateau", type=_plateau, metavar="N,PCT", help="drop a task that improved less than PCT%% over its last N batches")
+
+
+def objectives_from_args(args: argparse.Namespace):
+    """(run objectives, task objectives) from the stopping options; None where none was given."""
+    from .objectives import Objectives
+
+    patience, gain = args.plateau or (None, 0.01)
+    run = Objectives(seconds=args.max_seconds, joules=args.max_joules, money=args.max_cost, price_per_hour=args.price_per_hour, patience=patience, min_improvement=gain)
+    task_patience, task_gain = args.task_plateau or (None, 0.01)
+    task = Objectives(trials=args.task_trials, patience=task_patience, min_improvement=task_gain)
+    return (None if run.empty else run), (None if task.empty else task)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -64,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("model", help="a built-in workload name (see `tuner workloads`) or an .onnx file")
     tune.add_argument("--target", default="llvm", help="'llvm' (this CPU), 'cuda', 'cuda -arch=sm_90', ... (default: llvm)")
     tune.add_argument("--trials", type=_positive_int, default=64, help="candidates to measure in total (default: 64)")
+    _add_objective_options(tune)
+    tune.add_argument(
+        "--scheduler", choices=("gradient", "round-robin"), default="gradient", help="which task gets the next batch (default: gradient)"
+    )
+    tune.add_argument("--no-filter", action="store_true", help="measure every proposed candidate (no cost-model filter)")
     tune.add_argument("--work-dir", type=Path, help="where the database, logs and compiled model go (default: tuner-runs/MODEL-KIND)")
     tune.add_argument("--batch-size", type=_positive_int, help="candidates measured per round (default: chosen from the budget)")
     tune.add_argument("--build-workers", type=_positive_int, help="parallel build processes (default: one per core)")
@@ -115,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from .api import tune
 
+    stop, task_stop = objectives_from_args(args)
     result = tune(
         args.model,
         target=args.target,
@@ -122,6 +170,10 @@ def _tune(args: argparse.Namespace) -> int:
         batch=args.batch,
         dtype=args.dtype,
         trials=args.trials,
+        stop=stop,
+        task_stop=task_stop,
+        scheduler=args.scheduler,
+        trimmer=not args.no_filter,
         work_dir=args.work_dir,
         batch_size=args.batch_size,
         build_workers=args.build_workers,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 from collections import Counter
@@ -10,14 +11,17 @@ from dataclasses import dataclass, field
 
 import tvm
 
-from costmodel import CandidateFeatures, CostModel
+import numpy as np
+
+from costmodel import CandidateFeatures, CostModel, FilterDecision, FilterLedger, RankQuality, TrimmerFilter, rank_quality
 from measure import MeasureEngine, MeasureInput, TimingConfig
 
 from . import metaschedule as msc
 from .database import Record, TuningDatabase
 from .errors import TunerError
 from .progress import Progress
-from .scheduler import TaskProgress, TaskScheduler
+from .objectives import Objectives, Spending, check_measurable, met
+from .scheduler import TaskProgress, make_scheduler, task_kind
 from .search import Candidate, SearchConfig, TaskSearch
 from .targets import describe_target
 from .tasks import Task
@@ -25,8 +29,10 @@ from .tasks import Task
 
 @dataclass
 class LoopConfig:
-    batch_size: int | None = None  # default: about a quarter of each task's share of the trials
+    batch_size: int | None = None  # default: about an eighth of each task's share of the trials
     search: SearchConfig = field(default_factory=SearchConfig)
+    scheduler: str = "gradient"  # or "round-robin"
+    trimmer: TrimmerFilter = field(default_factory=TrimmerFilter)
     remeasure_top: int = 5  # re-measured at the end with final_timing before the best is chosen
     final_timing: TimingConfig = field(default_factory=lambda: TimingConfig(min_repeats=5, max_repeats=50, budget_seconds=0.25))
     verify: bool = True
@@ -43,9 +49,21 @@ class TaskRun:
     best: Record | None = None
 
 
-def auto_batch_size(budget: int, num_tasks: int) -> int:
+@dataclass
+class BatchOutcome:
+    latencies: list[float | None]  # per measured candidate, None for a failure
+    joules: float | None  # energy of the batch's measurements, where NVML gives it
+
+    @property
+    def best(self) -> float | None:
+        return min((lat for lat in self.latencies if lat is not None), default=None)
+
+
+def auto_batch_size(budget: int | None, num_tasks: int) -> int:
+    if budget is None:
+        return 16
     per_task = budget / max(1, num_tasks)
-    return int(min(64, max(8, math.ceil(per_task / 4))))
+    return int(min(64, max(8, math.ceil(per_task / 8))))
 
 
 def tolerance(mod: tvm.IRModule) -> float:
@@ -73,18 +91,24 @@ class TuningLoop:
         self.cost_model = cost_model
         self.config = config or LoopConfig()
         self.progress = progress or Progress(enabled=False)
-        self.scheduler = TaskScheduler()
+        self.scheduler = make_scheduler(self.config.scheduler, seed)
+        self.trimmer = self.config.trimmer
+        self.ledger = FilterLedger.from_dict(db.get_meta("trimmer", {}))
+        self.spent = Spending()  # the whole run's, counting earlier runs' trials and time
+        self.stop_reason: str | None = None
         self.phase_seconds: dict[str, float] = {"search": 0.0, "measure": 0.0, "cost model": 0.0, "final choice": 0.0}
+        self._rng = np.random.default_rng(seed)
         self._successes = 0
         self._failures: Counter[str] = Counter()
         self._clock_offset = db.elapsed_so_far()
         self._session_start = time.monotonic()
+        self._quality_log = engine.log_dir / "costmodel.jsonl"
         features = CandidateFeatures()
         self.runs: list[TaskRun] = []
         for index, task in enumerate(tasks):
             workload_id = db.workload_id(task.mod, task.name)
             search = TaskSearch(task.mod, target, seed + index, cost_model, features, group=str(workload_id), config=self.config.search)
-            self.runs.append(TaskRun(task, workload_id, search, TaskProgress(task.weight)))
+            self.runs.append(TaskRun(task, workload_id, search, TaskProgress(task.weight, task.flops, task_kind(task.name))))
         self._restore()
 
     @property
@@ -118,40 +142,100 @@ class TuningLoop:
             run.trials = len(mine)
             if mine:
                 best = self.db.best(run.workload_id, self.target_key, 1)
-                run.progress.batches = 1
-                run.progress.best = best[0].latency if best else None
+                run.progress.record_batch(len(mine), 0.0, None, best[0].latency if best else None)
         if self.trials_done:
             self.cost_model.fit()
 
     # -- tuning ----------------------------------------------------------------------------------
-    def run(self, budget: int) -> None:
-        """Measure until ``budget`` trials (counting earlier runs) are spent or every task's space is exhausted."""
-        batch_size = self.config.batch_size or auto_batch_size(budget, len(self.runs))
-        self.progress.start(self.trials_done, budget, len(self.runs), f"on {describe_target(self.target)}")
-        while self.trials_done < budget:
+    def run(self, objectives: Objectives, task_objectives: Objectives | None = None) -> str:
+        """Tune until one of ``objectives`` is met for the whole run (trials and time count earlier
+        runs of this work dir), dropping tasks that meet ``task_objectives``; returns why it ended."""
+        task_objectives = task_objectives or Objectives()
+        for scope, objective in (("for the run", objectives), ("per task", task_objectives)):
+            check_measurable(objective, self.engine.monitor is not None and self.engine.monitor.available, scope)
+        batch_size = self.config.batch_size or auto_batch_size(objectives.trials, len(self.runs))
+        self.progress.start(self.trials_done, objectives.trials, len(self.runs), f"on {describe_target(self.target)}")
+        self.spent.trials = self.trials_done
+        while True:
+            self.spent.seconds = self.elapsed()
+            self.stop_reason = met(objectives, self.spent)
+            if self.stop_reason:
+                break
             index = self.scheduler.pick([run.progress for run in self.runs])
             if index is None:
-                self.progress.line("every task's search space is exhausted; stopping early")
+                self.stop_reason = "every task is finished (its search space exhausted or its objectives met)"
                 break
-            run = self.runs[index]
-            with self._phase("search"):
-                candidates = run.search.propose(min(batch_size, budget - self.trials_done))
-                run.search.feature_rows(candidates)  # extract features in one batch
-            if not candidates:
-                run.progress.exhausted = True
-                continue
-            with self._phase("measure"):
-                run.progress.record_batch(self._measure(run, candidates))
-            self._stop_if_nothing_works()
-            with self._phase("cost model"):
-                self.cost_model.update()
-            self.progress.batch(
-                index, len(self.runs), run.task.name, self.trials_done, budget, run.progress.best, run.task.flops, self.model_latency()
-            )
+            limit = self._batch_limit(batch_size, objectives, task_objectives, self.runs[index])
+            self._tune_batch(index, limit, task_objectives, objectives.trials)
+        self.progress.line(f"stopped: {self.stop_reason}")
+        return self.stop_reason
 
-    def _measure(self, run: TaskRun, candidates: list[Candidate]) -> float | None:
+    def _batch_limit(self, batch_size: int, run_objectives: Objectives, task_objectives: Objectives, run: TaskRun) -> int:
+        limit = batch_size
+        if run_objectives.trials:
+            limit = min(limit, run_objectives.trials - self.trials_done)
+        if task_objectives.trials:
+            limit = min(limit, task_objectives.trials - run.progress.spent.trials)
+        return max(1, limit)
+
+    def _tune_batch(self, index: int, size: int, task_objectives: Objectives, budget: int | None) -> None:
+        run = self.runs[index]
+        started = time.monotonic()
+        with self._phase("search"):
+            candidates = run.search.propose(size)
+            features = run.search.feature_rows(candidates)  # extract features in one batch
+        if not candidates:
+            run.progress.exhausted = True
+            self.progress.line(f"{run.task.name}: its search space has nothing new left")
+            return
+        trained = self.cost_model.trained  # an untrained model scores at random: nothing to filter by or judge
+        with self._phase("cost model"):
+            scores = self.cost_model.predict(features, self._rng)
+            decision = self.trimmer.split(scores, self._rng) if trained else FilterDecision(list(range(len(candidates))), [], [], 0.0, None)
+        for i in decision.dropped:
+            run.search.skip(candidates[i])
+        measured = [candidates[i] for i in decision.keep]
+        measuring = time.monotonic()
+        with self._phase("measure"):
+            outcome = self._measure(run, measured)
+        self._stop_if_nothing_works()
+        per_candidate = (time.monotonic() - measuring) / max(1, len(measured))
+        joules_each = outcome.joules / len(measured) if outcome.joules is not None and measured else None
+        self.ledger.add(decision, per_candidate, joules_each)
+        quality = rank_quality(scores[decision.keep], outcome.latencies) if trained else RankQuality(None, None, 0, len(measured))
+        self.trimmer.record_quality(quality.tau)
+        with self._phase("cost model"):
+            self.cost_model.update()
+        run.progress.record_batch(len(measured), time.monotonic() - started, outcome.joules, outcome.best)
+        self.spent.add_batch(len(measured), 0.0, outcome.joules, self.model_latency())
+        self._log_batch(run, decision, quality)
+        reason = met(task_objectives, run.progress.spent)
+        self.progress.batch(
+            index, len(self.runs), run.task.name, self.trials_done, budget, run.progress.best, run.task.flops, self.model_latency(),
+            self._filter_summary(decision, quality),
+        )  # fmt: skip
+        if reason and run.progress.live:
+            run.progress.stopped = reason
+            self.progress.line(f"{run.task.name}: done ({reason})")
+
+    def _filter_summary(self, decision: FilterDecision, quality: RankQuality) -> str:
+        tau = f"  model tau {quality.tau:+.2f}" if quality.tau is not None else ""
+        if not self.ledger.dropped:
+            return tau
+        return f"{tau}  filtered {len(decision.dropped)} (total {self.ledger.dropped}/{self.ledger.proposed}, ~{self.ledger.seconds_saved:.0f} s saved)"
+
+    def _log_batch(self, run: TaskRun, decision: FilterDecision, quality: RankQuality) -> None:
+        self.db.set_meta("trimmer", self.ledger.as_dict())
+        entry = {"time": time.time(), "task": run.task.name, "trials": self.trials_done, **quality.as_dict()}
+        entry |= {"trust": decision.trust, "threshold": decision.threshold, "dropped": len(decision.dropped), "explored": len(decision.explored)}
+        self._quality_log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._quality_log, "a") as log:
+            log.write(json.dumps(entry) + "\n")
+
+    def _measure(self, run: TaskRun, candidates: list[Candidate]) -> BatchOutcome:
         by_key = {c.key: c for c in candidates}
-        batch_best = None
+        latencies: dict[str, float | None] = {}
+        joules = None
         for result in self.engine.measure([MeasureInput(c.key, c.mod) for c in candidates]):
             candidate = by_key[result.key]
             self.db.commit(
@@ -170,13 +254,14 @@ class TuningLoop:
             )
             run.search.observe(candidate, result.latency)
             run.trials += 1
+            latencies[candidate.key] = result.latency
+            if result.energy_j is not None:
+                joules = (joules or 0.0) + result.energy_j
             if result.ok:
                 self._successes += 1
             else:
                 self._failures[f"{result.status}: {result.error}"] += 1
-            if result.latency is not None and (batch_best is None or result.latency < batch_best):
-                batch_best = result.latency
-        return batch_best
+        return BatchOutcome([latencies.get(c.key) for c in candidates], joules)
 
     def _stop_if_nothing_works(self) -> None:
         failed = sum(self._failures.values())

@@ -19,6 +19,15 @@ def format_phases(seconds: dict[str, float]) -> str:
     return ", ".join(f"{phase} {sec:.1f} s" for phase, sec in seconds.items())
 
 
+def filter_summary(ledger: dict) -> str:
+    """What the Trimmer filter saved, from a FilterLedger's dict."""
+    joules = f", ~{ledger['joules_saved']:.0f} J" if ledger.get("joules_saved") else ""
+    return (
+        f"filter: {ledger['dropped']} of {ledger['proposed']} proposed candidates predicted poor and never built or measured "
+        f"(~{ledger['seconds_saved']:.0f} s{joules} saved; {ledger['explored']} predicted poor but measured to keep the model learning)"
+    )
+
+
 def format_latency(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -36,11 +45,12 @@ class Progress:
         self._started = time.monotonic()
         self._trials_at_start = 0
 
-    def start(self, trials_done: int, budget: int, num_tasks: int, what: str) -> None:
+    def start(self, trials_done: int, budget: int | None, num_tasks: int, what: str) -> None:
         self._started = time.monotonic()
         self._trials_at_start = trials_done
         resumed = f", resuming after {trials_done} measured" if trials_done else ""
-        self.line(f"tuning {what}: {num_tasks} task(s), {budget} trials{resumed}")
+        limit = f"{budget} trials" if budget else "no trial limit"
+        self.line(f"tuning {what}: {num_tasks} task(s), {limit}{resumed}")
 
     def batch(
         self,
@@ -48,19 +58,22 @@ class Progress:
         num_tasks: int,
         task_name: str,
         trials_done: int,
-        budget: int,
+        budget: int | None,
         task_best: float | None,
         task_flops: float,
         model_latency: float | None,
+        filtered: str = "",
     ) -> None:
+        """One line per batch; ``filtered`` says what the cost-model filter dropped, if anything."""
         elapsed = time.monotonic() - self._started
         new = trials_done - self._trials_at_start
-        eta = elapsed / new * (budget - trials_done) if new > 0 else 0.0
         speed = f" ({task_flops / task_best / 1e9:.1f} GFLOP/s)" if task_best and task_flops else ""
         model = f"  model {format_latency(model_latency)}" if num_tasks > 1 else ""
+        trials = f"{trials_done}/{budget}" if budget else f"{trials_done}"
+        eta = f"  eta {format_seconds(elapsed / new * (budget - trials_done))}" if budget and new > 0 else ""
         self.line(
-            f"[{task_index + 1}/{num_tasks}] {task_name}  trials {trials_done}/{budget}  best {format_latency(task_best)}{speed}"
-            f"{model}  elapsed {format_seconds(elapsed)}  eta {format_seconds(eta)}"
+            f"[{task_index + 1}/{num_tasks}] {task_name}  trials {trials}  best {format_latency(task_best)}{speed}"
+            f"{model}{filtered}  elapsed {format_seconds(elapsed)}{eta}"
         )
 
     def line(self, text: str) -> None:

@@ -4,6 +4,7 @@ and against tuning time."""
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ from measure.timing import relative_spread
 
 from .database import Record, TuningDatabase
 from .errors import TunerError
-from .progress import format_latency, format_phases, format_seconds
+from .progress import filter_summary, format_latency, format_phases, format_seconds
 from .targets import describe_target
 
 
@@ -54,6 +55,7 @@ def write_report(work_dir: str | Path, output_dir: str | Path | None = None) -> 
         if job is None:
             raise TunerError(f"{db_path} has no job description: it was not written by `tuner tune`")
         result = db.get_meta("result", {})
+        filtered = db.get_meta("trimmer", {})
         records = db.records(job["target"])
     finally:
         db.close()
@@ -65,11 +67,11 @@ def write_report(work_dir: str | Path, output_dir: str | Path | None = None) -> 
     png = output / "report.png"
     _plot(curve, job["model"], png)
     md = output / "report.md"
-    md.write_text(_markdown(job, result, records, curve, png.name, work_dir))
+    md.write_text(_markdown(job, result, filtered, records, curve, png.name, work_dir))
     return md, png
 
 
-def _markdown(job: dict, result: dict, records: list[Record], curve: Curve, png_name: str, work_dir: Path) -> str:
+def _markdown(job: dict, result: dict, filtered: dict, records: list[Record], curve: Curve, png_name: str, work_dir: Path) -> str:
     by_task: dict[int, list[Record]] = {}
     for record in records:
         by_task.setdefault(record.workload_id, []).append(record)
@@ -85,6 +87,11 @@ def _markdown(job: dict, result: dict, records: list[Record], curve: Curve, png_
         lines.append(f"- latency: {format_latency(before)} with TVM's default schedules, {format_latency(after)} tuned ({before / after:.2f}x)")
     if result.get("seconds"):
         lines.append("- time of the last run: " + format_phases(result["seconds"]))
+    if result.get("stop_reason"):
+        lines.append(f"- stopped by {result['stop_reason']} (task scheduler: {result.get('scheduler', 'gradient')})")
+    if filtered.get("dropped"):
+        lines.append("- " + filter_summary(filtered))
+    lines += _quality_summary(work_dir)
     failures = Counter(r.status for r in records if r.status != "ok")
     if failures:
         lines.append("- failed candidates: " + ", ".join(f"{n} {status}" for status, n in sorted(failures.items())))
@@ -108,12 +115,30 @@ def _markdown(job: dict, result: dict, records: list[Record], curve: Curve, png_
     return "\n".join(lines)
 
 
-def _dop_summary(work_dir: Path) -> list[str]:
-    """The DOP controller's decisions (logs/dop.jsonl), in one line."""
+def _quality_summary(work_dir: Path) -> list[str]:
+    """The cost model's rank quality on batches it scored before they were measured (logs/costmodel.jsonl)."""
+    entries = _jsonl(work_dir / "logs" / "costmodel.jsonl")
+    taus = [e["tau"] for e in entries if e.get("tau") is not None]
+    recalls = [e["top_k_recall"] for e in entries if e.get("top_k_recall") is not None]
+    if not taus:
+        return []
+    last = taus[-len(taus) // 4 or -1 :]
+    return [
+        f"- cost model, predicted against measured order per batch: Kendall tau {statistics.mean(taus):+.2f} on average, "
+        f"{statistics.mean(last):+.2f} over the last quarter; top-k recall {statistics.mean(recalls):.0%}; every batch in logs/costmodel.jsonl"
+    ]
+
+
+def _jsonl(path: Path) -> list[dict]:
     try:
-        decisions = [json.loads(line) for line in (work_dir / "logs" / "dop.jsonl").read_text().splitlines() if line]
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
     except OSError:
         return []
+
+
+def _dop_summary(work_dir: Path) -> list[str]:
+    """The DOP controller's decisions (logs/dop.jsonl), in one line."""
+    decisions = _jsonl(work_dir / "logs" / "dop.jsonl")
     if not decisions:
         return []
     losses = sum(d["reason"].startswith("loss") for d in decisions)

@@ -12,7 +12,7 @@ import tvm
 
 from workloads import TensorSpec
 
-from .progress import format_latency, format_phases, format_seconds
+from .progress import filter_summary, format_latency, format_phases, format_seconds
 from .targets import describe_target
 
 
@@ -46,6 +46,8 @@ class TuneResult:
     trials: int
     wall_seconds: float
     seconds: dict[str, float] = field(default_factory=dict)  # where the wall time went, by phase
+    stop_reason: str | None = None  # the objective that ended the tuning
+    filtered: dict = field(default_factory=dict)  # what the cost-model filter dropped and saved (costmodel.FilterLedger)
     _module: Any = field(default=None, repr=False)
 
     @property
@@ -85,6 +87,10 @@ class TuneResult:
         lines = [f"{self.model} on {describe_target(self.target)}: {self.trials} trials in {format_seconds(self.wall_seconds)}"]
         if self.seconds:
             lines.append("time: " + format_phases(self.seconds))
+        if self.stop_reason:
+            lines.append(f"stopped by {self.stop_reason}")
+        if self.filtered.get("dropped"):
+            lines.append(filter_summary(self.filtered))
         if self.latency_before is not None:
             speedup = f" ({self.speedup:.2f}x)" if self.speedup else ""
             lines.append(f"latency {format_latency(self.latency_before)} untuned -> {format_latency(self.latency_after)} tuned{speedup}")

@@ -1,48 +1,117 @@
-"""Which task gets the next batch of trials."""
+"""Which task gets the next batch of trials, for a model of many tasks.
+
+``GradientScheduler`` (the default) follows Ansor's task scheduler: the model's latency is the
+sum over tasks of launches x best latency, and the next batch goes to the task whose next batch
+is expected to reduce that sum most. The expected reduction mixes what the task's last batches
+achieved (backward difference) with an optimistic look ahead: the better of "the best improves
+by best/batches" and "the task reaches ``beta`` x the throughput of the best similar task".
+``RoundRobinScheduler`` gives every live task a batch in turn.
+
+Both give every task one batch first, and give up on a task that produced no working candidate
+in ``max_failed_batches`` batches.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .objectives import Spending
 
 
 @dataclass
 class TaskProgress:
     weight: int
+    flops: float = 0.0
+    kind: str = ""  # tasks of one kind (same operators, other shapes) compare throughputs
     best: float | None = None  # seconds per launch
-    batches: int = 0
-    stale: int = 0  # batches in a row without a new best
-    exhausted: bool = False
+    spent: Spending = field(default_factory=Spending)
+    exhausted: bool = False  # its search space has nothing new left
+    stopped: str | None = None  # why a per-task objective ended it
 
-    def record_batch(self, batch_best: float | None) -> None:
-        self.batches += 1
+    @property
+    def batches(self) -> int:
+        return len(self.spent.history)
+
+    @property
+    def live(self) -> bool:
+        return not self.exhausted and self.stopped is None
+
+    def record_batch(self, trials: int, seconds: float, joules: float | None, batch_best: float | None) -> None:
         if batch_best is not None and (self.best is None or batch_best < self.best):
             self.best = batch_best
-            self.stale = 0
-        else:
-            self.stale += 1
+        self.spent.add_batch(trials, seconds, joules, self.best)
 
 
-class TaskScheduler:
-    """Every task gets one batch in turn; after that the next batch goes to the task whose kernels
-    take the largest share of the model's time, halved for each batch in a row that did not improve
-    it. A task that never produced a working candidate is given up after ``max_failed_batches``."""
+def task_kind(name: str) -> str:
+    """Tasks that differ only by a numeric suffix (fused_conv2d_add_relu, ..._relu1) are one kind."""
+    return re.sub(r"_?\d+$", "", name)
 
+
+class _Scheduler:
     def __init__(self, max_failed_batches: int = 3):
         self.max_failed_batches = max_failed_batches
 
     def pick(self, tasks: list[TaskProgress]) -> int | None:
-        live = [i for i, t in enumerate(tasks) if not t.exhausted]
+        live = [i for i, t in enumerate(tasks) if t.live]
         if not live:
             return None
         unvisited = [i for i in live if tasks[i].batches == 0]
         if unvisited:
             return unvisited[0]
-        failing = [i for i in live if tasks[i].best is None]
-        for i in failing:
+        for i in [i for i in live if tasks[i].best is None]:
             if tasks[i].batches < self.max_failed_batches:
                 return i
             tasks[i].exhausted = True
         ranked = [i for i in live if tasks[i].best is not None]
-        if not ranked:
-            return None
-        return max(ranked, key=lambda i: tasks[i].weight * tasks[i].best * 0.5 ** tasks[i].stale)
+        return self._choose(tasks, ranked) if ranked else None
+
+    def _choose(self, tasks: list[TaskProgress], ranked: list[int]) -> int:
+        raise NotImplementedError
+
+
+class RoundRobinScheduler(_Scheduler):
+    """Every live task in turn: the one with the fewest batches so far, the first of those."""
+
+    def _choose(self, tasks: list[TaskProgress], ranked: list[int]) -> int:
+        return min(ranked, key=lambda i: (tasks[i].batches, i))
+
+
+class GradientScheduler(_Scheduler):
+    def __init__(self, max_failed_batches: int = 3, alpha: float = 0.2, beta: float = 2.0, window: int = 3, epsilon: float = 0.05, seed: int = 1):
+        super().__init__(max_failed_batches)
+        self.alpha, self.beta, self.window, self.epsilon = alpha, beta, window, epsilon
+        self.rng = np.random.default_rng(seed)
+
+    def _choose(self, tasks: list[TaskProgress], ranked: list[int]) -> int:
+        if len(ranked) > 1 and self.rng.random() < self.epsilon:
+            return int(self.rng.choice(ranked))
+        gradients = {i: self.gradient(tasks, i) for i in ranked}
+        return min(ranked, key=lambda i: (gradients[i], i))
+
+    def gradient(self, tasks: list[TaskProgress], i: int) -> float:
+        """d(model latency)/d(batches of task i), estimated; more negative = more to gain."""
+        task = tasks[i]
+        best = task.best
+        history = [h for h in task.spent.history if h is not None]
+        window = min(self.window, len(history) - 1)
+        backward = (history[-1] - history[-1 - window]) / window if window > 0 else 0.0
+        optimistic = best - best / task.batches
+        best_similar = max((t.flops / t.best for t in tasks if t.kind == task.kind and t.best and t.flops), default=0.0)
+        if task.flops and best_similar:
+            optimistic = min(optimistic, self.beta * task.flops / best_similar)
+        forward = optimistic - best
+        return task.weight * (self.alpha * backward + (1 - self.alpha) * forward)
+
+
+SCHEDULERS = {"gradient": GradientScheduler, "round-robin": RoundRobinScheduler}
+
+
+def make_scheduler(name: str, seed: int = 1) -> _Scheduler:
+    if name == "gradient":
+        return GradientScheduler(seed=seed)
+    if name == "round-robin":
+        return RoundRobinScheduler()
+    raise ValueError(f"unknown task scheduler {name!r}: choose one of {', '.join(SCHEDULERS)}")

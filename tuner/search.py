@@ -67,7 +67,7 @@ class TaskSearch:
         self.postprocs = msc.postprocessors(self.context)
         self.mutators, probs = msc.mutators(self.context)
         self.mutator_probs = np.asarray(probs) / sum(probs) if probs else np.zeros(0)
-        self.measured: set[str] = set()
+        self.seen: set[str] = set()  # measured, or dropped by the filter: never proposed again
         self.elites: list[tuple[float, Candidate]] = []  # best measured first
         self.exhausted = False
         self.draws = 0  # random samples drawn from the design space, for statistics
@@ -78,12 +78,17 @@ class TaskSearch:
     # -- what was measured ----------------------------------------------------------------------
     def observe(self, candidate: Candidate, latency: float | None) -> None:
         """Learn from a measured candidate (``latency`` None if it failed)."""
-        self.measured.add(candidate.key)
+        self.seen.add(candidate.key)
         self.cost_model.add(self.group, self.feature_rows([candidate]), [latency])
         if latency is not None:
             self.elites.append((latency, candidate))
             self.elites.sort(key=lambda pair: pair[0])
             del self.elites[self.config.population :]
+
+    def skip(self, candidate: Candidate) -> None:
+        """Never propose ``candidate`` again: the filter predicted it poor and it was not measured."""
+        self.seen.add(candidate.key)
+        self._fresh.pop(candidate.key, None)
 
     def restore(self, measured: list[tuple[str, str, float | None]]) -> None:
         """Take in candidates (key, trace JSON, latency or None) measured by earlier runs of this work dir."""
@@ -101,7 +106,7 @@ class TaskSearch:
         added = 0
         for sch in schedules:
             key = msc.structural_key(sch.mod)
-            if key not in self.measured and key not in queued:
+            if key not in self.seen and key not in queued:
                 self._seeds.append(Candidate(key, sch))
                 queued.add(key)
                 added += 1
@@ -109,7 +114,7 @@ class TaskSearch:
 
     def propose(self, n: int) -> list[Candidate]:
         """Queued seeds first (see ``add_seeds``), then ``_search(n)``."""
-        waiting = [c for c in self._seeds if c.key not in self.measured]
+        waiting = [c for c in self._seeds if c.key not in self.seen]
         seeds, self._seeds = waiting[:n], waiting[n:]
         return seeds + (self._search(n - len(seeds)) if n > len(seeds) else [])
 
@@ -132,7 +137,7 @@ class TaskSearch:
         scores = self._scores(population)
         mutants: dict[str, Candidate] = {}
         for _ in range(self.config.generations):
-            children = [c for c in self._mutate(population, scores, len(population)) if c.key not in self.measured]
+            children = [c for c in self._mutate(population, scores, len(population)) if c.key not in self.seen]
             for child in children:
                 mutants.setdefault(child.key, child)
             merged = list({c.key: c for c in (*population, *children)}.values())
@@ -152,7 +157,7 @@ class TaskSearch:
     def _refresh_pool(self, size: int) -> list[Candidate]:
         """``size`` unmeasured random samples: at least half new, the rest the best-rated left over
         from this task's previous batch (their features are already known)."""
-        kept = [c for c in self._fresh.values() if c.key not in self.measured]
+        kept = [c for c in self._fresh.values() if c.key not in self.seen]
         if kept:
             order = np.argsort(-self._scores(kept), kind="stable")
             kept = [kept[i] for i in order[: size // 2]]
@@ -209,7 +214,7 @@ class TaskSearch:
                     continue
                 valid += 1
                 key = msc.structural_key(sch.mod)
-                if key not in self.measured and key not in exclude and key not in found:
+                if key not in self.seen and key not in exclude and key not in found:
                     found[key] = Candidate(key, sch)
                     new += 1
             if valid and new < 0.05 * valid and attempts >= n:

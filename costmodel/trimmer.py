@@ -1,0 +1,111 @@
+"""The Trimmer filter: of the candidates search proposes, build and measure only those the cost
+model predicts to be competitive, trusting the model only as far as its measured ranking allows.
+
+Trust comes from the Kendall tau of the model's predictions on recent batches, each taken before
+the batch was measured: 0 below ``min_tau`` (nothing is filtered), 1 from ``full_trust_tau``.
+With trust t, the worst-scored ``t * max_drop`` of a proposed batch are predicted poor (a top
+fraction), except those the model rates within ``margin`` of the task's best (it predicts
+log-speed relative to the best measured candidate: 0 = as fast, -0.69 = twice as slow), so a batch
+of promising candidates is measured whole. A share ``exploration`` of what would be dropped is
+measured anyway, picked at random, so the model keeps seeing (and correcting) what it rates
+poorly; a batch is never dropped entirely.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class FilterDecision:
+    keep: list[int]  # indices into the proposed batch, to build and measure
+    dropped: list[int]  # predicted poor: never built or measured
+    explored: list[int]  # predicted poor but measured anyway (a subset of keep)
+    trust: float
+    threshold: float | None  # only candidates scored below this could count as poor; None = no filtering
+
+
+@dataclass
+class TrimmerFilter:
+    margin: float = math.log(1.1)
+    min_tau: float = 0.1  # below this measured rank quality, filter nothing
+    full_trust_tau: float = 0.5
+    max_drop: float = 0.75
+    exploration: float = 0.1
+    window: int = 4  # batches whose rank quality sets the trust
+    enabled: bool = True
+    _taus: deque = field(default_factory=lambda: deque(maxlen=8))
+
+    def __post_init__(self) -> None:
+        self._taus = deque(maxlen=self.window)
+        if not 0 <= self.max_drop < 1:
+            raise ValueError(f"max_drop must be in [0, 1), got {self.max_drop}")
+        if not 0 < self.exploration <= 1:
+            raise ValueError(f"exploration must be in (0, 1], got {self.exploration}")
+
+    def record_quality(self, tau: float | None) -> None:
+        """The model's Kendall tau on a batch it scored before the batch was measured."""
+        if tau is not None:
+            self._taus.append(tau)
+
+    @property
+    def trust(self) -> float:
+        """0 (filter nothing) to 1 (filter at ``margin``), from the mean tau of recent batches."""
+        if not self.enabled or not self._taus:
+            return 0.0
+        tau = float(np.mean(self._taus))
+        return float(np.clip((tau - self.min_tau) / (self.full_trust_tau - self.min_tau), 0.0, 1.0))
+
+    def split(self, scores: Sequence[float], rng: np.random.Generator) -> FilterDecision:
+        """Which of a proposed batch to measure, given the model's scores."""
+        scores = np.asarray(scores, dtype=float)
+        everything = list(range(len(scores)))
+        trust = self.trust
+        if trust <= 0 or len(scores) < 2:
+            return FilterDecision(everything, [], [], trust, None)
+        threshold = -self.margin
+        worst_first = [int(i) for i in np.argsort(scores, kind="stable")]
+        poor = [i for i in worst_first[: int(len(scores) * trust * self.max_drop)] if scores[i] < threshold]
+        explore = min(len(poor), math.ceil(len(poor) * self.exploration))
+        explored = [int(i) for i in rng.choice(poor, size=explore, replace=False)] if explore else []
+        dropped = sorted(set(poor) - set(explored))
+        keep = [i for i in everything if i not in set(dropped)]
+        return FilterDecision(keep, dropped, sorted(explored), trust, threshold)
+
+
+@dataclass
+class FilterLedger:
+    """What the filter dropped and what that saved: the builds and measurements never made, and
+    the seconds (and joules, where NVML gives them) they would have cost at the batch's own rate."""
+
+    proposed: int = 0
+    dropped: int = 0
+    explored: int = 0
+    seconds_saved: float = 0.0
+    joules_saved: float = 0.0
+
+    def add(self, decision: FilterDecision, seconds_per_candidate: float, joules_per_candidate: float | None) -> None:
+        self.proposed += len(decision.keep) + len(decision.dropped)
+        self.dropped += len(decision.dropped)
+        self.explored += len(decision.explored)
+        self.seconds_saved += len(decision.dropped) * seconds_per_candidate
+        if joules_per_candidate is not None:
+            self.joules_saved += len(decision.dropped) * joules_per_candidate
+
+    def as_dict(self) -> dict:
+        return {
+            "proposed": self.proposed,
+            "dropped": self.dropped,
+            "explored": self.explored,
+            "seconds_saved": self.seconds_saved,
+            "joules_saved": self.joules_saved,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> FilterLedger:
+        return cls(**{k: data[k] for k in ("proposed", "dropped", "explored", "seconds_saved", "joules_saved") if k in data})

@@ -1,0 +1,94 @@
+"""Cost objectives: each ends a run (or drops a task) for its own reason, and bad ones are refused."""
+
+import pytest
+
+from tuner import Objectives, TunerError, tune
+from tuner.api import run_objectives
+from tuner.objectives import Spending, check_measurable, met
+
+
+def _spent(trials=0, seconds=0.0, joules=None, history=()):
+    spent = Spending()
+    spent.add_batch(trials, seconds, joules, None)
+    spent.history[:] = list(history)
+    return spent
+
+
+@pytest.mark.parametrize(
+    "objectives, spent, reason",
+    [
+        (Objectives(trials=10), _spent(trials=10), "trial budget"),
+        (Objectives(seconds=60), _spent(seconds=61), "time budget"),
+        (Objectives(joules=500), _spent(joules=600.0), "energy budget"),
+        (Objectives(money=1.0, price_per_hour=3.6), _spent(seconds=1001), "money budget"),
+        (Objectives(patience=2, min_improvement=0.05), _spent(history=[2.0, 1.0, 0.99, 0.98]), "no improvement"),
+    ],
+)
+def test_each_objective_is_met_for_its_own_reason(objectives, spent, reason):
+    assert met(objectives, spent).startswith(reason)
+
+
+@pytest.mark.parametrize(
+    "objectives, spent",
+    [
+        (Objectives(trials=10), _spent(trials=9)),
+        (Objectives(money=1.0, price_per_hour=3.6), _spent(seconds=999)),
+        (Objectives(patience=2, min_improvement=0.05), _spent(history=[2.0, 1.0, 0.9, 0.8])),
+        (Objectives(patience=2), _spent(history=[None, None, 1.0])),  # no best yet: not a plateau
+    ],
+)
+def test_an_objective_not_yet_met_lets_tuning_go_on(objectives, spent):
+    assert met(objectives, spent) is None
+
+
+def test_bad_objectives_are_refused_with_the_fix():
+    with pytest.raises(TunerError, match="price per hour"):
+        Objectives(money=5.0)
+    with pytest.raises(TunerError, match="seconds objective must be a positive number"):
+        Objectives(seconds=-1)
+    with pytest.raises(TunerError, match="nothing would end this run"):
+        run_objectives(None, None)
+    with pytest.raises(TunerError, match="energy readings from NVML"):
+        check_measurable(Objectives(joules=100), energy_available=False, scope="for the run")
+
+
+def test_an_energy_budget_on_a_cpu_is_refused_before_anything_is_measured(tmp_path):
+    with pytest.raises(TunerError, match="use a time or money budget instead"):
+        tune("matmul-128", trials=None, stop=Objectives(joules=100), work_dir=tmp_path, progress=False)
+    from tuner.database import TuningDatabase
+
+    db = TuningDatabase(tmp_path / "tuning.db")
+    assert db.records() == []
+    db.close()
+
+
+@pytest.mark.parametrize(
+    "stop, reason",
+    [
+        (Objectives(seconds=3), "time budget"),
+        (Objectives(money=0.001, price_per_hour=1.0), "money budget"),  # 3.6 s at 1 per device-hour
+        (Objectives(patience=1, min_improvement=0.9), "no improvement"),
+    ],
+)
+def test_a_run_ends_by_the_objective_that_was_met(tmp_path, stop, reason):
+    result = tune("matmul-128", trials=200, stop=stop, work_dir=tmp_path, batch_size=8, progress=False)
+    assert result.stop_reason.startswith(reason)
+    assert 0 < result.trials < 200
+    from tuner.report import write_report
+
+    md, _ = write_report(tmp_path)
+    assert f"stopped by {reason}" in md.read_text()
+
+
+def test_a_task_meeting_its_objective_is_dropped_while_the_others_go_on(tmp_path):
+    result = tune("tiny-resnet", trials=None, task_stop=Objectives(trials=8), stop=Objectives(seconds=600), work_dir=tmp_path, batch_size=4, progress=False, verify=False)
+    assert result.stop_reason.startswith("every task is finished")
+    assert all(task.trials <= 8 for task in result.tasks)  # small spaces (a mean) may run dry first
+    assert sum(task.trials == 8 for task in result.tasks) >= len(result.tasks) // 2
+
+
+def test_the_cli_names_a_missing_price(capsys):
+    from tuner.cli import main
+
+    assert main(["tune", "matmul-128", "--max-cost", "3"]) == 2
+    assert "--price-per-hour" in capsys.readouterr().err

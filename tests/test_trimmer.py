@@ -1,0 +1,77 @@
+"""The Trimmer filter and the cost model's measured rank quality."""
+
+import json
+
+import numpy as np
+import pytest
+
+from costmodel import FilterLedger, TrimmerFilter, kendall_tau, rank_quality
+
+
+def test_kendall_tau_and_top_k_recall():
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    assert kendall_tau([1, 1, 1], [1, 2, 3]) is None
+    # scores: higher = predicted faster; latencies: lower = faster; a failure ranks last
+    quality = rank_quality([4, 3, 2, 1, 0], [1e-3, 2e-3, 3e-3, 4e-3, None], k=2)
+    assert quality.tau == 1.0 and quality.top_k_recall == 1.0
+    assert rank_quality([4, 3], [1e-3, 2e-3]).tau is None  # too few to say
+
+
+def _trusted(tau: float) -> TrimmerFilter:
+    trimmer = TrimmerFilter()
+    for _ in range(3):
+        trimmer.record_quality(tau)
+    return trimmer
+
+
+def test_a_poorly_ranking_model_filters_nothing():
+    decision = _trusted(0.05).split(np.linspace(0, -3, 20), np.random.default_rng(0))
+    assert decision.trust == 0 and decision.dropped == [] and len(decision.keep) == 20
+
+
+def test_a_trusted_model_drops_the_worst_scored_and_explores_some_of_them():
+    scores = -np.arange(40, dtype=float) / 10  # candidate i predicted exp(i/10) times slower than the best
+    decision = _trusted(0.9).split(scores, np.random.default_rng(0))
+    assert decision.trust == 1.0
+    assert len(decision.dropped) + len(decision.explored) == 30  # max_drop 75%
+    assert decision.explored and set(decision.explored) <= set(decision.keep)
+    assert min(decision.dropped) >= 10  # only from the worst-scored
+    assert set(range(10)) <= set(decision.keep)
+
+
+def test_candidates_rated_near_the_best_are_never_dropped():
+    decision = _trusted(0.9).split(np.full(16, -0.01), np.random.default_rng(0))
+    assert decision.dropped == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_filter_never_drops_a_whole_batch(seed):
+    rng = np.random.default_rng(seed)
+    for size in (1, 2, 3, 8, 64):
+        decision = _trusted(1.0).split(-5 - rng.random(size), rng)
+        assert decision.keep, size
+        assert len(decision.keep) >= max(1, int(np.ceil(size * 0.25))) if size > 1 else decision.keep == [0]
+
+
+def test_the_ledger_counts_what_was_saved():
+    ledger = FilterLedger()
+    decision = _trusted(0.9).split(-np.arange(20, dtype=float), np.random.default_rng(0))
+    ledger.add(decision, seconds_per_candidate=0.5, joules_per_candidate=2.0)
+    assert ledger.dropped == len(decision.dropped) > 0 and ledger.proposed == 20
+    assert ledger.seconds_saved == 0.5 * ledger.dropped and ledger.joules_saved == 2.0 * ledger.dropped
+    assert FilterLedger.from_dict(ledger.as_dict()) == ledger
+
+
+def test_a_run_reports_rank_quality_and_what_the_filter_saved(tmp_path):
+    from tuner import tune
+
+    result = tune("matmul-128", trials=64, work_dir=tmp_path, batch_size=8, progress=False, verify=False)
+    entries = [json.loads(line) for line in (tmp_path / "logs" / "costmodel.jsonl").read_text().splitlines()]
+    assert len(entries) >= 8 and any(e["tau"] is not None for e in entries)
+    assert result.filtered["proposed"] >= 64 and result.filtered["proposed"] == 64 + result.filtered["dropped"]
+    assert result.trials == 64
+    from tuner.report import write_report
+
+    md, _ = write_report(tmp_path)
+    assert "Kendall tau" in md.read_text()
