@@ -15,6 +15,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def prepare_comparison(out_dir: str, target_spec: str):
+    """Create the output folder and resolve the target; on a CPU, pin TVM's thread pool to the
+    target's cores (it defaults to fewer on some machines), for the tuners and the final timing alike."""
+    import os
+
+    from tuner.targets import resolve_target
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = resolve_target(target_spec)
+    if target.kind.name == "llvm":
+        os.environ["TVM_NUM_THREADS"] = str(int(target.attrs["num-cores"]))
+    return out, target
+
+
 def run_step(script: Path, args: Sequence[str], log: Path) -> dict:
     """Run ``script --step ...`` in a fresh Python process; it prints one JSON line last."""
     started = time.monotonic()

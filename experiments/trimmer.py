@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.common import markdown_table, run_step, time_side_by_side, write_csv  # noqa: E402
+from experiments.common import markdown_table, prepare_comparison, run_step, time_side_by_side, write_csv  # noqa: E402
 
 DEFAULT_WORKLOADS = ["matmul-512", "conv2d-resnet18-l2"]
 TOLERANCE = 0.02  # "reached the target" = within 2% of it
@@ -62,14 +61,9 @@ def final_latency(work_dir: Path) -> float:
 
 
 def compare(args: argparse.Namespace) -> None:
-    from tuner.targets import resolve_target
     from workloads import get_workload
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    target = resolve_target(args.target)
-    if target.kind.name == "llvm":
-        os.environ["TVM_NUM_THREADS"] = str(int(target.attrs["num-cores"]))
+    out, target = prepare_comparison(args.out, args.target)
     rows = []
     for name in args.workloads:
         for seed in args.seeds:

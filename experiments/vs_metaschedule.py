@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.common import markdown_table, run_step, time_side_by_side, write_csv  # noqa: E402
+from experiments.common import markdown_table, prepare_comparison, run_step, time_side_by_side, write_csv  # noqa: E402
 
 DEFAULT_WORKLOADS = ["matmul-512", "conv2d-resnet18-l2", "tiny-resnet"]
 
@@ -64,17 +63,10 @@ def ours_step(workload_name: str, target_spec: str, trials: int, work_dir: Path,
 
 
 def compare(args: argparse.Namespace) -> None:
-    from tuner.targets import resolve_target
     from tuner.tasks import extract_tasks
     from workloads import get_workload
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    target = resolve_target(args.target)
-    if target.kind.name == "llvm":
-        # TVM's CPU thread pool defaults to fewer threads than the target's cores on some machines;
-        # both tuners, and the final timing, use the cores the schedules are compiled for.
-        os.environ["TVM_NUM_THREADS"] = str(int(target.attrs["num-cores"]))
+    out, target = prepare_comparison(args.out, args.target)
     rows = []
     for name in args.workloads:
         workload = get_workload(name)

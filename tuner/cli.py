@@ -19,14 +19,21 @@ _DESCRIPTION = """Auto-tune deep-learning tensor programs with Apache TVM.
 """
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _positive(kind: type, what: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {what}, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {what}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _positive(int, "integer")
+_positive_float = _positive(float, "number")
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -48,16 +55,6 @@ def _add_model_options(command: argparse.ArgumentParser) -> None:
         metavar="D0,D1,...",
         help="shape of an ONNX model's input, once per input, where the file leaves dimensions symbolic",
     )
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
 
 
 def _plateau(text: str) -> tuple[int, float]:
