@@ -17,7 +17,14 @@ increase congestion control:
   cores the candidates share), the controller settles at the DOP below and probes ever more
   rarely.
 
-Every decision is kept, with the evidence and the reason, for logs and plots.
+A run need not start from nothing: ``resume`` starts the controller from the state an earlier run
+on the same machine left (``state()``; stored by ``measure.dop_memory``). That state is only a
+starting point: every decision still comes from this run's own checks, and a run resumed at a DOP
+above one re-measures twice the usual share of its first parallel window, since the machine may
+have changed.
+
+Every decision is kept, with the evidence and the reason, for logs and plots; the first one also
+says how the run started.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ class DopDecision:
     max_error: float | None
     parallel_only_failures: int
     reason: str
+    start: str | None = None  # on a run's first decision: where the controller started, and why
 
     @property
     def loss(self) -> bool:
@@ -46,6 +54,16 @@ class DopDecision:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class DopState:
+    """What a controller has learned, for the next run on the same machine to start from."""
+
+    dop: int
+    loss_dop: int | None
+    cooldown: int
+    loss_streak: int
 
 
 @dataclass
@@ -59,6 +77,8 @@ class DopController:
     max_cooldown: int = 32
     cooldown: int = 0  # accurate batches to wait before probing at loss_dop again
     loss_streak: int = 0  # losses in a row when probing at or past loss_dop
+    check_boost: float = 1.0  # times check_fraction to re-measure in the next parallel window
+    start: str | None = None  # how this run started, recorded with its first decision
     decisions: list[DopDecision] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -70,11 +90,32 @@ class DopController:
             raise ValueError(f"decrease must be in (0, 1), got {self.decrease}")
         self.dop = min(max(1, self.dop), self.max_dop)
 
+    def state(self) -> DopState:
+        return DopState(self.dop, self.loss_dop, self.cooldown, self.loss_streak)
+
+    def resume(self, state: DopState, since: str, recheck: float = 2.0) -> None:
+        """Start from what an earlier run learned (``since``: when, for the log). At a DOP above one
+        the first parallel window re-measures ``recheck`` times the usual share."""
+        if self.decisions:
+            raise RuntimeError("a controller can only resume before its first decision")
+        if recheck < 1:
+            raise ValueError(f"recheck must be at least 1, got {recheck}")
+        self.dop = min(max(1, state.dop), self.max_dop)
+        self.loss_dop = state.loss_dop
+        self.cooldown = min(max(0, state.cooldown), self.max_cooldown)
+        # past this many losses in a row the cooldown is max_cooldown anyway; keeps 2**streak small
+        self.loss_streak = min(max(0, state.loss_streak), self.max_cooldown.bit_length())
+        self.check_boost = recheck if self.dop > 1 else 1.0
+        capped = f", capped at {self.max_dop}" if self.dop < state.dop else ""
+        loss = f"loss at {state.loss_dop}" if state.loss_dop is not None else "no loss yet"
+        self.start = f"start: remembered DOP {state.dop}{capped} ({loss}, probe cooldown {self.cooldown}) from {since}"
+
     def to_check(self, batch_size: int, rng: random.Random) -> list[int]:
         """Which of a batch measured at the current DOP to re-measure serially (none at DOP 1)."""
         if self.dop <= 1 or batch_size == 0:
             return []
-        count = min(batch_size, max(1, math.ceil(self.check_fraction * batch_size)))
+        fraction = min(1.0, self.check_fraction * self.check_boost)
+        count = min(batch_size, max(1, math.ceil(fraction * batch_size)))
         return sorted(rng.sample(range(batch_size), count))
 
     def update(self, errors: Sequence[float], parallel_only_failures: int = 0) -> DopDecision:
@@ -91,7 +132,10 @@ class DopController:
             reason = f"loss: error {max_error:.1%} > {self.error_threshold:.0%}"
         else:
             reason = self._grow(checked=bool(errors) or dop == 1)
-        decision = DopDecision(len(self.decisions), dop, self.dop, len(errors), median_error, max_error, parallel_only_failures, reason)
+        if dop > 1:
+            self.check_boost = 1.0  # the resumed DOP has had its closer look
+        start = None if self.decisions else self.start
+        decision = DopDecision(len(self.decisions), dop, self.dop, len(errors), median_error, max_error, parallel_only_failures, reason, start)
         self.decisions.append(decision)
         return decision
 

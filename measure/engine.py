@@ -3,6 +3,9 @@ isolated measuring process, and hand back one result per candidate as soon as it
 
 On a CPU target the builds finish before any timing starts, because a compiling process on the
 same cores would distort the timings; on a GPU, builds go on while earlier candidates are timed.
+
+The DOP controller starts where the last run on this machine and device left it (see
+``dop_memory``), and its state is saved after each of its decisions and on ``close()``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 import tvm
 
 from .dop import DopController, DopDecision, relative_error
+from .dop_memory import DopMemory, machine_key
 from .host import available_memory_bytes
 from .nvml import NvmlMonitor
 from .runners import DeviceUnavailable, RunnerPool
@@ -44,6 +48,7 @@ class EngineConfig:
     max_dop: int | None = None  # most candidates timed at once; default: cores on a CPU, 8 on a GPU
     dop_error_threshold: float = 0.05  # a parallel measurement this far off the serial one is a loss
     dop_check_fraction: float = 0.2  # share of each parallel window re-measured serially
+    remember_dop: bool = True  # start the DOP controller where the last run on this machine left it
     build_timeout: AdaptiveTimeout = field(default_factory=lambda: AdaptiveTimeout(initial=120.0, floor=2.0))
     run_timeout: AdaptiveTimeout = field(default_factory=lambda: AdaptiveTimeout(initial=60.0, floor=5.0, factor=20.0))
 
@@ -84,6 +89,9 @@ class MeasureEngine:
         self.monitor = NvmlMonitor() if self.device == "cuda" else None
         self._runners = RunnerPool(runners, self.device, self.config.run_timeout, self.monitor)
         self.dop = DopController(max_dop, self.config.dop_error_threshold, self.config.dop_check_fraction)
+        self._dop_memory = DopMemory(machine_key(self.device, self._gpu_name())) if self.config.remember_dop else None
+        self._remembered: DopDecision | None = None  # the latest decision whose outcome was saved
+        self._start_dop()
         self._rng = random.Random(0)
         self._names = itertools.count()
         self._name_lock = threading.Lock()
@@ -96,6 +104,7 @@ class MeasureEngine:
         self._runners.start()
 
     def close(self) -> None:
+        self._remember_dop()
         for worker in self._builders:
             worker.close()
         self._runners.close()
@@ -191,6 +200,7 @@ class MeasureEngine:
         else:
             decision = self.dop.update([], 0)
         self._log_decision(decision)
+        self._remember_dop()
         self._runners.gate.set_limit(self.dop.dop)
 
     def _alone(self, built: BuildResult, parallel: MeasureResult, timing: TimingConfig) -> MeasureResult:
@@ -199,6 +209,33 @@ class MeasureEngine:
         if alone.ok:
             alone.parallel_samples = parallel.samples or None
         return alone
+
+    def _gpu_name(self) -> str | None:
+        """The GPU's name from NVML (device 0, which the runners and the monitor use), if known."""
+        try:
+            names = self.monitor.device_names() if self.monitor is not None else []
+        except Exception:  # noqa: BLE001 - any NVMLError: the memory key falls back to the host's name
+            return None
+        return names[0] if names else None
+
+    def _start_dop(self) -> None:
+        """Resume the controller from this machine's memory, or say why it starts at 1."""
+        if self._dop_memory is None:
+            self.dop.start = "start: DOP 1 (remember_dop is off)"
+            return
+        remembered = self._dop_memory.load()
+        if remembered is not None:
+            self.dop.resume(remembered.state, since=remembered.since)
+        else:
+            self.dop.start = f"start: DOP 1 ({self._dop_memory.problem or 'nothing remembered for ' + self._dop_memory.key})"
+
+    def _remember_dop(self) -> None:
+        """Save the controller's state for the next run here, if it decided anything since the last save."""
+        latest = self.dop.decisions[-1] if self.dop.decisions else None
+        if self._dop_memory is None or latest is None or latest is self._remembered:
+            return
+        self._dop_memory.save(self.dop.state())
+        self._remembered = latest
 
     def _log_decision(self, decision: DopDecision) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from measure.dop import DopController, relative_error
+from measure.dop import DopController, DopState, relative_error
 
 
 def test_grows_from_one_while_accurate_and_stops_at_the_ceiling():
@@ -89,3 +89,34 @@ def test_repeated_losses_when_probing_make_probes_rarer():
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps == sorted(gaps) and gaps[-1] > gaps[0] and len(probes) <= 6
     assert controller.decisions[-1].dop == 1 or controller.decisions[-1].reason.startswith("loss")
+
+
+def test_a_resumed_dop_that_now_loses_backs_off_as_usual():
+    controller = DopController(max_dop=8)
+    controller.resume(DopState(dop=4, loss_dop=6, cooldown=2, loss_streak=1), since="2024-05-01 10:00 UTC")
+    assert controller.dop == 4 and controller.start == "start: remembered DOP 4 (loss at 6, probe cooldown 2) from 2024-05-01 10:00 UTC"
+    decision = controller.update(errors=[0.12, 0.01])  # the machine changed: 4 no longer holds
+    assert decision.loss and controller.dop == 2 and controller.loss_dop == 4
+    assert decision.start == controller.start and "12.0% > 5%" in decision.reason
+
+
+def test_the_first_window_at_a_resumed_dop_is_checked_more_closely():
+    controller = DopController(max_dop=8, check_fraction=0.2)
+    controller.resume(DopState(dop=4, loss_dop=None, cooldown=0, loss_streak=0), since="earlier")
+    assert len(controller.to_check(20, random.Random(0))) == 8  # twice the usual 20% of 20
+    controller.update(errors=[0.01] * 8)
+    assert controller.dop == 8 and len(controller.to_check(40, random.Random(0))) == 8  # back to 20%
+
+
+def test_resuming_at_1_keeps_the_usual_share_and_a_ceiling_caps_the_remembered_dop():
+    at_one = DopController(max_dop=8)
+    at_one.resume(DopState(dop=1, loss_dop=2, cooldown=32, loss_streak=5), since="earlier")
+    at_one.update(errors=[])
+    assert at_one.dop == 1 and at_one.cooldown == 31  # holds: the cooldown goes on counting down
+    capped = DopController(max_dop=4, max_cooldown=32)
+    capped.resume(DopState(dop=16, loss_dop=None, cooldown=100, loss_streak=10**9), since="earlier")
+    assert capped.dop == 4 and capped.cooldown == 32 and "capped at 4" in capped.start
+    capped.update(errors=[0.5])
+    assert capped.dop == 2
+    with pytest.raises(RuntimeError, match="before its first decision"):
+        capped.resume(DopState(1, None, 0, 0), since="earlier")

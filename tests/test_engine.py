@@ -1,11 +1,14 @@
 """The measurement engine on real candidates, good and faulty."""
 
+import json
 import os
 
 import pytest
 
 import faulty
 from measure import AdaptiveTimeout, EngineConfig, MeasureEngine, MeasureInput, Status, TimingConfig
+from measure.dop import DopState
+from measure.dop_memory import DopMemory, machine_key
 
 
 def test_good_candidates_are_built_and_timed(engine):
@@ -95,3 +98,33 @@ def test_parallel_windows_are_checked_serially_and_every_decision_is_logged(tmp_
         assert second.next_dop == 2 and len(rechecked) == 2 and sum(r.dop == 2 for r in results) >= 8
     logged = (tmp_path / "logs" / "dop.jsonl").read_text().splitlines()
     assert len(logged) == len(decisions) and '"reason"' in logged[0]
+    assert json.loads(logged[0])["start"].startswith("start: DOP 1 (nothing remembered for cpu/")
+
+
+def test_an_engine_resumes_where_the_last_run_here_left_off_and_checks_it_closely(tmp_path, llvm_target):
+    memory = DopMemory(machine_key("cpu"))  # in this test's own user cache (conftest)
+    memory.save(DopState(dop=2, loss_dop=None, cooldown=0, loss_streak=0))
+    config = EngineConfig(build_workers=1, max_dop=2, timing=TimingConfig(max_repeats=5, budget_seconds=0.01))
+    inputs = [MeasureInput(f"c{i}", faulty.copy(256 * (i + 1))) for i in range(5)]
+    with MeasureEngine(llvm_target, tmp_path, config) as engine:
+        results = list(engine.measure(inputs))
+        first = engine.dop_decisions[0]
+    assert all(r.ok for r in results)
+    assert first.dop == 2 and first.checked == 2  # 40% of a window of 5 where 20% would check 1
+    logged = json.loads((tmp_path / "logs" / "dop.jsonl").read_text().splitlines()[0])
+    assert logged["start"].startswith("start: remembered DOP 2 (no loss yet, probe cooldown 0) from ")
+    assert memory.load().state == engine.dop.state()  # what this run learned is kept for the next
+
+
+def test_an_engine_with_remember_dop_off_neither_reads_nor_writes_the_memory(llvm_target, tmp_path):
+    memory = DopMemory(machine_key("cpu"))
+    memory.save(DopState(dop=2, loss_dop=None, cooldown=0, loss_streak=0))
+    saved = memory.path.read_text()
+    engine = MeasureEngine(llvm_target, tmp_path, EngineConfig(build_workers=1, max_dop=2, remember_dop=False))
+    assert engine.dop.dop == 1 and engine.dop.start == "start: DOP 1 (remember_dop is off)"
+    engine.dop.update([])  # a decision this run would otherwise remember
+    engine.close()
+    assert memory.path.read_text() == saved
+    remembering = MeasureEngine(llvm_target, tmp_path, EngineConfig(build_workers=1, max_dop=2))
+    assert remembering.dop.dop == 2 and remembering.dop.start.startswith("start: remembered DOP 2")
+    remembering.close()

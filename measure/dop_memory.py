@@ -1,0 +1,161 @@
+"""What the DOP controller learned, remembered across runs on the same machine and device.
+
+Without it every run starts the controller at DOP 1: on a CPU where two candidates at once never
+measure right, each run climbs to 2, loses, re-measures that window alone and probes again; on a
+GPU each run climbs slowly back to the DOP that holds. With it a run starts where the last one on
+this machine left off: the DOP, where losses start, and the probe cooldown and loss streak.
+
+One JSON file, ``dop_memory.json`` in the user cache (``~/.cache/tensor-tuner``, or
+``$TENSOR_TUNER_CACHE_DIR``), holds one entry per machine key (``machine_key``). It is written
+atomically (a temporary file renamed over it). A missing, unreadable or unwritable file never
+stops tuning: the problem is logged once and the run starts afresh. Delete the file, or its
+entry, to make the controller forget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import platform
+import tempfile
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .dop import DopState
+
+__all__ = ["CACHE_DIR_ENV", "DopMemory", "RememberedDop", "machine_key", "user_cache_dir"]
+
+CACHE_DIR_ENV = "TENSOR_TUNER_CACHE_DIR"
+FILE_NAME = "dop_memory.json"
+_FORMAT = 1
+
+log = logging.getLogger("tensor_tuner.measure")
+
+
+def user_cache_dir() -> Path:
+    """Where tensor-tuner keeps what outlives a run: ``$TENSOR_TUNER_CACHE_DIR`` or ``~/.cache/tensor-tuner``."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "tensor-tuner"
+
+
+def machine_key(device: str, gpu_name: str | None = None) -> str:
+    """Which machine and device a remembered DOP belongs to: the GPU's name for ``cuda`` (this host's
+    name where the GPU's is unknown); host name, CPU model and core count for ``cpu``."""
+    if device == "cuda":
+        return f"cuda/{gpu_name or f'unnamed GPU on {platform.node()}'}"
+    if device == "cpu":
+        return f"cpu/{platform.node()}/{_cpu_model()}/{os.cpu_count() or 1} cores"
+    raise ValueError(f"no DOP memory for device kind {device!r}: expected 'cpu' or 'cuda'")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                name, _, value = line.partition(":")
+                if name.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+@dataclass(frozen=True)
+class RememberedDop:
+    state: DopState
+    updated: datetime  # when a run last saved it
+
+    @property
+    def since(self) -> str:
+        return self.updated.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+class _Unreadable(Exception):
+    """The memory file exists but does not hold what this module writes."""
+
+
+class DopMemory:
+    """One machine's entry in the memory file. Its methods never raise: a file that cannot be
+    read or written is reported once to the log (and kept in ``problem``) and the run goes on."""
+
+    def __init__(self, key: str, path: Path | None = None):
+        self.key = key
+        self.path = Path(path) if path is not None else user_cache_dir() / FILE_NAME
+        self.problem: str | None = None
+
+    def load(self) -> RememberedDop | None:
+        """This machine's entry, or None where there is none (or none that can be used)."""
+        try:
+            entry = self._read().get(self.key)
+            return None if entry is None else _parse(entry)
+        except (OSError, _Unreadable, ValueError, TypeError) as err:
+            self._report(f"cannot use {self.path} ({err}); the DOP controller starts afresh")
+            return None
+
+    def save(self, state: DopState) -> bool:
+        """Store ``state`` as this machine's entry, keeping the other machines'; False if it could not."""
+        try:
+            entries = self._read()
+        except (OSError, _Unreadable) as err:
+            self._report(f"cannot use {self.path} ({err}); it is replaced")
+            entries = {}
+        entries[self.key] = {**asdict(state), "updated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        try:
+            _write_atomically(self.path, json.dumps({"format": _FORMAT, "machines": entries}, indent=1, sort_keys=True) + "\n")
+        except OSError as err:
+            self._report(f"cannot save the DOP controller's state to {self.path} ({err}); the next run starts afresh")
+            return False
+        return True
+
+    def _read(self) -> dict:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        try:
+            content = json.loads(text)
+        except ValueError as err:
+            raise _Unreadable(f"not JSON: {err}") from None
+        if not isinstance(content, dict) or content.get("format") != _FORMAT or not isinstance(content.get("machines"), dict):
+            raise _Unreadable(f"not a format-{_FORMAT} DOP memory file")
+        return content["machines"]
+
+    def _report(self, problem: str) -> None:
+        if self.problem is None:
+            log.warning("DOP memory: %s", problem)
+        self.problem = problem
+
+
+def _parse(entry: object) -> RememberedDop:
+    if not isinstance(entry, dict):
+        raise ValueError(f"an entry is {type(entry).__name__}, not an object")
+
+    def count(name: str, least: int, optional: bool = False) -> int | None:
+        value = entry.get(name)
+        if value is None and optional:
+            return None
+        if type(value) is not int or value < least:
+            raise ValueError(f"{name} is {value!r}, not a whole number >= {least}")
+        return value
+
+    updated = datetime.fromisoformat(entry.get("updated"))  # TypeError or ValueError if it is not a time
+    if updated.tzinfo is None:
+        updated = updated.replace(tzinfo=timezone.utc)
+    state = DopState(count("dop", 1), count("loss_dop", 1, optional=True), count("cooldown", 0), count("loss_streak", 0))
+    return RememberedDop(state, updated)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
