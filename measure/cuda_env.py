@@ -17,6 +17,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .host import user_cache_dir
+
 # Driver entry points libtvm_runtime_cuda.so links against (TVM 0.27); extended from `nm` when present.
 _KNOWN_DRIVER_SYMBOLS = (
     "cuDeviceGetName",
@@ -70,7 +72,7 @@ def prepare_cuda_build_env(cache_dir: Path | None = None) -> None:
 def stand_in_driver(cache_dir: Path | None = None) -> Path:
     """Build (once) a libcuda.so.1 whose every entry point fails with CUDA_ERROR_NO_DEVICE."""
     symbols = sorted(set(_KNOWN_DRIVER_SYMBOLS) | _driver_symbols_from_nm())
-    cache_dir = Path(cache_dir or Path.home() / ".cache" / "tensor-tuner" / "cuda-stand-in")
+    cache_dir = Path(cache_dir or user_cache_dir() / "cuda-stand-in")
     library = cache_dir / hashlib.sha1("\n".join(symbols).encode()).hexdigest()[:12] / "libcuda.so.1"
     if library.exists():
         return library

@@ -25,20 +25,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .dop import DopState
+from .host import CACHE_DIR_ENV, user_cache_dir
 
 __all__ = ["CACHE_DIR_ENV", "DopMemory", "RememberedDop", "machine_key", "user_cache_dir"]
 
-CACHE_DIR_ENV = "TENSOR_TUNER_CACHE_DIR"
 FILE_NAME = "dop_memory.json"
 _FORMAT = 1
 
 log = logging.getLogger("tensor_tuner.measure")
-
-
-def user_cache_dir() -> Path:
-    """Where tensor-tuner keeps what outlives a run: ``$TENSOR_TUNER_CACHE_DIR`` or ``~/.cache/tensor-tuner``."""
-    override = os.environ.get(CACHE_DIR_ENV)
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "tensor-tuner"
 
 
 def machine_key(device: str, gpu_name: str | None = None) -> str:

@@ -1,8 +1,10 @@
-"""Facts about this host: cores and free memory (psutil when installed, the OS otherwise)."""
+"""Facts about this host: cores and free memory (psutil when installed, the OS otherwise), and
+where tensor-tuner keeps its per-user cache."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def physical_cores() -> int:
@@ -21,3 +23,12 @@ def available_memory_bytes() -> int:
         return int(psutil.virtual_memory().available)
     except ImportError:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+CACHE_DIR_ENV = "TENSOR_TUNER_CACHE_DIR"
+
+
+def user_cache_dir() -> Path:
+    """Where tensor-tuner keeps what outlives a run: ``$TENSOR_TUNER_CACHE_DIR`` or ``~/.cache/tensor-tuner``."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "tensor-tuner"

@@ -1,7 +1,7 @@
 """``tuner workloads``: what each built-in workload is, its FLOPs and its distinct kernels.
 
 Counting a model's kernels means building it (PyTorch, then task extraction), so the results are
-cached under ~/.cache/tensor-tuner, keyed by the workload definitions' source code.
+cached under ~/.cache/tensor-tuner (or $TENSOR_TUNER_CACHE_DIR), keyed by the workload definitions' source code.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from pathlib import Path
 import workloads
 from workloads import WorkloadEntry, WorkloadError, get_workload
 
+from measure.host import user_cache_dir
+
 from .targets import resolve_target
 from .tasks import extract_tasks
 
-CACHE = Path.home() / ".cache" / "tensor-tuner" / "catalog.json"
 
 
 @dataclass
@@ -57,8 +58,9 @@ def describe(entry: WorkloadEntry) -> WorkloadInfo:
     return info
 
 
-def catalog(entries: list[WorkloadEntry], on_build: Callable[[str], None] | None = None, cache: Path = CACHE) -> list[WorkloadInfo]:
+def catalog(entries: list[WorkloadEntry], on_build: Callable[[str], None] | None = None, cache: Path | None = None) -> list[WorkloadInfo]:
     """Every entry described, from the cache where it is current."""
+    cache = cache or user_cache_dir() / "catalog.json"
     stored = _load(cache)
     fingerprint = _definitions_fingerprint()
     infos = []
