@@ -68,15 +68,16 @@ def test_workloads_lists_flops_tasks_and_sources(tmp_path):
 
     from tuner.catalog import _definitions_fingerprint
 
-    home = tmp_path / "home"
-    (home / ".cache" / "tensor-tuner").mkdir(parents=True)
+    cache = tmp_path / "cache"
+    cache.mkdir()
     fake = {"name": "x", "category": "model", "family": "model", "source": "s", "flops": 4.1e9, "unavailable": None,
             "tasks": [{"name": "k", "weight": 2, "flops": 2.05e9}], "fingerprint": _definitions_fingerprint()}  # fmt: skip
     from workloads import list_workloads
 
     entries = {e.name: {**fake, "name": e.name, "category": e.category, "source": e.source} for e in list_workloads() if e.category == "model"}
-    (home / ".cache" / "tensor-tuner" / "catalog.json").write_text(json.dumps(entries))
-    run = subprocess.run([sys.executable, "-m", "tuner.cli", "workloads"], capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "HOME": str(home)})
+    (cache / "catalog.json").write_text(json.dumps(entries))
+    env = {**os.environ, "TENSOR_TUNER_CACHE_DIR": str(cache)}
+    run = subprocess.run([sys.executable, "-m", "tuner.cli", "workloads"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].split()[:5] == ["workload", "kind", "family", "GFLOP", "tasks"]
