@@ -22,6 +22,7 @@ from .progress import Progress
 from .result import TaskResult, TuneResult
 from .targets import require_device, resolve_target
 from .tasks import Task, extract_tasks
+from .transfer import read_sources, transfer
 
 DATABASE_FILE = "tuning.db"
 ARTIFACT_FILE = "model.so"
@@ -42,6 +43,7 @@ def tune(
     seed: int = 1,
     verify: bool = True,
     progress: bool = True,
+    transfer_from: Sequence[str | Path] | None = None,
 ) -> TuneResult:
     """Tune every kernel of ``model`` for ``target`` and return the compiled result.
 
@@ -50,10 +52,12 @@ def tune(
     torch.nn.Module with ``example_inputs`` (tensors or shapes), or the path of an ONNX file
     (``example_inputs`` gives shapes its inputs leave symbolic). ``trials`` is the number of
     candidates measured in total, counting earlier runs in the same ``work_dir``: running again on
-    a work dir resumes it and measures nothing twice.
+    a work dir resumes it and measures nothing twice. ``transfer_from``: work dirs of earlier runs
+    (other models) whose schedules for kernels of the same kind are tried first (``tuner.transfer``).
     """
     started = time.monotonic()
     _check_trials(trials)
+    sources = read_sources(transfer_from or [], DATABASE_FILE, COST_MODEL_FILE)
     workload = load_workload(model, example_inputs, batch=batch, dtype=dtype)
     require_device(target)
     tvm_target = resolve_target(target)
@@ -67,6 +71,8 @@ def tune(
         _record_job(db, workload, tvm_target, tasks)
         cost_model = CostModel(seed=seed)
         loop = TuningLoop(tasks, tvm_target, db, engine, cost_model, seed, LoopConfig(batch_size=batch_size, verify=verify), report)
+        if sources:
+            db.set_meta("transfer", transfer(sources, loop.runs, cost_model, tvm_target, report))
         tuning_started = time.monotonic()
         loop.run(trials)
         report.line("re-measuring the best candidates and checking their results")
