@@ -48,14 +48,16 @@ def test_kernels_of_one_operator_match_across_shapes_and_others_do_not():
     [
         ([2, 4, 16], 128, [2, 4, 16]),  # fits already
         ([2, 4, 16], 512, [8, 4, 16]),  # larger: the outermost factor takes the rest
-        ([2, 4, 16], 64, [1, 4, 16]),
-        ([1, 2, 7], 28, [2, 2, 7]),
-        ([4, 2, 8], 7, [7, 1, 1]),  # nothing divides: all in the outermost factor
+        ([2, 4, 16], 64, [1, 4, 16]),  # smaller
         ([4, 2, 1, 8], 112, [7, 2, 1, 8]),
+        ([1, 4, 7, 1], 32, [1, 4, 8, 1]),  # a factor that does not divide: the nearest that does
+        ([2, 4, 16], 100, [1, 5, 20]),
+        ([4, 2, 8], 7, [1, 1, 7]),
+        ([1, 1, 64], 96, [2, 1, 48]),  # the innermost stays within the limit (64): not 96
     ],
 )
 def test_a_tiling_is_adapted_to_a_new_extent(decision, extent, expected):
-    adapted = adapt_tile(decision, extent)
+    adapted = adapt_tile(decision, extent, max_innermost=64)
     assert adapted == expected and int(np.prod(adapted)) == extent
 
 
@@ -72,7 +74,7 @@ def test_a_matmul_schedule_replays_on_another_shape_and_computes_the_same(llvm_t
         assert sch is not None
         tuned, replayed = _tiles(trace), _tiles(sch.trace)
         assert sorted(int(np.prod(t)) for t in replayed) == [48, 96, 200]
-        assert replayed == [adapt_tile(old, int(np.prod(new))) for old, new in zip(tuned, replayed)]
+        assert replayed == [adapt_tile(old, int(np.prod(new)), 64) for old, new in zip(tuned, replayed)]
         lib = tvm.compile(sch.mod, target=llvm_target)
         a, b = np.random.rand(96, 48).astype("float32"), np.random.rand(48, 200).astype("float32")
         c = tvm.runtime.tensor(np.zeros((96, 200), "float32"))

@@ -52,8 +52,9 @@ def mutators(context: ms.TuneContext) -> tuple[list, list[float]]:
     return [m for m, _ in pairs], [float(p) for _, p in pairs]
 
 
-# (a SamplePerfectTile decision, the extent of the loop it splits here) -> the decision to use instead
-Retile = Callable[[list[int], int], list[int]]
+# (a SamplePerfectTile decision, the extent of the loop it splits here, the design space's limit on the innermost
+# factor) -> the decision to use instead
+Retile = Callable[[list[int], int, int], list[int]]
 
 
 def replay(mod: tvm.IRModule, trace: Trace, seed: int, postprocs: Sequence, retile: Retile | None = None) -> Schedule | None:
@@ -81,7 +82,7 @@ def _tile_provider(sch: Schedule, retile: Retile) -> Callable:
         extent = sch.get(inputs[0]).extent
         if not isinstance(extent, tvm.tirx.IntImm):
             return None  # a symbolic extent: let the schedule draw a tiling
-        return retile([int(d) for d in decision], int(extent))
+        return retile([int(d) for d in decision], int(extent), int(attrs[1]))
 
     return provide
 
