@@ -53,7 +53,8 @@ class CostModel:
         self._features: dict[str, list[np.ndarray]] = {}
         self._latencies: dict[str, list[float]] = {}  # inf for a failed candidate
         self._boosters: list[xgb.Booster] = []
-        self._trained_on = 0
+        self._trained_on = 0  # own samples (not warm-start ones) at the last training
+        self._warm_samples = 0  # samples taken from other runs by warm_start()
 
     @property
     def trained(self) -> bool:
@@ -71,16 +72,20 @@ class CostModel:
     def update(self) -> bool:
         """Retrain once the data has grown by ``refit_growth`` since the last training: each batch
         while data is scarce, every few batches once a few hundred results are in."""
-        if self._boosters and self.num_samples < self._trained_on * (1 + self.refit_growth):
+        if self._boosters and self._own_samples < self._trained_on * (1 + self.refit_growth):
             return False
         return self.fit()
+
+    @property
+    def _own_samples(self) -> int:
+        return self.num_samples - self._warm_samples
 
     def fit(self) -> bool:
         """Retrain on everything recorded; False while there is too little to learn from."""
         x, y = self._training_set()
         if len(y) < self.min_samples or np.ptp(y) == 0:
             return False
-        self._trained_on = len(y)
+        self._trained_on = self._own_samples
         data = xgb.DMatrix(x, label=y)
         self._boosters = [
             xgb.train({**self.params, "seed": self.seed + member}, data, num_boost_round=self.rounds) for member in range(self.ensemble)
@@ -98,9 +103,48 @@ class CostModel:
         return predictions.mean(axis=0) - predictions.std(axis=0)
 
     def save(self, path: Path) -> None:
-        """Write the ensemble as one XGBoost model file per member: PATH, PATH.1, PATH.2, ..."""
+        """Write the ensemble as one XGBoost model file per member (PATH, PATH.1, PATH.2, ...) and
+        the data it was trained on (``training_data_path(PATH)``), which ``warm_start`` reads."""
         for member, booster in enumerate(self._boosters):
             booster.save_model(str(path) if member == 0 else f"{path}.{member}")
+        groups = list(self._latencies)
+        features = [np.stack(self._features[g]) for g in groups if self._features[g]]
+        np.savez_compressed(
+            training_data_path(path),
+            groups=np.asarray(groups, dtype=str),
+            sizes=np.asarray([len(self._latencies[g]) for g in groups], dtype=np.int64),
+            features=np.concatenate(features) if features else np.zeros((0, 0), dtype=np.float32),
+            latencies=np.asarray([lat for g in groups for lat in self._latencies[g]], dtype=np.float64),
+        )
+
+    def warm_start(self, path: Path | str, prefix: str, width: int | None = None) -> int:
+        """Add the training data another run saved with ``save(path)`` as extra groups named
+        ``prefix + group`` (so they never mix with this run's tasks), then retrain; returns the
+        number of samples added. ``width``: the features per sample expected (default: those of
+        the data already recorded). Later ``update()`` calls count growth in this run's own samples."""
+        data_path = training_data_path(path)
+        if not data_path.exists():
+            raise FileNotFoundError(f"{data_path} does not exist: the model at {path} was saved without its training data")
+        with np.load(data_path) as data:
+            groups, sizes, features, latencies = (data[k] for k in ("groups", "sizes", "features", "latencies"))
+        expected = width or self._width()
+        if len(latencies) and expected is not None and features.shape[1] != expected:
+            raise ValueError(f"{data_path} holds {features.shape[1]} features per sample, not {expected}: it was saved by another version")
+        start = 0
+        for group, size in zip(groups, sizes):
+            end = start + int(size)
+            self.add(f"{prefix}{group}", features[start:end], [None if np.isinf(lat) else float(lat) for lat in latencies[start:end]])
+            start = end
+        self._warm_samples += len(latencies)
+        self.fit()
+        return len(latencies)
+
+    def _width(self) -> int | None:
+        """Features per sample of the data recorded so far; None while there is none."""
+        for rows in self._features.values():
+            if rows:
+                return len(rows[0])
+        return None
 
     def load(self, path: Path) -> None:
         boosters = []
@@ -126,3 +170,8 @@ class CostModel:
         if not rows:
             return np.zeros((0, 1)), np.zeros(0)
         return np.concatenate(rows), np.concatenate(labels)
+
+
+def training_data_path(model_path: Path | str) -> Path:
+    """Where ``CostModel.save(model_path)`` writes the training data."""
+    return Path(f"{model_path}.data.npz")

@@ -25,6 +25,7 @@ from .result import TaskResult, TuneResult
 from .scheduler import SCHEDULERS
 from .targets import require_device, resolve_target
 from .tasks import Task, extract_tasks
+from .transfer import read_sources, transfer
 
 DATABASE_FILE = "tuning.db"
 ARTIFACT_FILE = "model.so"
@@ -49,6 +50,7 @@ def tune(
     seed: int = 1,
     verify: bool = True,
     progress: bool = True,
+    transfer_from: Sequence[str | Path] | None = None,
 ) -> TuneResult:
     """Tune every kernel of ``model`` for ``target`` and return the compiled result.
 
@@ -57,7 +59,8 @@ def tune(
     torch.nn.Module with ``example_inputs`` (tensors or shapes), or the path of an ONNX file
     (``example_inputs`` gives shapes its inputs leave symbolic). ``trials`` is the number of
     candidates measured in total, counting earlier runs in the same ``work_dir``: running again on
-    a work dir resumes it and measures nothing twice.
+    a work dir resumes it and measures nothing twice. ``transfer_from``: work dirs of earlier runs
+    (other models) whose schedules for kernels of the same kind are tried first (``tuner.transfer``).
 
     ``stop`` adds cost objectives for the whole run (time, energy, money budgets, or no
     improvement; the first one met ends it) and ``task_stop`` the same per task (a task that
@@ -70,6 +73,7 @@ def tune(
     objectives = run_objectives(trials, stop)
     if scheduler not in SCHEDULERS:
         raise TunerError(f"unknown task scheduler {scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+    sources = read_sources(transfer_from or [], DATABASE_FILE, COST_MODEL_FILE)
     workload = load_workload(model, example_inputs, batch=batch, dtype=dtype)
     require_device(target)
     tvm_target = resolve_target(target)
@@ -85,6 +89,9 @@ def tune(
         config = LoopConfig(batch_size=batch_size, verify=verify, scheduler=scheduler, trimmer=TrimmerFilter(enabled=trimmer))
         loop = TuningLoop(tasks, tvm_target, db, engine, cost_model, seed, config, report)
         tuning_started = time.monotonic()
+        if sources:
+            db.set_meta("transfer", transfer(sources, loop.runs, cost_model, tvm_target, report))
+        transfer_seconds = time.monotonic() - tuning_started
         stop_reason = loop.run(objectives, task_stop)
         report.line("re-measuring the best candidates and checking their results")
         loop.finalize()
@@ -95,7 +102,7 @@ def tune(
         untuned = compile_workload(engine, workload, [], work_dir / "artifacts" / "untuned.so")
         latency_after = time_workload(engine, workload, artifact)
         latency_before = time_workload(engine, workload, untuned)
-        seconds = {"start-up": tuning_started - started, **loop.phase_seconds, "compile and time": time.monotonic() - compiling}
+        seconds = {"start-up": tuning_started - started, **({"transfer": transfer_seconds} if sources else {}), **loop.phase_seconds, "compile and time": time.monotonic() - compiling}
         result = TuneResult(
             model=workload.name,
             kind=workload.kind,

@@ -113,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--build-workers", type=_positive_int, help="parallel build processes (default: one per core)")
     _add_model_options(tune)
     tune.add_argument("--seed", type=_positive_int, default=1, help="random seed (default: 1)")
+    tune.add_argument(
+        "--transfer-from",
+        type=Path,
+        action="append",
+        metavar="DIR",
+        help="start from the schedules tuned in DIR (another model's work dir) for kernels of the same kind; repeatable",
+    )
     tune.add_argument("--no-verify", action="store_true", help="skip checking the best schedules' outputs against the untuned kernels")
     tune.add_argument("--quiet", action="store_true", help="print only the final summary")
 
@@ -177,6 +184,7 @@ def _tune(args: argparse.Namespace) -> int:
         seed=args.seed,
         verify=not args.no_verify,
         progress=not args.quiet,
+        transfer_from=args.transfer_from,
     )
     if args.quiet:
         print(result.summary())

@@ -70,35 +70,62 @@ class Record:
     verified: bool | None
 
 
+def _read_only_uri(path: Path) -> str:
+    """An SQLite URI that reads ``path`` without writing anything: a database with a write-ahead log
+    beside it (a run in progress, or one that crashed) is opened read-only, which needs that log;
+    otherwise as immutable, since a read-only open would create the log files next to it."""
+    wal = path.with_name(path.name + "-wal")
+    return f"{path.resolve().as_uri()}?mode=ro" + ("" if wal.exists() else "&immutable=1")
+
+
 class TuningDatabase:
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, *, read_only: bool = False):
+        """Open (creating it if needed) the database at ``path``; ``read_only`` opens an existing
+        one, of this schema or an older one, without ever writing to it (nor migrating it)."""
         self.path = Path(path)
         self._mods: dict[int, tvm.IRModule] = {}
+        fix = "pass the work dir of a `tuner tune` run" if read_only else "choose another --work-dir or move the file away"
+        self._conn: sqlite3.Connection | None = None
         try:
-            self._conn = sqlite3.connect(str(self.path), isolation_level=None)
-            self._check_or_create()
-        except sqlite3.DatabaseError as err:
-            raise DatabaseError(
-                f"{self.path} is not a usable tensor-tuner database ({err}); it was left untouched: "
-                "choose another --work-dir or move the file away"
-            ) from None
+            if read_only:
+                self._conn = sqlite3.connect(_read_only_uri(self.path), uri=True, isolation_level=None)
+                self._check_readable(fix)
+            else:
+                self._conn = sqlite3.connect(str(self.path), isolation_level=None)
+                self._check_or_create(fix)
+        except (sqlite3.DatabaseError, DatabaseError) as err:
+            if self._conn is not None:
+                self._conn.close()
+            if isinstance(err, DatabaseError):
+                raise
+            raise DatabaseError(f"{self.path} is not a usable tensor-tuner database ({err}); it was left untouched: {fix}") from None
 
-    def _check_or_create(self) -> None:
+    def _schema(self) -> tuple[str | None, set[str]]:
+        """The schema named in the meta table (None if there is none) and the tables present."""
         tables = {row[0] for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        row = self._conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() if "meta" in tables else None
+        return (row[0] if row else None), tables
+
+    def _foreign(self, schema: str | None, tables: set[str], fix: str) -> DatabaseError:
+        found = schema or "tables " + (", ".join(sorted(tables)) or "none")
+        return DatabaseError(f"{self.path} is a SQLite file of something else ({found}), not a {SCHEMA} database; it was left untouched: {fix}")
+
+    def _check_readable(self, fix: str) -> None:
+        schema, tables = self._schema()
+        if schema != SCHEMA and schema not in _MIGRATIONS:
+            raise self._foreign(schema, tables, fix)
+
+    def _check_or_create(self, fix: str) -> None:
+        schema, tables = self._schema()
         if not tables:
             self._conn.executescript(f"BEGIN; {_TABLES} COMMIT;")
             self._conn.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA,))
         else:
-            row = self._conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() if "meta" in tables else None
-            if row is not None and row[0] in _MIGRATIONS:  # an older database of ours: bring it up to date
-                self._conn.executescript(f"BEGIN; {_MIGRATIONS[row[0]]}; UPDATE meta SET value='{SCHEMA}' WHERE key='schema'; COMMIT;")
-                row = (SCHEMA,)
-            if row is None or row[0] != SCHEMA:
-                found = row[0] if row else "tables " + ", ".join(sorted(tables))
-                raise DatabaseError(
-                    f"{self.path} is a SQLite file of something else ({found}), not a {SCHEMA} database; "
-                    "it was left untouched: choose another --work-dir"
-                )
+            if schema in _MIGRATIONS:  # an older database of ours: bring it up to date
+                self._conn.executescript(f"BEGIN; {_MIGRATIONS[schema]}; UPDATE meta SET value='{SCHEMA}' WHERE key='schema'; COMMIT;")
+                schema = SCHEMA
+            if schema != SCHEMA:
+                raise self._foreign(schema, tables, fix)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
 
@@ -137,6 +164,10 @@ class TuningDatabase:
             (text,) = self._conn.execute("SELECT mod_json FROM workloads WHERE id=?", (workload_id,)).fetchone()
             self._mods[workload_id] = tvm.ir.load_json(text)
         return self._mods[workload_id]
+
+    def workload_name(self, workload_id: int) -> str | None:
+        (name,) = self._conn.execute("SELECT name FROM workloads WHERE id=?", (workload_id,)).fetchone()
+        return name
 
     def workload_ids(self) -> list[int]:
         return [row[0] for row in self._conn.execute("SELECT id FROM workloads ORDER BY id")]

@@ -56,6 +56,7 @@ def write_report(work_dir: str | Path, output_dir: str | Path | None = None) -> 
             raise TunerError(f"{db_path} has no job description: it was not written by `tuner tune`")
         result = db.get_meta("result", {})
         filtered = db.get_meta("trimmer", {})
+        transferred = db.get_meta("transfer", {})
         records = db.records(job["target"])
     finally:
         db.close()
@@ -67,11 +68,11 @@ def write_report(work_dir: str | Path, output_dir: str | Path | None = None) -> 
     png = output / "report.png"
     _plot(curve, job["model"], png)
     md = output / "report.md"
-    md.write_text(_markdown(job, result, filtered, records, curve, png.name, work_dir))
+    md.write_text(_markdown(job, result, filtered, transferred, records, curve, png.name, work_dir))
     return md, png
 
 
-def _markdown(job: dict, result: dict, filtered: dict, records: list[Record], curve: Curve, png_name: str, work_dir: Path) -> str:
+def _markdown(job: dict, result: dict, filtered: dict, transferred: dict, records: list[Record], curve: Curve, png_name: str, work_dir: Path) -> str:
     by_task: dict[int, list[Record]] = {}
     for record in records:
         by_task.setdefault(record.workload_id, []).append(record)
@@ -92,6 +93,13 @@ def _markdown(job: dict, result: dict, filtered: dict, records: list[Record], cu
     if filtered.get("dropped"):
         lines.append("- " + filter_summary(filtered))
     lines += _quality_summary(work_dir)
+    for source in transferred.get("sources", []):
+        lines.append(
+            f"- transfer from `{source['work_dir']}`: {source['schedules']} schedules from {source['source_kernels']} kernels "
+            f"seeded {source['tasks']} of {len(job['tasks'])} tasks"
+        )
+    if transferred.get("cost_model_samples"):
+        lines.append(f"- cost model warm-started with {transferred['cost_model_samples']} measurements of the source runs")
     failures = Counter(r.status for r in records if r.status != "ok")
     if failures:
         lines.append("- failed candidates: " + ", ".join(f"{n} {status}" for status, n in sorted(failures.items())))

@@ -13,12 +13,12 @@ in ``max_failed_batches`` batches.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .objectives import Spending
+from .opclass import base_name
 
 
 @dataclass
@@ -46,8 +46,8 @@ class TaskProgress:
 
 
 def task_kind(name: str) -> str:
-    """Tasks that differ only by a numeric suffix (fused_conv2d_add_relu, ..._relu1) are one kind."""
-    return re.sub(r"_?\d+$", "", name)
+    """Tasks whose names differ only by instance numbers (fused_conv2d_add_relu, ..._relu1) are one kind."""
+    return base_name(name)
 
 
 class _Scheduler:

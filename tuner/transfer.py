@@ -1,0 +1,273 @@
+"""Transfer-tuning (Gibson et al.): start a model's search from schedules tuned for other models.
+
+For each task of the model, the kernels of the source work dirs of the same operator class
+(``tuner.opclass``: same computation, any shapes) are taken closest shape first; the best
+schedules tuned for them are replayed on the task's kernel, their tile sizes adapted to its loop
+extents (``adapt_tile``), and those that apply are queued as the task's first candidates
+(``TaskSearch.add_seeds``): measured first, they become the elites the evolution starts from.
+The cost model is warm-started with the data the source runs trained theirs on.
+
+Source work dirs are only read: their databases are opened read-only and never migrated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import tvm
+from tvm.s_tir.schedule import Trace
+
+from costmodel import CostModel
+
+from . import metaschedule as msc
+from .database import Record, TuningDatabase
+from .errors import DatabaseError, TunerError
+from .opclass import OperatorClass, operator_class
+from .progress import Progress
+
+if TYPE_CHECKING:
+    from .loop import TaskRun
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    top_k: int = 8  # best schedules replayed from each matching source kernel
+    max_seeds: int = 16  # schedules seeded per task, from the closest source kernels first
+    replay_seed: int = 1  # for the rare decision a replay has to draw anew
+
+
+@dataclass
+class SourceKernel:
+    """A kernel tuned in a source work dir, with its best measured schedules."""
+
+    work_dir: Path
+    workload_id: int
+    name: str
+    mod: tvm.IRModule
+    op: OperatorClass
+    records: dict[str, list[Record]]  # target key -> the best successful records, fastest first
+    _traces: dict[int, Trace | None] = field(default_factory=dict)
+
+    def best(self, target: tvm.target.Target, k: int) -> list[Record]:
+        """The ``k`` fastest records for ``target``, or else for targets of the same kind."""
+        key = str(target)
+        if key in self.records:
+            return self.records[key][:k]
+        same_kind = [r for t, rs in self.records.items() if _kind(t) == target.kind.name for r in rs]
+        return sorted(same_kind, key=lambda r: r.latency)[:k]
+
+    def trace(self, record: Record) -> Trace | None:
+        """The record's trace (parsed once); None if it no longer applies to its own kernel."""
+        if record.id not in self._traces:
+            try:
+                self._traces[record.id] = msc.stored_trace(self.mod, record.trace)
+            except Exception:  # a trace TVM cannot read back (another TVM version): not usable
+                self._traces[record.id] = None
+        return self._traces[record.id]
+
+
+@dataclass
+class TransferSource:
+    work_dir: Path
+    kernels: list[SourceKernel]
+    cost_model: Path | None  # the saved cost model, if the run got that far
+
+
+def read_sources(
+    work_dirs: Sequence[str | Path], database_file: str, cost_model_file: str, config: TransferConfig | None = None
+) -> list[TransferSource]:
+    """Read the kernels and best schedules of each source work dir (its ``database_file``), read-only.
+
+    Raises TunerError for a missing dir or one without a database, DatabaseError for a file that
+    is corrupt or not a tensor-tuner database (which is left untouched)."""
+    config = config or TransferConfig()
+    if isinstance(work_dirs, (str, Path)):
+        work_dirs = [work_dirs]
+    return [_read_source(Path(d), database_file, cost_model_file, config.top_k) for d in work_dirs]
+
+
+def _read_source(work_dir: Path, database_file: str, cost_model_file: str, top_k: int) -> TransferSource:
+    if not work_dir.is_dir():
+        raise TunerError(f"cannot transfer from {str(work_dir)!r}: no such directory; pass the --work-dir of an earlier `tuner tune` run")
+    path = work_dir / database_file
+    if not path.is_file():
+        raise TunerError(
+            f"cannot transfer from {str(work_dir)!r}: it holds no {database_file}; pass the --work-dir of an earlier `tuner tune` run"
+        )
+    db = TuningDatabase(path, read_only=True)
+    try:
+        targets = db.targets()
+        kernels = []
+        for workload_id in db.workload_ids():
+            records = {t: db.best(workload_id, t, top_k) for t in targets}
+            records = {t: rs for t, rs in records.items() if rs}
+            if records:
+                mod = db.workload_mod(workload_id)
+                name = db.workload_name(workload_id) or f"workload{workload_id}"
+                kernels.append(SourceKernel(work_dir, workload_id, name, mod, operator_class(mod, name), records))
+    except sqlite3.DatabaseError as err:
+        raise DatabaseError(f"{path} is not a usable tensor-tuner database ({err}); it was left untouched") from None
+    finally:
+        db.close()
+    cost_model = work_dir / cost_model_file
+    return TransferSource(work_dir, kernels, cost_model if cost_model.exists() else None)
+
+
+def _kind(target_key: str) -> str | None:
+    try:
+        return json.loads(target_key).get("kind")
+    except (ValueError, AttributeError):
+        return target_key.split()[0] if target_key.strip() else None
+
+
+def adapt_tile(decision: Sequence[int], extent: int, max_innermost: int = 0) -> list[int]:
+    """A SamplePerfectTile decision made for another loop extent, refitted to ``extent``.
+
+    From the innermost factor outwards, each factor becomes the divisor of what is left of the
+    extent that is nearest to it in ratio (itself where it divides; the innermost at most
+    ``max_innermost`` when that is positive), and the outermost factor takes the rest: tile sizes
+    stay as tuned where they fit and close to them where they do not ([1, 4, 7, 1], tuned for 28,
+    becomes [1, 4, 8, 1] on 32). Left alone, TVM would put the rest in the first factor that does
+    not divide, all of it ([4, 2, 16] on 100 becomes [1, 1, 100] there, [1, 5, 20] here)."""
+    if math.prod(decision) == extent:
+        return list(decision)
+    factors = [1] * len(decision)
+    rest = extent
+    for i in range(len(decision) - 1, 0, -1):
+        limit = max_innermost if i == len(decision) - 1 and max_innermost > 0 else rest
+        factors[i] = _nearest_divisor(rest, int(decision[i]), limit)
+        rest //= factors[i]
+    factors[0] = rest
+    return factors
+
+
+def _nearest_divisor(n: int, wanted: int, limit: int) -> int:
+    """The divisor of ``n`` (at most ``limit``) closest to ``wanted`` in ratio; the smaller on a tie."""
+    divisors = {d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i) if d <= limit}
+    return min(divisors, key=lambda d: (abs(math.log(d / max(wanted, 1))), d))
+
+
+# -- applying a transfer to a tuning run ---------------------------------------------------------
+def transfer(
+    sources: Sequence[TransferSource],
+    runs: Sequence[TaskRun],
+    cost_model: CostModel,
+    target: tvm.target.Target,
+    progress: Progress,
+    config: TransferConfig | None = None,
+) -> dict:
+    """Warm-start ``cost_model`` and seed every task's search from ``sources``; returns a summary
+    (for the database's meta table)."""
+    samples = warm_start(cost_model, sources, runs[0].search.features.width, progress) if runs else 0
+    return {**seed_runs(sources, runs, target, progress, config), "cost_model_samples": samples}
+
+
+def warm_start(cost_model: CostModel, sources: Sequence[TransferSource], width: int, progress: Progress) -> int:
+    """Add the source runs' cost-model training data to ``cost_model``; returns the samples added."""
+    added = 0
+    for index, source in enumerate(sources):
+        if source.cost_model is None:
+            progress.line(f"transfer: {source.work_dir} has no saved cost model; it does not warm-start this one")
+            continue
+        try:
+            n = cost_model.warm_start(source.cost_model, prefix=f"transfer{index}:", width=width)
+        except Exception as err:  # unreadable or from another version: the transfer of schedules still works
+            progress.line(f"transfer: the cost model in {source.work_dir} is not used ({err})")
+            continue
+        added += n
+        progress.line(f"transfer: cost model warm-started with {n} measurements from {source.work_dir}")
+    return added
+
+
+def seed_runs(
+    sources: Sequence[TransferSource],
+    runs: Sequence[TaskRun],
+    target: tvm.target.Target,
+    progress: Progress,
+    config: TransferConfig | None = None,
+) -> dict:
+    """Queue each task's transferred schedules as its first candidates; returns a summary."""
+    config = config or TransferConfig()
+    kernels = [k for source in sources for k in source.kernels]
+    matches = []
+    for run in runs:
+        op = operator_class(run.task.mod, run.task.name)
+        matches.append(sorted((k for k in kernels if k.op.matches(op)), key=lambda k: op.distance(k.op)))
+    # TVM releases the GIL while it replays and postprocesses, so the tasks' replays share the cores
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="transfer") as pool:
+        replayed = list(pool.map(lambda pair: _replay(pair[0], pair[1], target, config), zip(matches, runs)))
+    uses = {source.work_dir: _SourceUse() for source in sources}
+    per_task: dict[str, int] = {}
+    for run, matching, seeds in zip(runs, matches, replayed):
+        for kernel in matching:
+            uses[kernel.work_dir].matching.add(kernel.workload_id)
+        per_task[run.task.name] = run.search.add_seeds(sch for sch, _ in seeds)
+        for _, kernel in seeds:
+            uses[kernel.work_dir].add(kernel, run.task.name)
+    for work_dir, use in uses.items():
+        progress.line(use.describe(work_dir, len(runs), target))
+    return {"sources": [use.as_dict(work_dir) for work_dir, use in uses.items()], "seeds_per_task": per_task}
+
+
+@dataclass
+class _SourceUse:
+    """What one source work dir contributed."""
+
+    schedules: int = 0
+    kernels: set[int] = field(default_factory=set)  # that gave a schedule
+    tasks: set[str] = field(default_factory=set)  # that got one
+    matching: set[int] = field(default_factory=set)  # kernels of the same class as some task
+
+    def add(self, kernel: SourceKernel, task: str) -> None:
+        self.schedules += 1
+        self.kernels.add(kernel.workload_id)
+        self.tasks.add(task)
+
+    def as_dict(self, work_dir: Path) -> dict:
+        return {
+            "work_dir": str(work_dir),
+            "schedules": self.schedules,
+            "source_kernels": len(self.kernels),
+            "tasks": len(self.tasks),
+            "matching_kernels": len(self.matching),
+        }
+
+    def describe(self, work_dir: Path, num_tasks: int, target: tvm.target.Target) -> str:
+        if self.schedules:
+            return (
+                f"transfer: {self.schedules} schedules from {len(self.kernels)} source kernels "
+                f"for {len(self.tasks)} of {num_tasks} tasks (source: {work_dir})"
+            )
+        if self.matching:
+            return (
+                f"transfer: {len(self.matching)} kernels in {work_dir} match this model's, but none of their "
+                f"{target.kind.name} schedules applies to its kernels; tuning normally"
+            )
+        return f"transfer: no kernel in {work_dir} matches this model's kernels; tuning normally"
+
+
+def _replay(matching: list[SourceKernel], run: TaskRun, target: tvm.target.Target, config: TransferConfig) -> list:
+    """Up to ``max_seeds`` new schedules for the task, with the source kernel each came from."""
+    seeds: dict[str, tuple] = {}
+    for kernel in matching:
+        for record in kernel.best(target, config.top_k):
+            trace = kernel.trace(record)
+            if trace is None:
+                continue
+            sch = msc.replay(run.task.mod, trace, config.replay_seed, run.search.postprocs, retile=adapt_tile)
+            if sch is None:
+                continue
+            key = msc.structural_key(sch.mod)
+            if key not in run.search.seen and key not in seeds:
+                seeds[key] = (sch, kernel)
+                if len(seeds) >= config.max_seeds:
+                    return list(seeds.values())
+    return list(seeds.values())
