@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -23,7 +23,7 @@ class RankQuality:
     measured: int
 
     def as_dict(self) -> dict:
-        return {"tau": self.tau, "top_k_recall": self.top_k_recall, "k": self.k, "measured": self.measured}
+        return asdict(self)
 
 
 def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:

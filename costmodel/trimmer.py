@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -39,7 +39,7 @@ class TrimmerFilter:
     exploration: float = 0.1
     window: int = 4  # batches whose rank quality sets the trust
     enabled: bool = True
-    _taus: deque = field(default_factory=lambda: deque(maxlen=8))
+    _taus: deque = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._taus = deque(maxlen=self.window)
@@ -98,14 +98,8 @@ class FilterLedger:
             self.joules_saved += len(decision.dropped) * joules_per_candidate
 
     def as_dict(self) -> dict:
-        return {
-            "proposed": self.proposed,
-            "dropped": self.dropped,
-            "explored": self.explored,
-            "seconds_saved": self.seconds_saved,
-            "joules_saved": self.joules_saved,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> FilterLedger:
-        return cls(**{k: data[k] for k in ("proposed", "dropped", "explored", "seconds_saved", "joules_saved") if k in data})
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})

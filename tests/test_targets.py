@@ -55,5 +55,6 @@ def test_bare_cuda_without_a_gpu_asks_for_an_architecture():
 def test_kind_and_description():
     assert target_kind("cuda -arch=sm_90") == "cuda"
     assert target_kind({"kind": "llvm"}) == "llvm"
+    assert target_kind(str(resolve_target("cuda -arch=sm_90"))) == "cuda"  # the JSON form records store
     assert describe_target(resolve_target("cuda -arch=sm_90")) == "cuda -arch=sm_90"
     assert describe_target(resolve_target("llvm -mcpu=znver4 -num-cores=2")) == "llvm -mcpu=znver4 -num-cores=2"

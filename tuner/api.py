@@ -22,7 +22,7 @@ from .metaschedule import schedule_from_json
 from .objectives import Objectives
 from .progress import Progress
 from .result import TaskResult, TuneResult
-from .scheduler import SCHEDULERS
+from .scheduler import check_scheduler
 from .targets import require_device, resolve_target
 from .tasks import Task, extract_tasks
 from .transfer import read_sources, transfer
@@ -71,8 +71,7 @@ def tune(
     """
     started = time.monotonic()
     objectives = run_objectives(trials, stop)
-    if scheduler not in SCHEDULERS:
-        raise TunerError(f"unknown task scheduler {scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+    check_scheduler(scheduler)
     sources = read_sources(transfer_from or [], DATABASE_FILE, COST_MODEL_FILE)
     workload = load_workload(model, example_inputs, batch=batch, dtype=dtype)
     require_device(target)

@@ -188,10 +188,10 @@ class TuningLoop:
             run.progress.exhausted = True
             self.progress.line(f"{run.task.name}: its search space has nothing new left")
             return
-        trained = self.cost_model.trained  # an untrained model scores at random: nothing to filter by or judge
+        trained = self.cost_model.trained  # an untrained model scores at random: nothing to judge it by
         with self._phase("cost model"):
             scores = self.cost_model.predict(features, self._rng)
-            decision = self.trimmer.split(scores, self._rng) if trained else FilterDecision(list(range(len(candidates))), [], [], 0.0, None)
+            decision = self.trimmer.split(scores, self._rng)  # no trust (nothing filtered) until a trained model's ranking is judged
         for i in decision.dropped:
             run.search.skip(candidates[i])
         measured = [candidates[i] for i in decision.keep]

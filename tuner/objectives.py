@@ -48,7 +48,6 @@ class Spending:
     trials: int = 0
     seconds: float = 0.0
     joules: float = 0.0
-    energy_known: bool = False  # some measurement reported energy (NVML)
     history: list[float | None] = field(default_factory=list)  # best latency after each batch
 
     def add_batch(self, trials: int, seconds: float, joules: float | None, best: float | None) -> None:
@@ -56,7 +55,6 @@ class Spending:
         self.seconds += seconds
         if joules is not None:
             self.joules += joules
-            self.energy_known = True
         self.history.append(best)
 
 

@@ -13,7 +13,7 @@ import tvm
 from workloads import TensorSpec
 
 from .progress import filter_summary, format_latency, format_phases, format_seconds
-from .targets import describe_target
+from .targets import describe_target, target_kind
 
 
 @dataclass
@@ -73,7 +73,7 @@ class TuneResult:
     def run(self, *inputs: np.ndarray, device: tvm.runtime.Device | None = None) -> Any:
         """Run the tuned program on numpy inputs. A model returns its output(s) as numpy; a kernel
         takes every buffer argument (outputs too) and returns them all after the call."""
-        dev = device or (tvm.cuda(0) if self.target.startswith('{"kind":"cuda"') else tvm.cpu(0))
+        dev = device or (tvm.cuda(0) if target_kind(self.target) == "cuda" else tvm.cpu(0))
         tensors = [tvm.runtime.tensor(np.asarray(x), dev) for x in inputs]
         if self.kind == "relax":
             from tvm.runtime.vm import VirtualMachine

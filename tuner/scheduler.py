@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import TunerError
 from .objectives import Spending
 from .opclass import base_name
 
@@ -106,12 +107,14 @@ class GradientScheduler(_Scheduler):
         return task.weight * (self.alpha * backward + (1 - self.alpha) * forward)
 
 
-SCHEDULERS = {"gradient": GradientScheduler, "round-robin": RoundRobinScheduler}
+SCHEDULERS = {"gradient": lambda seed: GradientScheduler(seed=seed), "round-robin": lambda seed: RoundRobinScheduler()}
+
+
+def check_scheduler(name: str) -> None:
+    if name not in SCHEDULERS:
+        raise TunerError(f"unknown task scheduler {name!r}: choose one of {', '.join(SCHEDULERS)}")
 
 
 def make_scheduler(name: str, seed: int = 1) -> _Scheduler:
-    if name == "gradient":
-        return GradientScheduler(seed=seed)
-    if name == "round-robin":
-        return RoundRobinScheduler()
-    raise ValueError(f"unknown task scheduler {name!r}: choose one of {', '.join(SCHEDULERS)}")
+    check_scheduler(name)
+    return SCHEDULERS[name](seed)

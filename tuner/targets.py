@@ -129,9 +129,17 @@ def _complete_cuda(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def target_kind(spec: str | dict | Target) -> str | None:
-    """The kind a target spec names, without resolving it (None if it names none)."""
+    """The kind a target spec names, without resolving it (None if it names none); ``spec`` may
+    also be the JSON form ``str(Target)`` gives, as the database stores targets."""
     if isinstance(spec, Target):
         return spec.kind.name
+    if isinstance(spec, str) and spec.lstrip().startswith("{"):
+        import json
+
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            return None
     if isinstance(spec, dict):
         return spec.get("kind")
     if isinstance(spec, str) and spec.strip():

@@ -12,7 +12,6 @@ Source work dirs are only read: their databases are opened read-only and never m
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sqlite3
@@ -32,6 +31,7 @@ from .database import Record, TuningDatabase
 from .errors import DatabaseError, TunerError
 from .opclass import OperatorClass, operator_class
 from .progress import Progress
+from .targets import target_kind
 
 if TYPE_CHECKING:
     from .loop import TaskRun
@@ -61,7 +61,7 @@ class SourceKernel:
         key = str(target)
         if key in self.records:
             return self.records[key][:k]
-        same_kind = [r for t, rs in self.records.items() if _kind(t) == target.kind.name for r in rs]
+        same_kind = [r for t, rs in self.records.items() if target_kind(t) == target.kind.name for r in rs]
         return sorted(same_kind, key=lambda r: r.latency)[:k]
 
     def trace(self, record: Record) -> Trace | None:
@@ -119,13 +119,6 @@ def _read_source(work_dir: Path, database_file: str, cost_model_file: str, top_k
         db.close()
     cost_model = work_dir / cost_model_file
     return TransferSource(work_dir, kernels, cost_model if cost_model.exists() else None)
-
-
-def _kind(target_key: str) -> str | None:
-    try:
-        return json.loads(target_key).get("kind")
-    except (ValueError, AttributeError):
-        return target_key.split()[0] if target_key.strip() else None
 
 
 def adapt_tile(decision: Sequence[int], extent: int, max_innermost: int = 0) -> list[int]:
