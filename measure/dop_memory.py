@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .dop import DopState
-from .host import CACHE_DIR_ENV, user_cache_dir
+from .host import CACHE_DIR_ENV, cpu_model, user_cache_dir
 
 __all__ = ["CACHE_DIR_ENV", "DopMemory", "RememberedDop", "machine_key", "user_cache_dir"]
 
@@ -41,20 +41,8 @@ def machine_key(device: str, gpu_name: str | None = None) -> str:
     if device == "cuda":
         return f"cuda/{gpu_name or f'unnamed GPU on {platform.node()}'}"
     if device == "cpu":
-        return f"cpu/{platform.node()}/{_cpu_model()}/{os.cpu_count() or 1} cores"
+        return f"cpu/{platform.node()}/{cpu_model()}/{os.cpu_count() or 1} cores"
     raise ValueError(f"no DOP memory for device kind {device!r}: expected 'cpu' or 'cuda'")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                name, _, value = line.partition(":")
-                if name.strip() == "model name" and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from .nvml import NvmlMonitor
 from .runners import DeviceUnavailable, RunnerPool
 from .timeouts import AdaptiveTimeout
 from .timing import TimingConfig
+from .building import build_with
 from .types import BuildResult, MeasureInput, MeasureResult, Status, VerifyResult
 from .worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
 
@@ -42,7 +43,7 @@ _RUN_FAILURES = (Status.RUN_ERROR, Status.RUN_TIMEOUT, Status.RUN_CRASH)
 
 @dataclass
 class EngineConfig:
-    build_workers: int | None = None  # default: one per core, fewer if memory is short
+    build_workers: int | None = None  # default: one per core, fewer if memory is short; 0: measure only
     timing: TimingConfig = field(default_factory=TimingConfig)
     runtime_only_runner: bool = True  # measure with the TVM runtime alone, as a GPU host would
     max_dop: int | None = None  # most candidates timed at once; default: cores on a CPU, 8 on a GPU
@@ -51,6 +52,7 @@ class EngineConfig:
     remember_dop: bool = True  # start the DOP controller where the last run on this machine left it
     build_timeout: AdaptiveTimeout = field(default_factory=lambda: AdaptiveTimeout(initial=120.0, floor=2.0))
     run_timeout: AdaptiveTimeout = field(default_factory=lambda: AdaptiveTimeout(initial=60.0, floor=5.0, factor=20.0))
+    gpu_index: int = 0  # NVML's index of the GPU the runners use (NVML ignores CUDA_VISIBLE_DEVICES)
 
 
 def default_build_workers() -> int:
@@ -81,15 +83,15 @@ class MeasureEngine:
         run_env = {"TVM_USE_RUNTIME_LIB": "1"} if self.config.runtime_only_runner else {}
         if self.device == "cpu":
             run_env["TVM_NUM_THREADS"] = str(int(target.attrs.get("num-cores", os.cpu_count() or 1)))
-        workers = self.config.build_workers or default_build_workers()
+        workers = default_build_workers() if self.config.build_workers is None else self.config.build_workers
         self._builders = [WorkerProcess("build", f"builder-{i}", log_dir / f"builder-{i}.log", build_env) for i in range(workers)]
         max_dop = self.config.max_dop or (os.cpu_count() or 1 if self.device == "cpu" else 8)
         # on a GPU one more worker than the DOP prepares the next candidate during timed regions
         runners = [WorkerProcess("run", f"runner-{i}", log_dir / f"runner-{i}.log", run_env) for i in range(max_dop + (self.device != "cpu"))]
         self.monitor = NvmlMonitor() if self.device == "cuda" else None
-        self._runners = RunnerPool(runners, self.device, self.config.run_timeout, self.monitor)
+        self._runners = RunnerPool(runners, self.device, self.config.run_timeout, self.monitor, self.config.gpu_index)
         self.dop = DopController(max_dop, self.config.dop_error_threshold, self.config.dop_check_fraction)
-        self._dop_memory = DopMemory(machine_key(self.device, self._gpu_name())) if self.config.remember_dop else None
+        self._dop_memory = DopMemory(machine_key(self.device, self.gpu_name())) if self.config.remember_dop else None
         self._remembered: DopDecision | None = None  # the latest decision whose outcome was saved
         self._start_dop()
         self._rng = random.Random(0)
@@ -123,11 +125,21 @@ class MeasureEngine:
     def worker_restarts(self) -> int:
         return sum(w.restarts for w in self._builders) + self._runners.restarts
 
+    @property
+    def energy_measurable(self) -> bool:
+        """Whether measurements come with the GPU's energy (NVML counts it on this device)."""
+        return self.monitor is not None and self.monitor.available
+
+    def activity(self) -> str | None:
+        """A line on what the workers are doing, for engines spread over machines; None here."""
+        return None
+
     # -- measuring candidates -------------------------------------------------------------------
-    def measure(self, inputs: Sequence[MeasureInput], timing: TimingConfig | None = None, serial: bool = False) -> Iterator[MeasureResult]:
+    def measure(self, inputs: Sequence[MeasureInput], timing: TimingConfig | None = None, serial: bool = False, group: str | None = None) -> Iterator[MeasureResult]:
         """Yield one result per input, as each becomes known, for the caller to commit.
 
-        Built candidates are timed in windows at the DOP controller's degree of parallelism;
+        ``group`` names the candidates' comparison (a task): engines with devices of several models
+        measure one group on one model; here there is one device. Built candidates are timed in windows at the DOP controller's degree of parallelism;
         a sample of each parallel window (and every candidate that failed in parallel) is
         re-measured serially, and that serial result is the one handed back. ``serial=True``
         times every candidate alone (for final choices) and leaves the controller as it is.
@@ -144,11 +156,11 @@ class MeasureEngine:
                 yield built.as_failure()
                 continue
             window.append(built)
-            if self.overlap_builds_with_runs and len(window) >= self._window_size(serial):
+            if self.overlap_builds_with_runs and len(window) >= self.window_size(serial):
                 yield from self._measure_window(window, timing, serial)
                 window = []
         while window:
-            size = self._window_size(serial)
+            size = self.window_size(serial)
             yield from self._measure_window(window[:size], timing, serial)
             window = window[size:]
 
@@ -156,7 +168,8 @@ class MeasureEngine:
     def dop_decisions(self) -> list[DopDecision]:
         return self.dop.decisions
 
-    def _window_size(self, serial: bool) -> int:
+    def window_size(self, serial: bool) -> int:
+        """How many built candidates one measuring window takes at the current DOP."""
         return 4 if serial else 5 * self.dop.dop
 
     def _measure_window(self, window: list[BuildResult], timing: TimingConfig, serial: bool) -> Iterator[MeasureResult]:
@@ -210,13 +223,13 @@ class MeasureEngine:
             alone.parallel_samples = parallel.samples or None
         return alone
 
-    def _gpu_name(self) -> str | None:
-        """The GPU's name from NVML (device 0, which the runners and the monitor use), if known."""
+    def gpu_name(self) -> str | None:
+        """The name from NVML of the GPU the runners use, if known."""
         try:
             names = self.monitor.device_names() if self.monitor is not None else []
         except Exception:  # noqa: BLE001 - any NVMLError: the memory key falls back to the host's name
             return None
-        return names[0] if names else None
+        return names[self.config.gpu_index] if len(names) > self.config.gpu_index else None
 
     def _start_dop(self) -> None:
         """Resume the controller from this machine's memory, or say why it starts at 1."""
@@ -258,8 +271,9 @@ class MeasureEngine:
                 for future in futures:
                     future.cancel()
 
-    def verify(self, reference: tvm.IRModule, candidate: tvm.IRModule, rtol: float) -> VerifyResult:
-        """Check the candidate's output against the unscheduled function's on random inputs."""
+    def verify(self, reference: tvm.IRModule, candidate: tvm.IRModule, rtol: float, group: str | None = None) -> VerifyResult:
+        """Check the candidate's output against the unscheduled function's on random inputs
+        (``group`` as in ``measure``)."""
         ref_target = host_target(self.target)
         (ref,) = self.build([MeasureInput("reference", reference)], keep_layout_rewrite=True, target=ref_target)
         (cand,) = self.build([MeasureInput("candidate", candidate)], keep_layout_rewrite=True)
@@ -267,22 +281,27 @@ class MeasureEngine:
             for built in (ref, cand):
                 if not built.ok:
                     return VerifyResult(None, f"could not build the {built.key} to compare: {built.error}")
-            outcome = self._runners.call_alone(
-                "compare_outputs",
-                self.config.run_timeout.value * 10,
-                candidate=cand.artifact,
-                candidate_device=self.device,
-                reference=ref.artifact,
-                reference_device=device_kind(ref_target),
-                args=cand.args,
-                rtol=rtol,
-            )
-        except (WorkerError, WorkerTimeout, WorkerCrashed) as err:
-            return VerifyResult(False, f"running the candidate to compare failed: {err}")
+            return self.compare_built(ref, cand, device_kind(ref_target), rtol)
         finally:
             for built in (ref, cand):
                 if built.artifact:
                     _remove(built.artifact)
+
+    def compare_built(self, reference: BuildResult, candidate: BuildResult, reference_device: str, rtol: float) -> VerifyResult:
+        """Run a built candidate and its built reference on the same inputs and compare."""
+        try:
+            outcome = self._runners.call_alone(
+                "compare_outputs",
+                self.config.run_timeout.value * 10,
+                candidate=candidate.artifact,
+                candidate_device=self.device,
+                reference=reference.artifact,
+                reference_device=reference_device,
+                args=candidate.args,
+                rtol=rtol,
+            )
+        except (WorkerError, WorkerTimeout, WorkerCrashed) as err:
+            return VerifyResult(False, f"running the candidate to compare failed: {err}")
         return VerifyResult(bool(outcome["ok"]), outcome["detail"])
 
     # -- whole programs ---------------------------------------------------------------------------
@@ -307,20 +326,12 @@ class MeasureEngine:
     def _build_one(self, free: queue.Queue, item: MeasureInput, target: tvm.target.Target, keep_layout: bool) -> BuildResult:
         worker = free.get()
         try:
-            artifact = self._artifact_path()
-            request = dict(mod=item.mod, target=str(target), artifact=artifact, keep_layout_rewrite=keep_layout)
-            try:
-                built = worker.call("build_kernel", self.config.build_timeout.value, **request)
-            except WorkerError as err:
-                return BuildResult(item.key, Status.BUILD_ERROR, error=str(err))
-            except WorkerTimeout as err:
-                return BuildResult(item.key, Status.BUILD_TIMEOUT, error=f"build {err}")
-            except WorkerCrashed as err:
-                return BuildResult(item.key, Status.BUILD_CRASH, error=f"build crashed: {err}")
-            self.config.build_timeout.record(built["seconds"])
-            return BuildResult(item.key, Status.OK, artifact=built["artifact"], args=built["args"], seconds=built["seconds"])
+            built = build_with(worker, item, str(target), self._artifact_path(), keep_layout, self.config.build_timeout.value)
         finally:
             free.put(worker)
+        if built.ok:
+            self.config.build_timeout.record(built.seconds)
+        return built
 
 
 def _remove(path: str) -> None:

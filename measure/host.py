@@ -1,10 +1,24 @@
-"""Facts about this host: cores and free memory (psutil when installed, the OS otherwise), and
+"""Facts about this host: its CPU, cores and free memory (psutil when installed, the OS otherwise), and
 where tensor-tuner keeps its per-user cache."""
 
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as the OS reports it."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                name, _, value = line.partition(":")
+                if name.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def physical_cores() -> int:

@@ -76,6 +76,7 @@ class RunnerPool:
     device: str  # "cpu" or "cuda"
     timeout: AdaptiveTimeout
     monitor: NvmlMonitor | None = None
+    gpu_index: int = 0  # the runners' GPU in NVML's numbering
 
     def __post_init__(self) -> None:
         self.gate = TimedRegionGate(1)
@@ -147,7 +148,7 @@ class RunnerPool:
         if self.monitor is None:
             yield []
             return
-        with self.monitor.watch(0) as health:
+        with self.monitor.watch(self.gpu_index) as health:
             yield health
 
 

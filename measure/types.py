@@ -61,6 +61,8 @@ class MeasureResult:
     parallel_samples: list[float] | None = None  # when re-measured serially: the parallel samples
     energy_j: float | None = None  # from NVML, where the GPU counts energy
     health_flags: list[str] = field(default_factory=list)  # NVML saw clocks or temperature drift
+    device: str | None = None  # on a cluster: the model of the device that timed it
+    node: str | None = None  # on a cluster: the measuring actor, as "host/gpuN" or "host/cpu"
 
     @property
     def ok(self) -> bool:
@@ -81,6 +83,9 @@ class MeasureResult:
             details["energy_j"] = self.energy_j
         if self.health_flags:
             details["health_flags"] = self.health_flags
+        if self.device is not None:
+            details["device"] = self.device
+            details["node"] = self.node
         return details
 
 

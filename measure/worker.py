@@ -137,7 +137,7 @@ class WorkerProcess:
             self.startup_seconds = time.monotonic() - self._started_at
         return self.startup_seconds or 0.0
 
-    def call(self, op: str, timeout: float | None, **kwargs: Any) -> Any:
+    def call(self, op: str, timeout: float | None, /, **kwargs: Any) -> Any:
         """Run ``op`` in the child; raise WorkerError, WorkerTimeout or WorkerCrashed on failure."""
         self.wait_ready()
         try:

@@ -1,7 +1,7 @@
 """Entry point of a worker process: ``python -m measure.worker_main REQUEST_FD REPLY_FD ROLE``.
 
 Roles: ``build`` compiles candidates (full TVM), ``run`` loads and times built artifacts (the TVM
-runtime is enough). Imports happen once, before the worker reports ready.
+runtime is enough), ``cluster`` is the tuner's driver on a Ray cluster (``cluster_driver``). Imports happen once, before the worker reports ready.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ def _load_handlers(role: str) -> dict:
         from . import run_job
 
         return run_job.HANDLERS
+    if role == "cluster":
+        from . import cluster_driver
+
+        return cluster_driver.HANDLERS
     raise ValueError(f"unknown worker role {role!r}")
 
 

@@ -12,6 +12,7 @@ import tvm
 
 from costmodel import CostModel, TrimmerFilter
 from measure import DeviceUnavailable, EngineConfig, MeasureEngine
+from measure.cluster import ClusterEngine, ClusterLost, ClusterOptions, ClusterUnavailable
 from workloads import Workload, load_workload
 
 from .compile import best_schedules, compile_workload, time_workload
@@ -51,6 +52,7 @@ def tune(
     verify: bool = True,
     progress: bool = True,
     transfer_from: Sequence[str | Path] | None = None,
+    cluster: str | None = None,
 ) -> TuneResult:
     """Tune every kernel of ``model`` for ``target`` and return the compiled result.
 
@@ -61,6 +63,9 @@ def tune(
     candidates measured in total, counting earlier runs in the same ``work_dir``: running again on
     a work dir resumes it and measures nothing twice. ``transfer_from``: work dirs of earlier runs
     (other models) whose schedules for kernels of the same kind are tried first (``tuner.transfer``).
+    ``cluster`` runs the builds and measurements on a Ray cluster: "auto" (the one this machine
+    belongs to), "HOST:PORT" of its head node, "ray://HOST:PORT", or "local" (a private Ray
+    instance on this machine); None tunes with this machine's own worker processes.
 
     ``stop`` adds cost objectives for the whole run (time, energy, money budgets, or no
     improvement; the first one met ends it) and ``task_stop`` the same per task (a task that
@@ -74,14 +79,15 @@ def tune(
     check_scheduler(scheduler)
     sources = read_sources(transfer_from or [], DATABASE_FILE, COST_MODEL_FILE)
     workload = load_workload(model, example_inputs, batch=batch, dtype=dtype)
-    require_device(target)
+    if cluster is None:
+        require_device(target)  # on a cluster the devices are the cluster's
     tvm_target = resolve_target(target)
     work_dir = prepare_work_dir(work_dir, workload.name, tvm_target)
     report = Progress(enabled=progress)
     db = TuningDatabase(work_dir / DATABASE_FILE)
-    engine = MeasureEngine(tvm_target, work_dir, EngineConfig(build_workers=build_workers))
+    engine = make_engine(tvm_target, work_dir, build_workers, cluster)
     try:
-        engine.start()  # workers import TVM while the tasks and search spaces are prepared
+        start_engine(engine, report)  # local workers import TVM while the tasks and search spaces are prepared
         tasks = extract_tasks(workload, tvm_target)
         _record_job(db, workload, tvm_target, tasks)
         cost_model = CostModel(seed=seed)
@@ -134,12 +140,43 @@ def tune(
         return result
     except DeviceUnavailable as err:
         raise NoDeviceError(f"cannot measure on {tvm_target.kind.name}: {err}") from None
+    except ClusterLost as err:
+        raise TunerError(
+            f"the Ray cluster went away ({err}); the {len(db.records(str(tvm_target)))} measurements taken are committed in {db.path}: "
+            "run the same command again to resume, on a new cluster or on this machine"
+        ) from None
     except KeyboardInterrupt:
         report.line(f"interrupted; every measurement so far is saved in {db.path}: run again with the same work dir to resume")
         raise
     finally:
         engine.close()
         db.close()
+
+
+def make_engine(target: tvm.target.Target, work_dir: Path, build_workers: int | None, cluster: str | None) -> MeasureEngine | ClusterEngine:
+    """This machine's worker processes, or, given a cluster address, the Ray cluster's."""
+    if cluster is None:
+        return MeasureEngine(target, work_dir, EngineConfig(build_workers=build_workers))
+    if not isinstance(cluster, str) or not cluster.strip():
+        raise TunerError(f"cluster must be a Ray address ('auto', 'HOST:PORT', 'ray://HOST:PORT' or 'local'), got {cluster!r}")
+    return ClusterEngine(target, work_dir, ClusterOptions(cluster.strip()))
+
+
+def start_engine(engine: MeasureEngine | ClusterEngine, report: Progress) -> None:
+    if isinstance(engine, MeasureEngine):
+        engine.start()
+        return
+    report.line(f"connecting to the Ray cluster at {engine.options.address}")
+    try:
+        engine.start()
+    except ClusterUnavailable as err:
+        raise TunerError(
+            f"{err}: start a cluster with `ray start --head` (and `ray start --address HEAD:6379` on the other machines), "
+            "or leave out the cluster to tune on this machine"
+        ) from None
+    nodes, measurers = engine.description["nodes"], engine.description["measurers"]
+    devices = ", ".join(sorted({m["device"] for m in measurers if m["device"]}))
+    report.line(f"cluster: {len(nodes)} node(s), {sum(n['cpus'] for n in nodes):.0f} CPUs; {len(measurers)} measuring actor(s) on {devices}")
 
 
 def run_objectives(trials: Any, stop: Objectives | None) -> Objectives:

@@ -120,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="start from the schedules tuned in DIR (another model's work dir) for kernels of the same kind; repeatable",
     )
+    tune.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="build and measure on a Ray cluster: 'auto', HOST:PORT of its head, ray://HOST:PORT, or 'local' (default: this machine's processes)",
+    )
     tune.add_argument("--no-verify", action="store_true", help="skip checking the best schedules' outputs against the untuned kernels")
     tune.add_argument("--quiet", action="store_true", help="print only the final summary")
 
@@ -185,6 +190,7 @@ def _tune(args: argparse.Namespace) -> int:
         verify=not args.no_verify,
         progress=not args.quiet,
         transfer_from=args.transfer_from,
+        cluster=args.ray,
     )
     if args.quiet:
         print(result.summary())

@@ -152,7 +152,7 @@ class TuningLoop:
         runs of this work dir), dropping tasks that meet ``task_objectives``; returns why it ended."""
         task_objectives = task_objectives or Objectives()
         for scope, objective in (("for the run", objectives), ("per task", task_objectives)):
-            check_measurable(objective, self.engine.monitor is not None and self.engine.monitor.available, scope)
+            check_measurable(objective, self.engine.energy_measurable, scope)
         batch_size = self.config.batch_size or auto_batch_size(objectives.trials, len(self.runs))
         self.progress.start(self.trials_done, objectives.trials, len(self.runs), f"on {describe_target(self.target)}")
         self.spent.trials = self.trials_done
@@ -214,6 +214,9 @@ class TuningLoop:
             index, len(self.runs), run.task.name, self.trials_done, budget, run.progress.best, run.task.flops, self.model_latency(),
             self._filter_summary(decision, quality),
         )  # fmt: skip
+        activity = self.engine.activity()
+        if activity:
+            self.progress.line(activity)
         if reason and run.progress.live:
             run.progress.stopped = reason
             self.progress.line(f"{run.task.name}: done ({reason})")
@@ -236,7 +239,7 @@ class TuningLoop:
         by_key = {c.key: c for c in candidates}
         latencies: dict[str, float | None] = {}
         joules = None
-        for result in self.engine.measure([MeasureInput(c.key, c.mod) for c in candidates]):
+        for result in self.engine.measure([MeasureInput(c.key, c.mod) for c in candidates], group=str(run.workload_id)):
             candidate = by_key[result.key]
             self.db.commit(
                 run.workload_id,
@@ -287,7 +290,7 @@ class TuningLoop:
             schedules = {r.candidate: msc.schedule_from_json(run.task.mod, r.trace) for r in top}
             records = {r.candidate: r for r in top}
             inputs = [MeasureInput(key, sch.mod) for key, sch in schedules.items()]
-            for result in self.engine.measure(inputs, timing=self.config.final_timing, serial=True):
+            for result in self.engine.measure(inputs, timing=self.config.final_timing, serial=True, group=str(run.workload_id)):
                 if result.ok:
                     self.db.add_samples(records[result.key].id, result.samples)
             run.best = self._first_correct(run, schedules)
@@ -298,7 +301,7 @@ class TuningLoop:
             if not self.config.verify or record.verified:
                 return record
             sch = schedules.get(record.candidate) or msc.schedule_from_json(run.task.mod, record.trace)
-            outcome = self.engine.verify(run.task.mod, sch.mod, tolerance(run.task.mod))
+            outcome = self.engine.verify(run.task.mod, sch.mod, tolerance(run.task.mod), group=str(run.workload_id))
             if outcome.ok is False:
                 self.db.set_verified(record.id, False, outcome.detail)
                 self.progress.line(f"{run.task.name}: candidate {record.candidate} gives wrong results ({outcome.detail}); skipped")
