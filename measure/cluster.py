@@ -9,6 +9,7 @@ committed before it stays committed.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,7 @@ class ClusterEngine:
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Connect to the cluster and start the measuring actors; raises ClusterUnavailable."""
+        check_reachable(self.options.address)
         per_gpu = self.options.per_gpu if self.options.per_gpu is not None else self.device == "cuda"
         request = dict(
             address=self.options.address,
@@ -98,7 +100,11 @@ class ClusterEngine:
 
     @property
     def worker_restarts(self) -> int:
-        return sum(m["restarts"] for m in self._activity.get("measurers", []))
+        return sum(m["restarts"] for m in self.measurers())
+
+    def measurers(self) -> list[dict]:
+        """The measuring actors as of the latest reply: name, device, state, measured, dop, in_flight, restarts, pid."""
+        return self._activity.get("measurers", [])
 
     # -- measuring ------------------------------------------------------------------------------
     def measure(self, inputs: Sequence[MeasureInput], timing: TimingConfig | None = None, serial: bool = False, group: str | None = None) -> Iterator[MeasureResult]:
@@ -128,6 +134,10 @@ class ClusterEngine:
         timing = timing or self.config.timing
         return self._call("time_program", None, artifact=str(artifact), kind=kind, args=list(args), timing=timing.as_dict())
 
+    def settle(self, wait: float) -> None:
+        """Wait up to ``wait`` seconds for measuring actors being restarted to be back."""
+        self._activity = self._call("settle", wait + 60, wait=wait)
+
     def activity(self) -> str | None:
         """Per node, how many candidates it built; per measuring actor, its state and work."""
         if not self._activity:
@@ -145,6 +155,20 @@ class ClusterEngine:
             return self._driver.call(op, call_timeout, **request)
         except (WorkerCrashed, WorkerTimeout) as err:
             raise ClusterLost(f"the Ray driver stopped: {_reason(err)}") from None
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail fast, with a plain reason, where nothing listens at a HOST:PORT address (Ray itself
+    retries for tens of seconds and then names its own internals)."""
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterUnavailable(f"{address!r} is not a Ray address: give 'auto', 'local', HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ClusterUnavailable(f"nothing answers at {address} ({err.strerror or err})") from None
 
 
 def _reason(err: Exception) -> str:

@@ -48,9 +48,11 @@ class Measurer:
     restarts: int = 0
     in_flight: int = 0
     error: str | None = None  # why it died, if it did
+    pid: int | None = None
 
     def take(self, info: dict) -> None:
         self.name, self.device, self.window, self.dop, self.energy = info["name"], info["device"], info["window"], info["dop"], info["energy"]
+        self.pid = info["pid"]
         self.state = "up"
 
 
@@ -187,8 +189,21 @@ class ClusterDriver:
                 self._handle(ref, results)
         if self.batch:
             self.batch.returned += len(results)
+        self.settle(0)
         done = self.batch is None or self.batch.finished
         return {"results": results, "done": done, "activity": self.activity(), "lost": lost}
+
+    def settle(self, wait: float) -> dict:
+        """Take in the measurers' answers to pings (restarted or dead), waiting up to ``wait``
+        seconds for all of them; returns the activity."""
+        deadline = time.monotonic() + wait
+        while self.pings:
+            ready, _ = self.ray.wait(list(self.pings), num_returns=len(self.pings), timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                self._handle_ping(ref)
+            if time.monotonic() >= deadline:
+                break
+        return self.activity()
 
     def _device_for(self, group: str | None) -> str:
         """The device model measuring ``group``: the one it had, else the one with the most
@@ -324,7 +339,7 @@ class ClusterDriver:
             "building": len(self.builds),
             "queued": len(self.batch.queue) if self.batch else 0,
             "measurers": [
-                {"name": m.name, "device": m.device, "state": m.state, "measured": m.measured, "dop": m.dop, "in_flight": m.in_flight, "restarts": m.restarts}
+                {"name": m.name, "device": m.device, "state": m.state, "measured": m.measured, "dop": m.dop, "in_flight": m.in_flight, "restarts": m.restarts, "pid": m.pid}
                 for m in self.measurers
             ],
         }
@@ -383,6 +398,7 @@ HANDLERS = {
     "connect": _driver.connect,
     "submit": _driver.submit,
     "poll": _driver.poll,
+    "settle": _driver.settle,
     "verify": _driver.verify,
     "compile_program": _driver.compile_program,
     "time_program": _driver.time_program,

@@ -105,6 +105,7 @@ class MeasuringActor:
             "dop": self.engine.dop.dop,
             "energy": self.engine.energy_measurable,
             "measured": self.measured,
+            "pid": os.getpid(),
         }
 
     def _write(self, blob: bytes) -> str:

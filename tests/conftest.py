@@ -54,3 +54,8 @@ def engine(tmp_path: Path, llvm_target):
 
     with MeasureEngine(llvm_target, tmp_path, EngineConfig(build_workers=2)) as eng:
         yield eng
+
+
+# Test clusters run without Ray's token authentication (they listen on loopback only); Ray drivers
+# started by the tests must not look for a token either.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -1,0 +1,123 @@
+"""Tuning on a real Ray cluster started by the tests (loopback, 2 CPUs, fake GPUs for placement)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import threading
+import time
+
+import pytest
+
+import faulty
+from measure import MeasureInput
+from measure.cluster import ClusterEngine, ClusterOptions
+from ray_cluster import LocalRayCluster
+from tuner import TunerError, tune
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    with LocalRayCluster(num_cpus=2, num_gpus=2) as cluster:
+        yield cluster
+
+
+def copies(count: int, prefix: str = "copy") -> list[MeasureInput]:
+    return [MeasureInput(f"{prefix}{i}", faulty.copy(64 * (i + 1))) for i in range(count)]
+
+
+def committed(work_dir) -> list[str]:
+    with sqlite3.connect(work_dir / "tuning.db") as db:
+        return [row[0] for row in db.execute("SELECT candidate FROM records")]
+
+
+def test_tuning_through_ray_gives_what_the_local_path_gives(ray_cluster, tuned_matmul, tmp_path):
+    result = tune("matmul-128", target="llvm", trials=16, work_dir=tmp_path, batch_size=8, progress=False, cluster=ray_cluster.address)
+    assert result.trials == tuned_matmul.trials == 16
+    assert result.tasks[0].verified and tuned_matmul.tasks[0].verified
+    assert result.latency_after < result.latency_before
+    with sqlite3.connect(tmp_path / "tuning.db") as db:
+        nodes = {row[0] for row in db.execute("SELECT json_extract(measurement, '$.node') FROM records WHERE status = 'ok'")}
+    assert len(nodes) == 1 and next(iter(nodes)).endswith("/cpu")  # a CPU target: one measuring actor per host
+
+
+def test_one_measuring_actor_per_gpu_each_with_its_own_dop(ray_cluster, tmp_path, llvm_target):
+    with ClusterEngine(llvm_target, tmp_path, ClusterOptions(ray_cluster.address, per_gpu=True)) as engine:
+        results = list(engine.measure(copies(20), group="copies"))
+        assert sorted(r.key for r in results) == sorted(f"copy{i}" for i in range(20))
+        assert all(r.ok for r in results)
+        measurers = engine.measurers()
+        assert sorted(m["name"].rsplit("/", 1)[1] for m in measurers) == ["gpu0", "gpu1"]
+        assert {r.node for r in results} == {m["name"] for m in measurers}  # both were fed
+        assert len({r.device for r in results}) == 1  # one device model per comparison group
+        assert "cluster: built on" in engine.activity()
+
+
+def test_a_measuring_actor_killed_mid_run_loses_nothing_and_measures_nothing_twice(ray_cluster, tmp_path, llvm_target):
+    inputs = copies(30)
+    keys, killed = [], None
+    with ClusterEngine(llvm_target, tmp_path, ClusterOptions(ray_cluster.address, per_gpu=True)) as engine:
+        for result in engine.measure(inputs, group="copies"):
+            keys.append(result.key)
+            busy = [m for m in engine.measurers() if m["in_flight"] and m["state"] == "up"]
+            if killed is None and busy:
+                killed = busy[0]
+                os.kill(killed["pid"], signal.SIGKILL)
+        assert killed is not None, "no measuring actor was busy to kill"
+        assert sorted(keys) == sorted(i.key for i in inputs)  # each exactly once
+        engine.settle(120)
+        restarted = next(m for m in engine.measurers() if m["name"] == killed["name"])
+        assert restarted["state"] == "up" and restarted["restarts"] >= 1 and restarted["pid"] != killed["pid"]
+        again = list(engine.measure(copies(10, "again"), group="copies"))
+        assert all(r.ok for r in again) and restarted["name"] in {r.node for r in again}  # the restarted actor is fed again
+
+
+def test_a_second_node_joins_over_loopback_and_gets_builds(tmp_path, llvm_target):
+    with LocalRayCluster(num_cpus=1) as cluster:
+        cluster.add_node(num_cpus=1)
+        with ClusterEngine(llvm_target, tmp_path, ClusterOptions(cluster.address)) as engine:
+            assert len(engine.description["nodes"]) == 2
+            results = list(engine.measure(copies(12), group="copies"))
+            assert all(r.ok for r in results)
+            built_on = engine._activity["built_on"]
+            assert len(built_on) == 2 and all(count > 0 for count in built_on.values()), built_on
+
+
+def test_a_cluster_going_away_ends_the_run_with_its_measurements_kept_and_it_resumes_locally(tmp_path):
+    work_dir = tmp_path / "run"
+    outcome: dict = {}
+
+    def tune_on_the_cluster(address: str) -> None:
+        try:
+            tune("matmul-128", trials=200, work_dir=work_dir, batch_size=8, progress=False, cluster=address)
+        except TunerError as err:
+            outcome["error"] = str(err)
+
+    with LocalRayCluster(num_cpus=2) as cluster:
+        thread = threading.Thread(target=tune_on_the_cluster, args=(cluster.address,))
+        thread.start()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(committed(work_dir) if (work_dir / "tuning.db").exists() else []) < 8:
+            time.sleep(0.5)
+    thread.join(timeout=300)
+    assert not thread.is_alive()
+    assert "went away" in outcome["error"] and "resume" in outcome["error"], outcome
+    kept = committed(work_dir)
+    assert 8 <= len(kept) < 200
+    result = tune("matmul-128", trials=len(kept) + 8, work_dir=work_dir, batch_size=8, progress=False, verify=False)
+    after = committed(work_dir)
+    assert result.trials == len(after) == len(kept) + 8
+    assert set(kept) <= set(after) and len(set(after)) == len(after)
+
+
+def test_an_address_where_no_cluster_listens_is_refused_at_once(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(TunerError, match=r"nothing answers at 127\.0\.0\.1:1 .*ray start --head"):
+        tune("matmul-128", trials=8, work_dir=tmp_path, progress=False, cluster="127.0.0.1:1")
+    assert time.monotonic() - started < 30
+
+
+def test_a_malformed_address_names_the_forms_it_takes(tmp_path):
+    with pytest.raises(TunerError, match="not a Ray address.*HOST:PORT"):
+        tune("matmul-128", trials=8, work_dir=tmp_path, progress=False, cluster="head-node")
