@@ -98,6 +98,17 @@ def markdown_table(rows: list[dict], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def sample_candidates(name: str, target, count: int, seed: int) -> list:
+    """``count`` distinct schedules of a built-in workload, sampled from its design space."""
+    from costmodel import CandidateFeatures, CostModel
+    from measure import MeasureInput
+    from tuner.search import TaskSearch
+    from workloads import get_workload
+
+    search = TaskSearch(get_workload(name).mod, target, seed=seed, cost_model=CostModel(), features=CandidateFeatures(), group=name)
+    return [MeasureInput(f"{name}/{c.key}", c.mod) for c in search.propose(count)]
+
+
 if __name__ == "__main__":  # one timing process of time_side_by_side
     sys.path.insert(0, str(ROOT))
     spec = json.loads(sys.argv[1])

@@ -26,21 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.common import markdown_table, write_csv  # noqa: E402
+from experiments.common import markdown_table, sample_candidates, write_csv  # noqa: E402
 from measure import EngineConfig, MeasureEngine, MeasureInput, TimingConfig  # noqa: E402
 from measure.dop import DopController  # noqa: E402
 from measure.types import BuildResult, MeasureResult  # noqa: E402
 
 WORKLOADS = ["conv2d-resnet18-l2", "matmul-512"]
-
-
-def sample_candidates(name: str, target, count: int, seed: int) -> list[MeasureInput]:
-    from costmodel import CandidateFeatures, CostModel
-    from tuner.search import TaskSearch
-    from workloads import get_workload
-
-    search = TaskSearch(get_workload(name).mod, target, seed=seed, cost_model=CostModel(), features=CandidateFeatures(), group=name)
-    return [MeasureInput(f"{name}/{c.key}", c.mod) for c in search.propose(count)]
 
 
 def copies(builds: list[BuildResult], tag: str) -> list[BuildResult]:

@@ -18,7 +18,7 @@ import tvm
 
 from .engine import EngineConfig, device_kind, host_target
 from .timing import TimingConfig
-from .types import MeasureInput, MeasureResult, VerifyResult
+from .types import BuildResult, MeasureInput, MeasureResult, VerifyResult
 from .worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
 
 __all__ = ["ClusterEngine", "ClusterLost", "ClusterOptions", "ClusterUnavailable"]
@@ -120,6 +120,11 @@ class ClusterEngine:
                 raise ClusterLost(reply["lost"])
             if reply["done"]:
                 return
+
+    def build(self, inputs: Sequence[MeasureInput]) -> list[tuple[BuildResult, str]]:
+        """Build candidates on the cluster; each result comes with the node that built it (no
+        artifacts come back: this is for measuring build throughput)."""
+        return self._call("build", None, inputs=list(inputs))
 
     def verify(self, reference: tvm.IRModule, candidate: tvm.IRModule, rtol: float, group: str | None = None) -> VerifyResult:
         ref_target = host_target(self.target)

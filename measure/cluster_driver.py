@@ -206,17 +206,8 @@ class ClusterDriver:
         return self.activity()
 
     def _device_for(self, group: str | None) -> str:
-        """The device model measuring ``group``: the one it had, else the one with the most
-        measurers per group already assigned to it."""
         up = Counter(m.device for m in self.measurers if m.state in ("up", "down"))
-        if self.groups.get(group) in up:
-            return self.groups[group]
-        load = Counter(self.groups.values())
-        if not up:
-            return self.groups.get(group, "")
-        device = max(up, key=lambda d: up[d] / (1 + load[d]))
-        self.groups[group] = device
-        return device
+        return assign_device(group, up, self.groups)
 
     def _start_build(self, pending: Pending, keep_layout_rewrite: bool = False) -> None:
         pending.attempts += 1
@@ -356,6 +347,12 @@ class ClusterDriver:
         built, _ = self.ray.get(result)
         return built, blob
 
+    def build(self, inputs: list[MeasureInput]) -> list[tuple[BuildResult, str]]:
+        """Build candidates on the cluster and return each result with the node that built it
+        (the artifacts are dropped: for measuring build throughput)."""
+        refs = [self._build.options(num_returns=2).remote(item, self.target, self.cuda, False, self.config.build_timeout.value)[0] for item in inputs]
+        return self.ray.get(refs)
+
     def verify(self, reference: MeasureInput, candidate: MeasureInput, reference_target: str, reference_device: str, rtol: float, group: str | None) -> VerifyResult:
         ref, ref_blob = self._build_one(reference, reference_target, False)
         cand, cand_blob = self._build_one(candidate, self.target, self.cuda)
@@ -387,6 +384,19 @@ class ClusterDriver:
         self.ray.shutdown()
 
 
+def assign_device(group: str | None, measurers: Counter, groups: dict) -> str:
+    """The device model that measures ``group`` (a task): the one it had while that model still has
+    measurers, else the one with the most measurers per group already on it (the idler on a tie). ``measurers`` counts
+    measurers per model; ``groups`` (group -> model) is updated."""
+    if groups.get(group) in measurers:
+        return groups[group]
+    if not measurers:
+        return groups.get(group, "")
+    load = Counter(groups.values())
+    groups[group] = max(measurers, key=lambda device: (measurers[device] / (1 + load[device]), -load[device]))
+    return groups[group]
+
+
 def _first_line(err: BaseException) -> str:
     lines = [line for line in str(err).splitlines() if line.strip()]
     return lines[-1].strip()[:300] if lines else type(err).__name__
@@ -399,6 +409,7 @@ HANDLERS = {
     "submit": _driver.submit,
     "poll": _driver.poll,
     "settle": _driver.settle,
+    "build": _driver.build,
     "verify": _driver.verify,
     "compile_program": _driver.compile_program,
     "time_program": _driver.time_program,

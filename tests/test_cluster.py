@@ -121,3 +121,15 @@ def test_an_address_where_no_cluster_listens_is_refused_at_once(tmp_path):
 def test_a_malformed_address_names_the_forms_it_takes(tmp_path):
     with pytest.raises(TunerError, match="not a Ray address.*HOST:PORT"):
         tune("matmul-128", trials=8, work_dir=tmp_path, progress=False, cluster="head-node")
+
+
+def test_tasks_are_spread_over_gpu_models_and_never_change_model():
+    from collections import Counter
+
+    from measure.cluster_driver import assign_device
+
+    measurers, groups = Counter({"NVIDIA H100": 2, "NVIDIA A100": 1}), {}
+    assert [assign_device(task, measurers, groups) for task in ("t1", "t2", "t3")] == ["NVIDIA H100", "NVIDIA A100", "NVIDIA H100"]
+    assert assign_device("t2", measurers, groups) == "NVIDIA A100"  # a task's candidates stay on one model
+    del measurers["NVIDIA A100"]  # its only measurer is gone for good
+    assert assign_device("t2", measurers, groups) == "NVIDIA H100"
