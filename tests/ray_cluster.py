@@ -27,10 +27,11 @@ class LocalRayCluster:
     def __init__(self, num_cpus: int = 2, num_gpus: int = 0, resources: dict | None = None):
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.client_address = f"ray://127.0.0.1:{free_port()}"  # Ray Client's server on the head
         self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths must stay short
         self.nodes: list[subprocess.Popen] = []
         self._start(["--head", f"--port={self.port}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
-                     f"--ray-client-server-port={free_port()}"], num_cpus, num_gpus, resources)  # fmt: skip
+                     f"--ray-client-server-port={self.client_address.rsplit(':', 1)[1]}"], num_cpus, num_gpus, resources)  # fmt: skip
         self.wait_for_nodes(1)
 
     def add_node(self, num_cpus: int = 1, num_gpus: int = 0, resources: dict | None = None) -> None:

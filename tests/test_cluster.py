@@ -54,6 +54,11 @@ def test_one_measuring_actor_per_gpu_each_with_its_own_dop(ray_cluster, tmp_path
         assert "cluster: built on" in engine.activity()
 
 
+def test_ray_client_addresses_work_too(ray_cluster, tmp_path, llvm_target):
+    with ClusterEngine(llvm_target, tmp_path, ClusterOptions(ray_cluster.client_address)) as engine:
+        assert all(r.ok for r in engine.measure(copies(4), group="copies"))
+
+
 def test_a_measuring_actor_killed_mid_run_loses_nothing_and_measures_nothing_twice(ray_cluster, tmp_path, llvm_target):
     inputs = copies(30)
     keys, killed = [], None
@@ -133,3 +138,8 @@ def test_tasks_are_spread_over_gpu_models_and_never_change_model():
     assert assign_device("t2", measurers, groups) == "NVIDIA A100"  # a task's candidates stay on one model
     del measurers["NVIDIA A100"]  # its only measurer is gone for good
     assert assign_device("t2", measurers, groups) == "NVIDIA H100"
+
+
+def test_build_workers_are_refused_on_a_cluster(tmp_path):
+    with pytest.raises(TunerError, match="every CPU builds"):
+        tune("matmul-128", trials=8, work_dir=tmp_path, progress=False, cluster="local", build_workers=2)

@@ -159,6 +159,8 @@ def make_engine(target: tvm.target.Target, work_dir: Path, build_workers: int | 
         return MeasureEngine(target, work_dir, EngineConfig(build_workers=build_workers))
     if not isinstance(cluster, str) or not cluster.strip():
         raise TunerError(f"cluster must be a Ray address ('auto', 'HOST:PORT', 'ray://HOST:PORT' or 'local'), got {cluster!r}")
+    if build_workers is not None:
+        raise TunerError("build_workers sizes this machine's build processes; on a Ray cluster every CPU builds: leave it out")
     return ClusterEngine(target, work_dir, ClusterOptions(cluster.strip()))
 
 
