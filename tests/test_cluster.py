@@ -78,6 +78,35 @@ def test_a_measuring_actor_killed_mid_run_loses_nothing_and_measures_nothing_twi
         assert all(r.ok for r in again) and restarted["name"] in {r.node for r in again}  # the restarted actor is fed again
 
 
+def test_a_build_task_whose_worker_dies_is_run_again(ray_cluster, tmp_path, llvm_target):
+    import psutil
+
+    killed: list[int] = []
+
+    def kill_the_first_long_build() -> None:
+        deadline = time.monotonic() + 120
+        while not killed and time.monotonic() < deadline:
+            for process in psutil.process_iter(["pid", "cmdline"]):
+                title = " ".join(process.info["cmdline"] or [])
+                if title.startswith("ray::build_task"):
+                    time.sleep(1.0)
+                    if " ".join(process.cmdline()).startswith("ray::build_task"):  # still building: the slow one
+                        process.kill()
+                        killed.append(process.pid)
+                        return
+            time.sleep(0.1)
+
+    inputs = [MeasureInput("slow", faulty.slow_to_build(20_000)), *copies(4)]
+    killer = threading.Thread(target=kill_the_first_long_build)
+    with ClusterEngine(llvm_target, tmp_path, ClusterOptions(ray_cluster.address)) as engine:
+        killer.start()
+        results = list(engine.measure(inputs, group="copies"))
+        killer.join()
+    assert killed, "no build task was seen running"
+    assert sorted(r.key for r in results) == sorted(i.key for i in inputs)
+    assert all(r.ok for r in results), [(r.key, r.status, r.error) for r in results]
+
+
 def test_a_second_node_joins_over_loopback_and_gets_builds(tmp_path, llvm_target):
     with LocalRayCluster(num_cpus=1) as cluster:
         cluster.add_node(num_cpus=1)
