@@ -17,6 +17,7 @@ from pathlib import Path
 import tvm
 
 from .engine import EngineConfig, device_kind, host_target
+from .runners import raise_if_no_device
 from .timing import TimingConfig
 from .types import BuildResult, MeasureInput, MeasureResult, VerifyResult
 from .worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
@@ -160,6 +161,9 @@ class ClusterEngine:
             return self._driver.call(op, call_timeout, **request)
         except (WorkerCrashed, WorkerTimeout) as err:
             raise ClusterLost(f"the Ray driver stopped: {_reason(err)}") from None
+        except WorkerError as err:
+            raise_if_no_device(str(err).replace("DeviceUnavailable: ", "NoDevice: ", 1))
+            raise
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:

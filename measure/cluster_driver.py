@@ -24,6 +24,7 @@ from typing import Any
 
 from . import cluster_nodes
 from .engine import EngineConfig
+from .runners import DeviceUnavailable
 from .types import BuildResult, MeasureInput, MeasureResult, Status, VerifyResult
 
 MAX_ATTEMPTS = 3  # times a candidate is sent out again after the node or actor handling it was lost
@@ -268,7 +269,13 @@ class ClusterDriver:
             self.pings[measurer.handle.describe.remote()] = measurer
             self.batch.queue[:0] = chunk  # none of it was handed back: measure it all again
             return
-        except ray.exceptions.RayError as err:  # an artifact was lost with its node: build it again
+        except ray.exceptions.RayTaskError as err:
+            if isinstance(err.cause, DeviceUnavailable):  # nothing measures on that node: say so, don't retry
+                raise DeviceUnavailable(f"{err.cause} (measuring actor {measurer.name})") from None
+            for pending in chunk:  # an artifact was lost with its node: build it again
+                self._retry_or_fail(pending, Status.RUN_ERROR, err, results)
+            return
+        except ray.exceptions.RayError as err:
             for pending in chunk:
                 self._retry_or_fail(pending, Status.RUN_ERROR, err, results)
             return

@@ -41,7 +41,10 @@ def device(kind: str) -> tvm.runtime.Device:
     if kind == "cpu":
         return tvm.cpu(0)
     if kind == "cuda":
-        _load_cuda_runtime()
+        try:
+            _load_cuda_runtime()
+        except OSError as err:  # no driver on this host (libcuda.so.1)
+            raise NoDevice(f"no CUDA driver on this host ({err})") from None
         dev = tvm.cuda(0)
         if not dev.exist:
             raise NoDevice("no CUDA GPU is visible to the measuring worker")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import threading
@@ -172,3 +173,20 @@ def test_tasks_are_spread_over_gpu_models_and_never_change_model():
 def test_build_workers_are_refused_on_a_cluster(tmp_path):
     with pytest.raises(TunerError, match="every CPU builds"):
         tune("matmul-128", trials=8, work_dir=tmp_path, progress=False, cluster="local", build_workers=2)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs the CUDA toolkit to build CUDA candidates")
+def test_cuda_candidates_build_on_the_cluster_and_a_node_without_a_gpu_says_so(ray_cluster, tmp_path):
+    from costmodel import CandidateFeatures, CostModel
+    from measure import DeviceUnavailable
+    from tuner.search import TaskSearch
+    from tuner.targets import resolve_target
+    from workloads import get_workload
+
+    target = resolve_target("cuda -arch=sm_90")
+    search = TaskSearch(get_workload("matmul-128").mod, target, seed=3, cost_model=CostModel(), features=CandidateFeatures(), group="mm")
+    inputs = [MeasureInput(c.key, c.mod) for c in search.propose(2)]
+    with ClusterEngine(target, tmp_path, ClusterOptions(ray_cluster.address)) as engine:  # two fake GPUs: two actors
+        assert len(engine.description["measurers"]) == 2
+        with pytest.raises(DeviceUnavailable, match="no CUDA (driver|GPU)"):
+            list(engine.measure(inputs, group="mm"))
