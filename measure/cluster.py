@@ -99,10 +99,6 @@ class ClusterEngine:
         measurers = self.description.get("measurers", [])
         return bool(measurers) and all(m["energy"] for m in measurers)
 
-    @property
-    def worker_restarts(self) -> int:
-        return sum(m["restarts"] for m in self.measurers())
-
     def measurers(self) -> list[dict]:
         """The measuring actors as of the latest reply: name, device, state, measured, dop, in_flight, restarts, pid."""
         return self._activity.get("measurers", [])
@@ -162,7 +158,7 @@ class ClusterEngine:
         except (WorkerCrashed, WorkerTimeout) as err:
             raise ClusterLost(f"the Ray driver stopped: {_reason(err)}") from None
         except WorkerError as err:
-            raise_if_no_device(str(err).replace("DeviceUnavailable: ", "NoDevice: ", 1))
+            raise_if_no_device(str(err))
             raise
 
 

@@ -53,7 +53,7 @@ class Measurer:
 
     def take(self, info: dict) -> None:
         self.name, self.device, self.window, self.dop, self.energy = info["name"], info["device"], info["window"], info["dop"], info["energy"]
-        self.pid = info["pid"]
+        self.measured, self.pid = info["measured"], info["pid"]
         self.state = "up"
 
 
@@ -210,11 +210,13 @@ class ClusterDriver:
         up = Counter(m.device for m in self.measurers if m.state in ("up", "down"))
         return assign_device(group, up, self.groups)
 
-    def _start_build(self, pending: Pending, keep_layout_rewrite: bool = False) -> None:
+    def _submit_build(self, item: MeasureInput, target: str, cuda: bool, keep_layout_rewrite: bool) -> tuple[Any, Any]:
+        """A build task: refs to (its result and node, the artifact's bytes)."""
+        return self._build.options(num_returns=2).remote(item, target, cuda, keep_layout_rewrite, self.config.build_timeout.value)
+
+    def _start_build(self, pending: Pending) -> None:
         pending.attempts += 1
-        timeout = self.config.build_timeout.value
-        result, blob = self._build.options(num_returns=2).remote(pending.item, self.target, self.cuda, keep_layout_rewrite, timeout)
-        pending.blob = blob
+        result, pending.blob = self._submit_build(pending.item, self.target, self.cuda, False)
         self.builds[result] = pending
 
     def _dispatch(self) -> None:
@@ -269,18 +271,13 @@ class ClusterDriver:
             self.pings[measurer.handle.describe.remote()] = measurer
             self.batch.queue[:0] = chunk  # none of it was handed back: measure it all again
             return
-        except ray.exceptions.RayTaskError as err:
-            if isinstance(err.cause, DeviceUnavailable):  # nothing measures on that node: say so, don't retry
+        except ray.exceptions.RayError as err:
+            if isinstance(getattr(err, "cause", None), DeviceUnavailable):  # nothing measures on that node: say so, don't retry
                 raise DeviceUnavailable(f"{err.cause} (measuring actor {measurer.name})") from None
             for pending in chunk:  # an artifact was lost with its node: build it again
                 self._retry_or_fail(pending, Status.RUN_ERROR, err, results)
             return
-        except ray.exceptions.RayError as err:
-            for pending in chunk:
-                self._retry_or_fail(pending, Status.RUN_ERROR, err, results)
-            return
         measurer.take(info)
-        measurer.measured = info["measured"]
         results.extend(measured)
 
     def _handle_ping(self, ref: Any) -> None:
@@ -334,8 +331,6 @@ class ClusterDriver:
     def activity(self) -> dict:
         return {
             "built_on": dict(self.built_on),
-            "building": len(self.builds),
-            "queued": len(self.batch.queue) if self.batch else 0,
             "measurers": [
                 {"name": m.name, "device": m.device, "state": m.state, "measured": m.measured, "dop": m.dop, "in_flight": m.in_flight, "restarts": m.restarts, "pid": m.pid}
                 for m in self.measurers
@@ -350,15 +345,14 @@ class ClusterDriver:
         raise ClusterError("no measuring actor is up on the cluster")
 
     def _build_one(self, item: MeasureInput, target: str, cuda: bool) -> tuple[BuildResult, Any]:
-        result, blob = self._build.options(num_returns=2).remote(item, target, cuda, True, self.config.build_timeout.value)
+        result, blob = self._submit_build(item, target, cuda, True)
         built, _ = self.ray.get(result)
         return built, blob
 
     def build(self, inputs: list[MeasureInput]) -> list[tuple[BuildResult, str]]:
         """Build candidates on the cluster and return each result with the node that built it
         (the artifacts are dropped: for measuring build throughput)."""
-        refs = [self._build.options(num_returns=2).remote(item, self.target, self.cuda, False, self.config.build_timeout.value)[0] for item in inputs]
-        return self.ray.get(refs)
+        return self.ray.get([self._submit_build(item, self.target, self.cuda, False)[0] for item in inputs])
 
     def verify(self, reference: MeasureInput, candidate: MeasureInput, reference_target: str, reference_device: str, rtol: float, group: str | None) -> VerifyResult:
         ref, ref_blob = self._build_one(reference, reference_target, False)

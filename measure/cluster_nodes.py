@@ -86,9 +86,7 @@ class MeasuringActor:
         self.engine = MeasureEngine(self.target, self.dir, replace(config, build_workers=0, gpu_index=gpu or 0))
         self.engine.start()
         self.kind = device_kind(self.target)
-        host = platform.node()
         self.name = f"{node_label()}/gpu{gpu}" if gpu is not None else f"{node_label()}/{self.kind}"
-        self.host = host
         self.device = self._device_name()
         self.measured = 0
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import tvm
 
+from .building import build_with
 from .dop import DopController, DopDecision, relative_error
 from .dop_memory import DopMemory, machine_key
 from .host import available_memory_bytes
@@ -32,7 +33,6 @@ from .nvml import NvmlMonitor
 from .runners import DeviceUnavailable, RunnerPool
 from .timeouts import AdaptiveTimeout
 from .timing import TimingConfig
-from .building import build_with
 from .types import BuildResult, MeasureInput, MeasureResult, Status, VerifyResult
 from .worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
 
@@ -138,11 +138,12 @@ class MeasureEngine:
     def measure(self, inputs: Sequence[MeasureInput], timing: TimingConfig | None = None, serial: bool = False, group: str | None = None) -> Iterator[MeasureResult]:
         """Yield one result per input, as each becomes known, for the caller to commit.
 
-        ``group`` names the candidates' comparison (a task): engines with devices of several models
-        measure one group on one model; here there is one device. Built candidates are timed in windows at the DOP controller's degree of parallelism;
-        a sample of each parallel window (and every candidate that failed in parallel) is
-        re-measured serially, and that serial result is the one handed back. ``serial=True``
-        times every candidate alone (for final choices) and leaves the controller as it is.
+        Built candidates are timed in windows at the DOP controller's degree of parallelism; a
+        sample of each parallel window (and every candidate that failed in parallel) is re-measured
+        serially, and that serial result is the one handed back. ``serial=True`` times every
+        candidate alone (for final choices) and leaves the controller as it is. ``group`` names the
+        candidates' comparison (a task): engines with devices of several models measure one group
+        on one model; here there is one device.
         """
         return self.measure_built(self.build(inputs), timing, serial)
 

@@ -153,7 +153,9 @@ class RunnerPool:
 
 
 def raise_if_no_device(message: str) -> None:
-    if message.startswith("NoDevice"):
+    """Re-raise a worker's error message naming a missing device (a measuring worker's NoDevice, or
+    DeviceUnavailable from the cluster driver) as DeviceUnavailable."""
+    if message.startswith(("NoDevice", "DeviceUnavailable")):
         raise DeviceUnavailable(message.split(":", 1)[-1].strip())
 
 

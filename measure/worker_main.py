@@ -1,7 +1,8 @@
 """Entry point of a worker process: ``python -m measure.worker_main REQUEST_FD REPLY_FD ROLE``.
 
 Roles: ``build`` compiles candidates (full TVM), ``run`` loads and times built artifacts (the TVM
-runtime is enough), ``cluster`` is the tuner's driver on a Ray cluster (``cluster_driver``). Imports happen once, before the worker reports ready.
+runtime is enough), ``cluster`` is the tuner's driver on a Ray cluster (``cluster_driver``).
+Imports happen once, before the worker reports ready.
 """
 
 from __future__ import annotations

@@ -48,6 +48,11 @@ class TaskRun:
     trials: int = 0
     best: Record | None = None
 
+    @property
+    def group(self) -> str:
+        """The task's key for the cost model's training groups and the engine's comparison groups."""
+        return str(self.workload_id)
+
 
 @dataclass
 class BatchOutcome:
@@ -239,7 +244,7 @@ class TuningLoop:
         by_key = {c.key: c for c in candidates}
         latencies: dict[str, float | None] = {}
         joules = None
-        for result in self.engine.measure([MeasureInput(c.key, c.mod) for c in candidates], group=str(run.workload_id)):
+        for result in self.engine.measure([MeasureInput(c.key, c.mod) for c in candidates], group=run.group):
             candidate = by_key[result.key]
             self.db.commit(
                 run.workload_id,
@@ -290,7 +295,7 @@ class TuningLoop:
             schedules = {r.candidate: msc.schedule_from_json(run.task.mod, r.trace) for r in top}
             records = {r.candidate: r for r in top}
             inputs = [MeasureInput(key, sch.mod) for key, sch in schedules.items()]
-            for result in self.engine.measure(inputs, timing=self.config.final_timing, serial=True, group=str(run.workload_id)):
+            for result in self.engine.measure(inputs, timing=self.config.final_timing, serial=True, group=run.group):
                 if result.ok:
                     self.db.add_samples(records[result.key].id, result.samples)
             run.best = self._first_correct(run, schedules)
@@ -301,7 +306,7 @@ class TuningLoop:
             if not self.config.verify or record.verified:
                 return record
             sch = schedules.get(record.candidate) or msc.schedule_from_json(run.task.mod, record.trace)
-            outcome = self.engine.verify(run.task.mod, sch.mod, tolerance(run.task.mod), group=str(run.workload_id))
+            outcome = self.engine.verify(run.task.mod, sch.mod, tolerance(run.task.mod), group=run.group)
             if outcome.ok is False:
                 self.db.set_verified(record.id, False, outcome.detail)
                 self.progress.line(f"{run.task.name}: candidate {record.candidate} gives wrong results ({outcome.detail}); skipped")
