@@ -26,6 +26,7 @@ from pathlib import Path
 import tvm
 
 from .building import build_with
+from .cpu_slots import CPUS_ENV, default_cpu_dop, runner_cpu_sets
 from .dop import DopController, DopDecision, relative_error
 from .dop_memory import DopMemory, machine_key
 from .host import available_memory_bytes
@@ -60,6 +61,14 @@ def default_build_workers() -> int:
     return max(1, min(os.cpu_count() or 1, memory_bound))
 
 
+def _pinned_env(cpus: list[int] | None) -> dict[str, str]:
+    """A measuring worker's environment for running on ``cpus`` alone; TVM must then leave its
+    threads where the process is rather than binding them to cores of its own choosing."""
+    if cpus is None:
+        return {}
+    return {CPUS_ENV: ",".join(map(str, cpus)), "TVM_BIND_THREADS": "0"}
+
+
 def device_kind(target: tvm.target.Target) -> str:
     return "cuda" if target.kind.name == "cuda" else "cpu"
 
@@ -79,15 +88,23 @@ class MeasureEngine:
         self.overlap_builds_with_runs = self.device != "cpu"
         self._artifact_dir = Path(work_dir) / "artifacts"
         self.log_dir = log_dir = Path(work_dir) / "logs"
-        build_env = {"TENSOR_TUNER_CUDA_BUILD": "1"} if self.device == "cuda" else {}
+        # A compiling process's idle TVM threads spin for a while after each build; on a CPU that
+        # slowed the first timings after a batch's builds by up to 2x.
+        build_env = {"TVM_THREAD_POOL_SPIN_COUNT": "0"} | ({"TENSOR_TUNER_CUDA_BUILD": "1"} if self.device == "cuda" else {})
         run_env = {"TVM_USE_RUNTIME_LIB": "1"} if self.config.runtime_only_runner else {}
-        if self.device == "cpu":
-            run_env["TVM_NUM_THREADS"] = str(int(target.attrs.get("num-cores", os.cpu_count() or 1)))
         workers = default_build_workers() if self.config.build_workers is None else self.config.build_workers
         self._builders = [WorkerProcess("build", f"builder-{i}", log_dir / f"builder-{i}.log", build_env) for i in range(workers)]
-        max_dop = self.config.max_dop or (os.cpu_count() or 1 if self.device == "cpu" else 8)
-        # on a GPU one more worker than the DOP prepares the next candidate during timed regions
-        runners = [WorkerProcess("run", f"runner-{i}", log_dir / f"runner-{i}.log", run_env) for i in range(max_dop + (self.device != "cpu"))]
+        if self.device == "cpu":
+            kernel_threads = int(target.attrs.get("num-cores", os.cpu_count() or 1))
+            run_env["TVM_NUM_THREADS"] = str(kernel_threads)
+            max_dop = self.config.max_dop or default_cpu_dop(kernel_threads)
+            cpu_sets = runner_cpu_sets(max_dop, kernel_threads)
+        else:
+            max_dop = self.config.max_dop or 8
+            cpu_sets = [None] * (max_dop + 1)  # on a GPU one more worker than the DOP prepares the next candidate during timed regions
+        runners = [
+            WorkerProcess("run", f"runner-{i}", log_dir / f"runner-{i}.log", run_env | _pinned_env(cpus)) for i, cpus in enumerate(cpu_sets)
+        ]
         self.monitor = NvmlMonitor() if self.device == "cuda" else None
         self._runners = RunnerPool(runners, self.device, self.config.run_timeout, self.monitor, self.config.gpu_index)
         self.dop = DopController(max_dop, self.config.dop_error_threshold, self.config.dop_check_fraction)

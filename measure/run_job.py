@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from .cpu_slots import pin_from_env
 from .timing import TimingConfig, time_with_evaluator
 
 ArgSpec = Sequence  # [dtype, shape]
@@ -197,6 +198,7 @@ HANDLERS = {
     "compare_outputs": compare_outputs,
 }
 
-# Keep the worker's thread pool at the size the target was compiled for.
+# Keep the worker's thread pool at the size the target was compiled for, on the cores it was given.
+pin_from_env()
 if os.environ.get("TVM_NUM_THREADS"):
     os.environ.setdefault("OMP_NUM_THREADS", os.environ["TVM_NUM_THREADS"])
