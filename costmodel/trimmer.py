@@ -1,8 +1,11 @@
 """The Trimmer filter: of the candidates search proposes, build and measure only those the cost
 model predicts to be competitive, trusting the model only as far as its measured ranking allows.
 
-Trust comes from the Kendall tau of the model's predictions on recent batches, each taken before
-the batch was measured: 0 below ``min_tau`` (nothing is filtered), 1 from ``full_trust_tau``.
+Trust comes from the Kendall tau of the model's predictions against the measured speeds, the
+predictions each taken before their batch was measured, pooled over the task's last ``window``
+batches: 0 below ``min_tau`` (nothing is filtered), 1 from ``full_trust_tau``. One filtered batch
+is too small a sample (its tau swung from -0.2 to 0.9 between consecutive batches of one run);
+a task with no judged batch yet borrows the mean trust of the tasks that have one.
 With trust t, the worst-scored ``t * max_drop`` of a proposed batch are predicted poor (a top
 fraction), except those the model rates within ``margin`` of the task's best (it predicts
 log-speed relative to the best measured candidate: 0 = as fast, -0.69 = twice as slow), so a batch
@@ -19,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
+
+from .quality import rank_quality
 
 
 @dataclass(frozen=True)
@@ -37,35 +42,44 @@ class TrimmerFilter:
     full_trust_tau: float = 0.5
     max_drop: float = 0.75
     exploration: float = 0.1
-    window: int = 4  # batches whose rank quality sets the trust
+    window: int = 4  # a task's batches whose rank quality sets its trust
     enabled: bool = True
-    _taus: deque = field(init=False, repr=False)
+    _recent: dict[str, deque] = field(init=False, repr=False)  # group -> (scores, latencies) of its last batches
 
     def __post_init__(self) -> None:
-        self._taus = deque(maxlen=self.window)
+        self._recent = {}
         if not 0 <= self.max_drop < 1:
             raise ValueError(f"max_drop must be in [0, 1), got {self.max_drop}")
         if not 0 < self.exploration <= 1:
             raise ValueError(f"exploration must be in (0, 1], got {self.exploration}")
 
-    def record_quality(self, tau: float | None) -> None:
-        """The model's Kendall tau on a batch it scored before the batch was measured."""
-        if tau is not None:
-            self._taus.append(tau)
+    def record(self, group: str, scores: Sequence[float], latencies: Sequence[float | None]) -> None:
+        """A measured batch of task ``group``: the model's scores, taken before it was measured, and
+        the latencies (None for a failure)."""
+        self._recent.setdefault(group, deque(maxlen=self.window)).append((list(scores), list(latencies)))
 
-    @property
-    def trust(self) -> float:
-        """0 (filter nothing) to 1 (filter at ``margin``), from the mean tau of recent batches."""
-        if not self.enabled or not self._taus:
+    def rank_quality(self, group: str) -> float | None:
+        """Kendall tau of the task's recent batches pooled; None while they cannot tell."""
+        batches = self._recent.get(group)
+        if not batches:
+            return None
+        return rank_quality([s for scores, _ in batches for s in scores], [lat for _, lats in batches for lat in lats]).tau
+
+    def trust(self, group: str) -> float:
+        """0 (filter nothing) to 1 (filter up to ``max_drop``), from the task's pooled rank quality."""
+        if not self.enabled:
             return 0.0
-        tau = float(np.mean(self._taus))
+        tau = self.rank_quality(group)
+        if tau is None:
+            others = [self.trust(g) for g in self._recent if g != group and self.rank_quality(g) is not None]
+            return float(np.mean(others)) if others else 0.0
         return float(np.clip((tau - self.min_tau) / (self.full_trust_tau - self.min_tau), 0.0, 1.0))
 
-    def split(self, scores: Sequence[float], rng: np.random.Generator) -> FilterDecision:
-        """Which of a proposed batch to measure, given the model's scores."""
+    def split(self, group: str, scores: Sequence[float], rng: np.random.Generator) -> FilterDecision:
+        """Which of a batch proposed for task ``group`` to measure, given the model's scores."""
         scores = np.asarray(scores, dtype=float)
         everything = list(range(len(scores)))
-        trust = self.trust
+        trust = self.trust(group)
         if trust <= 0 or len(scores) < 2:
             return FilterDecision(everything, [], [], trust, None)
         threshold = -self.margin

@@ -1,13 +1,16 @@
 """The Trimmer filter's payoff: the same workloads, seeds and trial budget tuned with the cost-model
 filter and without it, in one run.
 
-For each workload and seed, both runs tune in fresh processes. The target latency is what the
-run without the filter reached at the end of its budget; for each run we count the measurements
-(and the tuning seconds) it needed to come within 2% of that target, from the best latency after
-each measured candidate in its database. The two compiled results at equal budget are then timed
-side by side. Goal: at least 30% fewer measurements to reach the target, final latency within 2%.
+For each workload and seed, both runs tune in fresh processes. Per workload, the runs' best
+latency after each measurement is averaged over the seeds (geometric mean), one curve with the
+filter and one without; the target latency is where the curve without the filter ends, and each
+curve's measurements to come within 2% of it are compared (the mean over seeds of the tuning
+seconds those measurements took is given beside them). Single seeds are listed too, each against
+its own run without the filter, but one seed's search can be 2x off another's at this budget, so
+the averaged curves are the result. The two compiled results at equal budget are also timed side
+by side. Goal: at least 30% fewer measurements to reach the target, final latency within 2%.
 
-    python experiments/trimmer.py                                  # matmul-512 and conv2d-resnet18-l2, seeds 1-3
+    python experiments/trimmer.py                                  # two conv2d layers, seeds 1-4
     python experiments/trimmer.py --workloads matmul-512 --trials 64 --seeds 1
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -25,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.common import markdown_table, prepare_comparison, run_step, time_side_by_side, write_csv  # noqa: E402
 
-DEFAULT_WORKLOADS = ["matmul-512", "conv2d-resnet18-l2"]
+DEFAULT_WORKLOADS = ["conv2d-resnet18-l2", "conv2d-resnet50-l1"]
 TOLERANCE = 0.02  # "reached the target" = within 2% of it
 
 
@@ -37,9 +41,9 @@ def tune_step(workload_name: str, target_spec: str, trials: int, work_dir: Path,
     return {"seconds": time.monotonic() - started, "artifact": str(result.artifact_path), "trials": result.trials, "filtered": result.filtered}
 
 
-def reach(work_dir: Path, target_latency: float, at_trials: int | None = None) -> tuple[int | None, float | None, float]:
-    """(measurements, tuning seconds) until the best latency came within TOLERANCE of
-    ``target_latency`` (None if never), and the best latency after ``at_trials`` (default: at the end)."""
+def run_curve(work_dir: Path, trials: int) -> dict[str, list[float]]:
+    """The run's best latency after each of its measurements (inf before the first success) and
+    the tuning seconds at each, from its database."""
     from tuner.database import TuningDatabase
     from tuner.report import best_latency_curve
 
@@ -49,96 +53,140 @@ def reach(work_dir: Path, target_latency: float, at_trials: int | None = None) -
         curve = best_latency_curve(db.records(job["target"]), {t["workload_id"]: t["weight"] for t in job["tasks"]})
     finally:
         db.close()
-    at = [lat for trials, lat in zip(curve.trials, curve.latency) if at_trials is None or trials <= at_trials]
-    for trials, elapsed, latency in zip(curve.trials, curve.elapsed, curve.latency):
-        if latency <= target_latency * (1 + TOLERANCE):
-            return trials, elapsed, at[-1]
-    return None, None, at[-1]
+    latency, elapsed = [math.inf] * trials, [0.0] * trials
+    for n, seconds, value in zip(curve.trials, curve.elapsed, curve.latency):
+        if n <= trials:
+            latency[n - 1:] = [value] * (trials - n + 1)
+            elapsed[n - 1] = seconds
+    for i in range(1, trials):  # a failed measurement adds no curve point: carry the clock forward
+        elapsed[i] = max(elapsed[i], elapsed[i - 1])
+    return {"latency": latency, "elapsed": elapsed}
 
 
-def final_latency(work_dir: Path) -> float:
-    return reach(work_dir, 0.0)[2]
+def trials_to_reach(latency: list[float], target: float) -> int | None:
+    """Measurements until ``latency`` came within TOLERANCE of ``target``; None if it never did."""
+    return next((n for n, value in enumerate(latency, start=1) if value <= target * (1 + TOLERANCE)), None)
+
+
+def geometric_mean_curve(curves: list[list[float]]) -> list[float]:
+    """Per measurement, the geometric mean over runs (inf until every run has a result)."""
+    return [math.exp(statistics.fmean(map(math.log, point))) if all(map(math.isfinite, point)) else math.inf for point in zip(*curves)]
 
 
 def compare(args: argparse.Namespace) -> None:
     from workloads import get_workload
 
     out, target = prepare_comparison(args.out, args.target)
-    rows = []
+    rows, curves = [], {}
     for name in args.workloads:
         for seed in args.seeds:
-            rows.append(_compare_one(get_workload(name), seed, args, target, out))
+            row, curves[name, seed] = _compare_one(get_workload(name), seed, args, target, out)
+            rows.append(row)
             print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
     write_csv(out / "trimmer.csv", rows)
-    summary = _summaries(rows)
+    (out / "curves.json").write_text(json.dumps({f"{name}/seed{seed}": c for (name, seed), c in curves.items()}))
+    summary = [_summary(name, [r for r in rows if r["workload"] == name], [curves[name, s] for s in args.seeds], args.trials) for name in args.workloads]
+    _plot(summary, out / "trimmer.png")
+    for row in summary:
+        del row["curves"]
     table = markdown_table(summary, list(summary[0]))
     (out / "trimmer.md").write_text(
-        f"# Trimmer filter on / off\n\ntarget `{args.target}`, {args.trials} trials, seeds {args.seeds}. Target latency: "
-        f"the best the run without the filter reached in its budget; `*_to_target`: measurements and tuning seconds until "
-        f"a run came within {TOLERANCE:.0%} of it (the budget, as a lower bound, where it never did); final latency of "
-        "the compiled results at equal budget timed side by side (median over 3 processes of the ratio within each), "
-        "filter on / off; `on_at_70pct_vs_target`: the filtered run's best after 70% of the budget, over the target.\n\n"
-        + table + "\n\nPer seed:\n\n" + markdown_table(rows, list(rows[0])) + "\n"
+        f"# Trimmer filter on / off\n\ntarget `{args.target}`, {args.trials} trials, seeds {args.seeds}. Per workload, the best "
+        "latency after each measurement is averaged over the seeds (geometric mean) with the filter and without; the target "
+        f"is where the curve without the filter ends; `*_trials_to_target`: measurements until each averaged curve came within "
+        f"{TOLERANCE:.0%} of it, `*_seconds_to_target`: the mean tuning seconds those measurements took; `on_end_vs_target`: "
+        "where the filtered curve ends, over the target; `final_latency_ratio`: the compiled results at equal budget timed "
+        "side by side (median over 3 processes of the ratio within each, averaged over seeds), filter on / off.\n\n"
+        + table + "\n\n![averaged best latency against measurements](trimmer.png)\n\nPer seed, each against its own run "
+        "without the filter:\n\n" + markdown_table(rows, list(rows[0])) + "\n"
     )
     print("\n" + table)
 
 
-def _compare_one(workload, seed: int, args: argparse.Namespace, target, out: Path) -> dict:
+def _compare_one(workload, seed: int, args: argparse.Namespace, target, out: Path) -> tuple[dict, dict]:
     name = workload.name
-    runs, dirs = {}, {}
+    runs, curves = {}, {}
     for variant in ("off", "on"):
-        dirs[variant] = work_dir = out / f"{name}-filter-{variant}-seed{seed}"
+        work_dir = out / f"{name}-filter-{variant}-seed{seed}"
         shutil.rmtree(work_dir, ignore_errors=True)
         work_dir.mkdir(parents=True)
         step = ["--step", variant, name, "--target", args.target, "--trials", str(args.trials), "--work-dir", str(work_dir), "--seed", str(seed)]
         print(f"[{name} seed {seed}] filter {variant}: tuning {args.trials} trials ...", flush=True)
         runs[variant] = run_step(Path(__file__), step, out / f"{name}-filter-{variant}-seed{seed}.log")
-    target_latency = final_latency(dirs["off"])
-    off_trials, off_seconds, _ = reach(dirs["off"], target_latency)
-    on_trials, on_seconds, on_final = reach(dirs["on"], target_latency)
-    on_at_70 = reach(dirs["on"], target_latency, int(0.7 * args.trials))[2]
+        curves[variant] = run_curve(work_dir, args.trials)
+    target_latency = curves["off"]["latency"][-1]
+    off_trials = trials_to_reach(curves["off"]["latency"], target_latency)
+    on_trials = trials_to_reach(curves["on"]["latency"], target_latency)
     device = "cuda" if target.kind.name == "cuda" else "cpu"
     args_spec = [[s.dtype, list(s.shape)] for s in workload.inputs]
     timed = time_side_by_side({"ours": runs["on"]["artifact"], "stock": runs["off"]["artifact"]}, workload.kind, args_spec, device, out / f"{name}-timing.log")
     filtered = runs["on"]["filtered"]
-    return {
+    row = {
         "workload": name,
         "seed": seed,
         "trials": args.trials,
         "target_ms": round(target_latency * 1e3, 4),
         "off_trials_to_target": off_trials,
         "on_trials_to_target": on_trials if on_trials is not None else f">{args.trials}",
-        "trials_ratio": round((on_trials or args.trials) / off_trials, 3),
-        "off_seconds_to_target": round(off_seconds, 1),
-        "on_seconds_to_target": round(on_seconds, 1) if on_seconds is not None else "-",
-        "on_best_ms": round(on_final * 1e3, 4),
-        "on_at_70pct_vs_target": round(on_at_70 / target_latency, 3),
+        "on_best_ms": round(curves["on"]["latency"][-1] * 1e3, 4),
         "final_latency_ratio": round(timed["ratio"], 3),
         "off_wall_s": round(runs["off"]["process_seconds"], 1),
         "on_wall_s": round(runs["on"]["process_seconds"], 1),
         "filtered": f"{filtered.get('dropped', 0)}/{filtered.get('proposed', 0)}",
     }
+    return row, curves
 
 
-def _summaries(rows: list[dict]) -> list[dict]:
-    summary = []
-    for name in dict.fromkeys(r["workload"] for r in rows):
-        mine = [r for r in rows if r["workload"] == name]
-        summary.append(
-            {
-                "workload": name,
-                "seeds": len(mine),
-                "trials": mine[0]["trials"],
-                "off_trials_to_target": round(statistics.mean(r["off_trials_to_target"] for r in mine), 1),
-                "on_trials_to_target": round(statistics.mean(r["trials_ratio"] * r["off_trials_to_target"] for r in mine), 1),
-                "measurements_saved": f"{1 - statistics.mean(r['trials_ratio'] for r in mine):.0%}",
-                "on_at_70pct_vs_target": round(statistics.mean(r["on_at_70pct_vs_target"] for r in mine), 3),
-                "final_latency_ratio": round(statistics.mean(r["final_latency_ratio"] for r in mine), 3),
-                "off_wall_s": round(statistics.mean(r["off_wall_s"] for r in mine), 1),
-                "on_wall_s": round(statistics.mean(r["on_wall_s"] for r in mine), 1),
-            }
-        )
-    return summary
+def _summary(name: str, rows: list[dict], curves: list[dict], trials: int) -> dict:
+    mean = {variant: geometric_mean_curve([c[variant]["latency"] for c in curves]) for variant in ("off", "on")}
+    target = mean["off"][-1]
+    reached = {variant: trials_to_reach(mean[variant], target) for variant in ("off", "on")}
+
+    def seconds(variant: str) -> str:
+        n = reached[variant]
+        return f"{statistics.fmean(c[variant]['elapsed'][n - 1] for c in curves):.1f}" if n else "-"
+
+    dropped, proposed = (sum(int(r["filtered"].split("/")[i]) for r in rows) for i in (0, 1))
+    return {
+        "workload": name,
+        "seeds": len(rows),
+        "trials": trials,
+        "target_ms": round(target * 1e3, 4),
+        "off_trials_to_target": reached["off"],
+        "on_trials_to_target": reached["on"] or f">{trials}",
+        "measurements_saved": f"{1 - reached['on'] / reached['off']:.0%}" if reached["on"] else f"< {1 - trials / reached['off']:.0%}",
+        "off_seconds_to_target": seconds("off"),
+        "on_seconds_to_target": seconds("on"),
+        "on_end_vs_target": round(mean["on"][-1] / target, 3),
+        "final_latency_ratio": round(statistics.fmean(r["final_latency_ratio"] for r in rows), 3),
+        "filtered": f"{dropped}/{proposed}",
+        "off_wall_s": round(statistics.fmean(r["off_wall_s"] for r in rows), 1),
+        "on_wall_s": round(statistics.fmean(r["on_wall_s"] for r in rows), 1),
+        "curves": mean,
+    }
+
+
+def _plot(summary: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(summary), figsize=(6 * len(summary), 4), squeeze=False)
+    for ax, row in zip(axes[0], summary):
+        for variant, label in (("off", "no filter"), ("on", "Trimmer filter")):
+            curve = row["curves"][variant]
+            ax.step(range(1, len(curve) + 1), [v * 1e3 for v in curve], where="post", label=label)
+        ax.axhline(row["target_ms"] * (1 + TOLERANCE), color="grey", linestyle=":", label=f"target + {TOLERANCE:.0%}")
+        ax.set_title(f"{row['workload']} ({row['seeds']} seeds, geometric mean)")
+        ax.set_xlabel("measurements")
+        ax.set_ylabel("best latency so far (ms)")
+        ax.set_ylim(row["target_ms"] * 0.9, row["target_ms"] * 2.5)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -146,7 +194,7 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS)
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--trials", type=int, default=128)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--out", default="experiments/results/trimmer")
     parser.add_argument("--step", nargs=1, help=argparse.SUPPRESS)

@@ -18,21 +18,24 @@ def test_kendall_tau_and_top_k_recall():
     assert rank_quality([4, 3], [1e-3, 2e-3]).tau is None  # too few to say
 
 
-def _trusted(tau: float) -> TrimmerFilter:
+def _trusted(ranks_well: bool, group: str = "t") -> TrimmerFilter:
+    """A filter that has judged two batches of task ``group``: ranked perfectly, or exactly backwards."""
     trimmer = TrimmerFilter()
-    for _ in range(3):
-        trimmer.record_quality(tau)
+    latencies = [1e-3 * (1 + i) for i in range(8)]
+    scores = [-float(i) for i in range(8)]
+    for _ in range(2):
+        trimmer.record(group, scores if ranks_well else scores[::-1], latencies)
     return trimmer
 
 
 def test_a_poorly_ranking_model_filters_nothing():
-    decision = _trusted(0.05).split(np.linspace(0, -3, 20), np.random.default_rng(0))
+    decision = _trusted(False).split("t", np.linspace(0, -3, 20), np.random.default_rng(0))
     assert decision.trust == 0 and decision.dropped == [] and len(decision.keep) == 20
 
 
 def test_a_trusted_model_drops_the_worst_scored_and_explores_some_of_them():
     scores = -np.arange(40, dtype=float) / 10  # candidate i predicted exp(i/10) times slower than the best
-    decision = _trusted(0.9).split(scores, np.random.default_rng(0))
+    decision = _trusted(True).split("t", scores, np.random.default_rng(0))
     assert decision.trust == 1.0
     assert len(decision.dropped) + len(decision.explored) == 30  # max_drop 75%
     assert decision.explored and set(decision.explored) <= set(decision.keep)
@@ -40,8 +43,22 @@ def test_a_trusted_model_drops_the_worst_scored_and_explores_some_of_them():
     assert set(range(10)) <= set(decision.keep)
 
 
+def test_trust_pools_a_tasks_recent_batches_and_a_new_task_borrows_it():
+    trimmer = TrimmerFilter(window=2)
+    assert trimmer.trust("a") == 0  # nothing judged yet
+    trimmer.record("a", [3, 2, 1, 0], [1e-3, 2e-3, 3e-3, 4e-3])
+    assert trimmer.rank_quality("a") == 1.0 and trimmer.trust("a") == 1.0
+    assert trimmer.trust("b") == 1.0  # no batch of its own: the other tasks' mean
+    trimmer.record("a", [0, 1, 2, 3], [1e-3, 2e-3, 3e-3, 4e-3])  # one backwards batch: pooled, not replaced
+    assert -1 < trimmer.rank_quality("a") < 1
+    for _ in range(2):
+        trimmer.record("a", [0, 1, 2, 3], [1e-3, 2e-3, 3e-3, 4e-3])  # only the last `window` batches count
+    assert trimmer.rank_quality("a") == -1.0 and trimmer.trust("a") == 0
+    assert TrimmerFilter(enabled=False).trust("a") == 0
+
+
 def test_candidates_rated_near_the_best_are_never_dropped():
-    decision = _trusted(0.9).split(np.full(16, -0.01), np.random.default_rng(0))
+    decision = _trusted(True).split("t", np.full(16, -0.01), np.random.default_rng(0))
     assert decision.dropped == []
 
 
@@ -49,14 +66,14 @@ def test_candidates_rated_near_the_best_are_never_dropped():
 def test_the_filter_never_drops_a_whole_batch(seed):
     rng = np.random.default_rng(seed)
     for size in (1, 2, 3, 8, 64):
-        decision = _trusted(1.0).split(-5 - rng.random(size), rng)
+        decision = _trusted(True).split("t", -5 - rng.random(size), rng)
         assert decision.keep, size
         assert len(decision.keep) >= max(1, int(np.ceil(size * 0.25))) if size > 1 else decision.keep == [0]
 
 
 def test_the_ledger_counts_what_was_saved():
     ledger = FilterLedger()
-    decision = _trusted(0.9).split(-np.arange(20, dtype=float), np.random.default_rng(0))
+    decision = _trusted(True).split("t", -np.arange(20, dtype=float), np.random.default_rng(0))
     ledger.add(decision, seconds_per_candidate=0.5, joules_per_candidate=2.0)
     assert ledger.dropped == len(decision.dropped) > 0 and ledger.proposed == 20
     assert ledger.seconds_saved == 0.5 * ledger.dropped and ledger.joules_saved == 2.0 * ledger.dropped

@@ -196,7 +196,7 @@ class TuningLoop:
         trained = self.cost_model.trained  # an untrained model scores at random: nothing to judge it by
         with self._phase("cost model"):
             scores = self.cost_model.predict(features, self._rng)
-            decision = self.trimmer.split(scores, self._rng)  # no trust (nothing filtered) until a trained model's ranking is judged
+            decision = self.trimmer.split(run.group, scores, self._rng)  # no trust (nothing filtered) until a trained model's ranking is judged
         for i in decision.dropped:
             run.search.skip(candidates[i])
         measured = [candidates[i] for i in decision.keep]
@@ -208,7 +208,8 @@ class TuningLoop:
         joules_each = outcome.joules / len(measured) if outcome.joules is not None and measured else None
         self.ledger.add(decision, per_candidate, joules_each)
         quality = rank_quality(scores[decision.keep], outcome.latencies) if trained else RankQuality(None, None, 0, len(measured))
-        self.trimmer.record_quality(quality.tau)
+        if trained:
+            self.trimmer.record(run.group, scores[decision.keep], outcome.latencies)
         with self._phase("cost model"):
             self.cost_model.update()
         run.progress.record_batch(len(measured), time.monotonic() - started, outcome.joules, outcome.best)
@@ -235,7 +236,7 @@ class TuningLoop:
     def _log_batch(self, run: TaskRun, decision: FilterDecision, quality: RankQuality) -> None:
         self.db.set_meta("trimmer", self.ledger.as_dict())
         entry = {"time": time.time(), "task": run.task.name, "trials": self.trials_done, **quality.as_dict()}
-        entry |= {"trust": decision.trust, "threshold": decision.threshold, "dropped": len(decision.dropped), "explored": len(decision.explored)}
+        entry |= {"pooled_tau": self.trimmer.rank_quality(run.group), "trust": decision.trust, "threshold": decision.threshold, "dropped": len(decision.dropped), "explored": len(decision.explored)}
         self._quality_log.parent.mkdir(parents=True, exist_ok=True)
         with open(self._quality_log, "a") as log:
             log.write(json.dumps(entry) + "\n")
