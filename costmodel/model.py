@@ -94,13 +94,19 @@ class CostModel:
 
     def predict(self, features: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         """Pessimistic predicted log-speed; random scores while the model is untrained."""
+        mean, spread = self.predict_spread(features, rng)
+        return mean - spread
+
+    def predict_spread(self, features: np.ndarray, rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The ensemble's mean predicted log-speed and its spread (standard deviation) per candidate;
+        random means and no spread while the model is untrained."""
         if len(features) == 0:
-            return np.zeros(0)
+            return np.zeros(0), np.zeros(0)
         if not self._boosters:
-            return (rng or np.random.default_rng(self.seed)).random(len(features))
+            return (rng or np.random.default_rng(self.seed)).random(len(features)), np.zeros(len(features))
         data = xgb.DMatrix(np.asarray(features, dtype=np.float32))
         predictions = np.stack([booster.predict(data) for booster in self._boosters])
-        return predictions.mean(axis=0) - predictions.std(axis=0)
+        return predictions.mean(axis=0), predictions.std(axis=0)
 
     def save(self, path: Path) -> None:
         """Write the ensemble as one XGBoost model file per member (PATH, PATH.1, PATH.2, ...) and

@@ -12,6 +12,7 @@ latency ("not reached" gives a lower bound on the ratio). Every step runs in a f
     python experiments/transfer_tuning.py              # resnet18 from resnet50, tiny-resnet from resnet18
     python experiments/transfer_tuning.py --quick      # a smoke run: tiny-resnet from tiny-resnet at batch 4
     python experiments/transfer_tuning.py --pairs resnet18:resnet50 --trials 32 --source-trials 48
+    python experiments/transfer_tuning.py --source-trials 32 --reuse-sources   # source runs kept from an earlier call
 
 A workload is a built-in model name, optionally with a batch size: ``tiny-resnet@4``.
 """
@@ -133,7 +134,12 @@ def run(args: argparse.Namespace) -> None:
     rows = []
     for target, source in pairs:
         if source not in stock_dirs:
-            tune_once(f"source-{_slug(source)}", source, args.source_trials)
+            earlier = out / f"source-{_slug(source)}-seed{args.seed}"
+            if args.reuse_sources and _finished_trials(earlier) == args.source_trials * tasks[parse_workload(source)[0]]:
+                print(f"[source-{_slug(source)}] reusing the finished run in {earlier}", flush=True)
+                stock_dirs[source] = earlier
+            else:
+                tune_once(f"source-{_slug(source)}", source, args.source_trials)
         stock = tune_once(f"{_slug(target)}-stock", target, args.trials)
         transfer = tune_once(f"{_slug(target)}-from-{_slug(source)}", target, args.trials, stock_dirs[source])
         rows.append(pair_row(target, source, args.trials, stock, transfer))
@@ -143,6 +149,19 @@ def run(args: argparse.Namespace) -> None:
     (out / "transfer_tuning.md").write_text(_markdown(rows, args))
     _plot(rows, runs, out / "transfer_tuning.png")
     print("\n" + markdown_table(rows, list(rows[0])))
+
+
+def _finished_trials(work_dir: Path) -> int | None:
+    """The trials of the finished run in ``work_dir``; None if there is none."""
+    from tuner.database import TuningDatabase
+
+    if not (work_dir / "tuning.db").exists():
+        return None
+    db = TuningDatabase(work_dir / "tuning.db", read_only=True)
+    try:
+        return (db.get_meta("result") or {}).get("trials")
+    finally:
+        db.close()
 
 
 def _slug(spec: str) -> str:
@@ -193,6 +212,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=None, help="trials per task of each target run (default: 24; 8 with --quick)")
     parser.add_argument("--source-trials", type=int, default=None, help="trials per task of each source run (default: 24; 8 with --quick)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--reuse-sources", action="store_true", help="reuse a source's finished run from an earlier call with the same --out, seed and --source-trials")
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few minutes: tiny-resnet from tiny-resnet at batch 4")
     parser.add_argument("--out", default=None, help="default: experiments/results/transfer_tuning (its quick/ with --quick)")
     parser.add_argument("--step", help=argparse.SUPPRESS)

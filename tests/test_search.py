@@ -14,3 +14,19 @@ def test_a_small_space_is_sampled_without_spinning(llvm_target):
         search.observe(candidate, 1e-6)
     again = search.propose(200)
     assert not ({c.key for c in again} & {c.key for c in first})
+
+
+def test_queued_seeds_make_up_a_batch_of_their_own(llvm_target):
+    from tuner import metaschedule as msc
+    from workloads.operators import matmul
+
+    mod = msc.normalize_prim_func_module(matmul(64, 64, 64))
+    donor = TaskSearch(mod, llvm_target, seed=1, cost_model=CostModel(), features=CandidateFeatures(), group="donor")
+    search = TaskSearch(mod, llvm_target, seed=2, cost_model=CostModel(), features=CandidateFeatures(), group="m")
+    seeds = donor.propose(3)
+    assert search.add_seeds(c.schedule for c in seeds) == 3
+    first = search.propose(8)
+    assert [c.key for c in first] == [c.key for c in seeds]  # the seeds alone, not padded with search
+    for candidate in first:
+        search.observe(candidate, 1e-3)
+    assert not {c.key for c in search.propose(8)} & {c.key for c in seeds}

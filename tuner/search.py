@@ -113,10 +113,11 @@ class TaskSearch:
         return added
 
     def propose(self, n: int) -> list[Candidate]:
-        """Queued seeds first (see ``add_seeds``), then ``_search(n)``."""
+        """Up to ``n`` of the queued seeds (see ``add_seeds``) while any wait, alone: the search
+        starts from what they measure, in the next batch; then ``_search(n)``."""
         waiting = [c for c in self._seeds if c.key not in self.seen]
         seeds, self._seeds = waiting[:n], waiting[n:]
-        return seeds + (self._search(n - len(seeds)) if n > len(seeds) else [])
+        return seeds or self._search(n)
 
     def _search(self, n: int) -> list[Candidate]:
         """Up to ``n`` candidates never measured before; fewer if the space runs dry.
