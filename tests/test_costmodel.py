@@ -46,3 +46,16 @@ def test_selection_explores_and_never_drops_everything():
     assert len(picked) == len(set(picked)) == 8
     assert sum(p >= 94 for p in picked) == 6  # the 6 best by score, 2 explored
     assert TopKWithExploration().select(np.zeros(3), 8, rng) != []
+
+
+def test_the_score_is_the_ensembles_mean_less_its_disagreement():
+    rng = np.random.default_rng(0)
+    model = CostModel(seed=1)
+    x, latency = _data(rng, 200)
+    model.add("task", x, list(latency))
+    assert model.fit()
+    mean, spread = model.predict_spread(x[:50])
+    np.testing.assert_allclose(model.predict(x[:50]), mean - spread, rtol=1e-6)
+    assert (spread >= 0).all() and spread.any()  # members trained on different subsamples disagree somewhat
+    untrained_mean, untrained_spread = CostModel().predict_spread(x[:5], np.random.default_rng(1))
+    assert len(untrained_mean) == 5 and not untrained_spread.any()
