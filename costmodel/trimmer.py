@@ -70,9 +70,13 @@ class TrimmerFilter:
         if not self.enabled:
             return 0.0
         tau = self.rank_quality(group)
-        if tau is None:
-            others = [self.trust(g) for g in self._recent if g != group and self.rank_quality(g) is not None]
-            return float(np.mean(others)) if others else 0.0
+        if tau is not None:
+            return self._trust_at(tau)
+        others = [self.rank_quality(g) for g in self._recent if g != group]
+        judged = [self._trust_at(other) for other in others if other is not None]
+        return float(np.mean(judged)) if judged else 0.0
+
+    def _trust_at(self, tau: float) -> float:
         return float(np.clip((tau - self.min_tau) / (self.full_trust_tau - self.min_tau), 0.0, 1.0))
 
     def split(self, group: str, scores: Sequence[float], rng: np.random.Generator) -> FilterDecision:

@@ -42,14 +42,13 @@ def tune_step(spec: str, target: str, trials: int, work_dir: Path, seed: int, tr
     """Tune one workload; its model-latency curve from the database."""
     from tuner import tune
     from tuner.database import TuningDatabase
-    from tuner.report import best_latency_curve
+    from tuner.report import job_curve
 
     name, batch = parse_workload(spec)
     result = tune(name, target=target, trials=trials, work_dir=work_dir, batch=batch, seed=seed, transfer_from=transfer_from or None)
     db = TuningDatabase(result.database_path, read_only=True)
     try:
-        job = db.get_meta("job")
-        curve = best_latency_curve(db.records(job["target"]), {t["workload_id"]: t["weight"] for t in job["tasks"]})
+        curve = job_curve(db)
         transfer = db.get_meta("transfer")
     finally:
         db.close()

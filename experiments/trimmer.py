@@ -45,12 +45,11 @@ def run_curve(work_dir: Path, trials: int) -> dict[str, list[float]]:
     """The run's best latency after each of its measurements (inf before the first success) and
     the tuning seconds at each, from its database."""
     from tuner.database import TuningDatabase
-    from tuner.report import best_latency_curve
+    from tuner.report import job_curve
 
-    db = TuningDatabase(work_dir / "tuning.db")
+    db = TuningDatabase(work_dir / "tuning.db", read_only=True)
     try:
-        job = db.get_meta("job")
-        curve = best_latency_curve(db.records(job["target"]), {t["workload_id"]: t["weight"] for t in job["tasks"]})
+        curve = job_curve(db)
     finally:
         db.close()
     latency, elapsed = [math.inf] * trials, [0.0] * trials

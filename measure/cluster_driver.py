@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cluster_nodes
-from .engine import EngineConfig
+from .engine import SERIAL_WINDOW, EngineConfig
 from .runners import DeviceUnavailable
 from .types import BuildResult, MeasureInput, MeasureResult, Status, VerifyResult
 
@@ -223,7 +223,7 @@ class ClusterDriver:
         batch = self.batch
         if batch is None or not batch.queue or (not self.cuda and self.builds):
             return
-        size = 4 if batch.serial else None
+        size = SERIAL_WINDOW if batch.serial else None
         ready = [m for m in self.measurers if m.state == "up" and m.device == batch.device]
         while batch.queue and any(m.in_flight < IN_FLIGHT_PER_MEASURER for m in ready):
             for measurer in sorted(ready, key=lambda m: m.in_flight):

@@ -31,6 +31,14 @@ def runner_cpu_sets(runners: int, kernel_threads: int) -> list[list[int] | None]
     return [allowed[i * kernel_threads : (i + 1) * kernel_threads] for i in range(runners)]
 
 
+def pinned_env(cpus: list[int] | None) -> dict[str, str]:
+    """A measuring worker's environment for running on ``cpus`` alone (None: not pinned); TVM must
+    then leave its threads where the process is rather than binding them to cores of its own choosing."""
+    if cpus is None:
+        return {}
+    return {CPUS_ENV: ",".join(map(str, cpus)), "TVM_BIND_THREADS": "0"}
+
+
 def pin_from_env() -> None:
     """Pin this process to the CPUs in ``$TENSOR_TUNER_CPUS``, if set (called by measuring workers)."""
     cpus = os.environ.get(CPUS_ENV)

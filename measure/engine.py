@@ -26,7 +26,7 @@ from pathlib import Path
 import tvm
 
 from .building import build_with
-from .cpu_slots import CPUS_ENV, default_cpu_dop, runner_cpu_sets
+from .cpu_slots import default_cpu_dop, pinned_env, runner_cpu_sets
 from .dop import DopController, DopDecision, relative_error
 from .dop_memory import DopMemory, machine_key
 from .host import available_memory_bytes
@@ -40,6 +40,7 @@ from .worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
 __all__ = ["DeviceUnavailable", "EngineConfig", "MeasureEngine"]
 
 _RUN_FAILURES = (Status.RUN_ERROR, Status.RUN_TIMEOUT, Status.RUN_CRASH)
+SERIAL_WINDOW = 4  # built candidates one measuring window takes when each is timed alone
 
 
 @dataclass
@@ -47,7 +48,7 @@ class EngineConfig:
     build_workers: int | None = None  # default: one per core, fewer if memory is short; 0: measure only
     timing: TimingConfig = field(default_factory=TimingConfig)
     runtime_only_runner: bool = True  # measure with the TVM runtime alone, as a GPU host would
-    max_dop: int | None = None  # most candidates timed at once; default: cores on a CPU, 8 on a GPU
+    max_dop: int | None = None  # most candidates timed at once; default: physical cores / num-cores on a CPU, 8 on a GPU
     dop_error_threshold: float = 0.05  # a parallel measurement this far off the serial one is a loss
     dop_check_fraction: float = 0.2  # share of each parallel window re-measured serially
     remember_dop: bool = True  # start the DOP controller where the last run on this machine left it
@@ -59,14 +60,6 @@ class EngineConfig:
 def default_build_workers() -> int:
     memory_bound = max(1, available_memory_bytes() // (2 << 30))  # ~2 GiB per compiling worker
     return max(1, min(os.cpu_count() or 1, memory_bound))
-
-
-def _pinned_env(cpus: list[int] | None) -> dict[str, str]:
-    """A measuring worker's environment for running on ``cpus`` alone; TVM must then leave its
-    threads where the process is rather than binding them to cores of its own choosing."""
-    if cpus is None:
-        return {}
-    return {CPUS_ENV: ",".join(map(str, cpus)), "TVM_BIND_THREADS": "0"}
 
 
 def device_kind(target: tvm.target.Target) -> str:
@@ -103,7 +96,7 @@ class MeasureEngine:
             max_dop = self.config.max_dop or 8
             cpu_sets = [None] * (max_dop + 1)  # on a GPU one more worker than the DOP prepares the next candidate during timed regions
         runners = [
-            WorkerProcess("run", f"runner-{i}", log_dir / f"runner-{i}.log", run_env | _pinned_env(cpus)) for i, cpus in enumerate(cpu_sets)
+            WorkerProcess("run", f"runner-{i}", log_dir / f"runner-{i}.log", run_env | pinned_env(cpus)) for i, cpus in enumerate(cpu_sets)
         ]
         self.monitor = NvmlMonitor() if self.device == "cuda" else None
         self._runners = RunnerPool(runners, self.device, self.config.run_timeout, self.monitor, self.config.gpu_index)
@@ -188,7 +181,7 @@ class MeasureEngine:
 
     def window_size(self, serial: bool) -> int:
         """How many built candidates one measuring window takes at the current DOP."""
-        return 4 if serial else 5 * self.dop.dop
+        return SERIAL_WINDOW if serial else 5 * self.dop.dop
 
     def _measure_window(self, window: list[BuildResult], timing: TimingConfig, serial: bool) -> Iterator[MeasureResult]:
         """Time a window at the current DOP. At DOP 1 each result is handed back as it comes. A

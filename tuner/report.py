@@ -43,6 +43,12 @@ def best_latency_curve(records: list[Record], weights: dict[int, int]) -> Curve:
     return curve
 
 
+def job_curve(db: TuningDatabase) -> Curve:
+    """The best-latency curve of the tuning job ``db`` holds (its target's records, its tasks' weights)."""
+    job = db.get_meta("job")
+    return best_latency_curve(db.records(job["target"]), {t["workload_id"]: t["weight"] for t in job["tasks"]})
+
+
 def write_report(work_dir: str | Path, output_dir: str | Path | None = None) -> tuple[Path, Path]:
     """Write report.md and report.png for a work dir; returns their paths."""
     work_dir = Path(work_dir)
