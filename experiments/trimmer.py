@@ -10,7 +10,15 @@ its own run without the filter, but one seed's search can be 2x off another's at
 the averaged curves are the result. The two compiled results at equal budget are also timed side
 by side. Goal: at least 30% fewer measurements to reach the target, final latency within 2%.
 
+Two runs of one seed part after their first batch whatever the filter does: the model is trained
+on latencies that differ by timing noise, and from then on the searches go their own ways. The
+filter acts only once its model ranks well (after some 5 batches), so in a plain comparison the
+difference is mostly that early noise. ``--shared N`` takes it out: each seed's first N
+measurements are tuned once, without the filter, and both variants resume from a copy of that
+work dir; ``saved_after_shared`` compares the measurements after it.
+
     python experiments/trimmer.py                                  # two conv2d layers, seeds 1-4
+    python experiments/trimmer.py --shared 64 --trials 192         # both variants start from the same 64
     python experiments/trimmer.py --workloads matmul-512 --trials 64 --seeds 1
 """
 
@@ -84,7 +92,7 @@ def compare(args: argparse.Namespace) -> None:
             print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
     write_csv(out / "trimmer.csv", rows)
     (out / "curves.json").write_text(json.dumps({f"{name}/seed{seed}": c for (name, seed), c in curves.items()}))
-    summary = [_summary(name, [r for r in rows if r["workload"] == name], [curves[name, s] for s in args.seeds], args.trials) for name in args.workloads]
+    summary = [_summary(name, [r for r in rows if r["workload"] == name], [curves[name, s] for s in args.seeds], args.trials, args.shared) for name in args.workloads]
     _plot(summary, out / "trimmer.png")
     for row in summary:
         del row["curves"]
@@ -105,12 +113,15 @@ def compare(args: argparse.Namespace) -> None:
 def _compare_one(workload, seed: int, args: argparse.Namespace, target, out: Path) -> tuple[dict, dict]:
     name = workload.name
     runs, curves = {}, {}
+    prefix = _shared_prefix(name, seed, args, out) if args.shared else None
     for variant in ("off", "on"):
         work_dir = out / f"{name}-filter-{variant}-seed{seed}"
         shutil.rmtree(work_dir, ignore_errors=True)
-        work_dir.mkdir(parents=True)
+        if prefix:
+            shutil.copytree(prefix, work_dir)  # both variants resume from the same measured candidates
+        work_dir.mkdir(parents=True, exist_ok=True)
         step = ["--step", variant, name, "--target", args.target, "--trials", str(args.trials), "--work-dir", str(work_dir), "--seed", str(seed)]
-        print(f"[{name} seed {seed}] filter {variant}: tuning {args.trials} trials ...", flush=True)
+        print(f"[{name} seed {seed}] filter {variant}: tuning to {args.trials} trials ...", flush=True)
         runs[variant] = run_step(Path(__file__), step, out / f"{name}-filter-{variant}-seed{seed}.log")
         curves[variant] = run_curve(work_dir, args.trials)
     target_latency = curves["off"]["latency"][-1]
@@ -136,7 +147,18 @@ def _compare_one(workload, seed: int, args: argparse.Namespace, target, out: Pat
     return row, curves
 
 
-def _summary(name: str, rows: list[dict], curves: list[dict], trials: int) -> dict:
+def _shared_prefix(name: str, seed: int, args: argparse.Namespace, out: Path) -> Path:
+    """A work dir with the first ``args.shared`` measurements of ``name``, tuned without the filter."""
+    work_dir = out / f"{name}-shared-seed{seed}"
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    step = ["--step", "off", name, "--target", args.target, "--trials", str(args.shared), "--work-dir", str(work_dir), "--seed", str(seed)]
+    print(f"[{name} seed {seed}] shared start: tuning {args.shared} trials without the filter ...", flush=True)
+    run_step(Path(__file__), step, out / f"{name}-shared-seed{seed}.log")
+    return work_dir
+
+
+def _summary(name: str, rows: list[dict], curves: list[dict], trials: int, shared: int) -> dict:
     mean = {variant: geometric_mean_curve([c[variant]["latency"] for c in curves]) for variant in ("off", "on")}
     target = mean["off"][-1]
     reached = {variant: trials_to_reach(mean[variant], target) for variant in ("off", "on")}
@@ -153,7 +175,8 @@ def _summary(name: str, rows: list[dict], curves: list[dict], trials: int) -> di
         "target_ms": round(target * 1e3, 4),
         "off_trials_to_target": reached["off"],
         "on_trials_to_target": reached["on"] or f">{trials}",
-        "measurements_saved": f"{1 - reached['on'] / reached['off']:.0%}" if reached["on"] else f"< {1 - trials / reached['off']:.0%}",
+        "measurements_saved": _saved(reached["on"], reached["off"], 0, trials),
+        "saved_after_shared": _saved(reached["on"], reached["off"], shared, trials) if shared else "-",
         "off_seconds_to_target": seconds("off"),
         "on_seconds_to_target": seconds("on"),
         "on_end_vs_target": round(mean["on"][-1] / target, 3),
@@ -163,6 +186,14 @@ def _summary(name: str, rows: list[dict], curves: list[dict], trials: int) -> di
         "on_wall_s": round(statistics.fmean(r["on_wall_s"] for r in rows), 1),
         "curves": mean,
     }
+
+
+def _saved(on: int | None, off: int | None, shared: int, trials: int) -> str:
+    """The share of the measurements after the first ``shared`` that the filter saved on the way
+    to the target (an upper bound where it never got there)."""
+    if off is None or off <= shared:
+        return "-"
+    return f"{1 - (on - shared) / (off - shared):.0%}" if on else f"< {1 - (trials - shared) / (off - shared):.0%}"
 
 
 def _plot(summary: list[dict], path: Path) -> None:
@@ -194,6 +225,7 @@ def main() -> None:
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--trials", type=int, default=128)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
+    parser.add_argument("--shared", type=int, default=0, help="measurements both variants of a seed share (tuned once, without the filter) before they part")
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--out", default="experiments/results/trimmer")
     parser.add_argument("--step", nargs=1, help=argparse.SUPPRESS)

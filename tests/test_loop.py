@@ -52,6 +52,18 @@ def test_gradient_scheduler_favours_a_task_far_below_the_throughput_of_its_kind(
     assert scheduler.pick(tasks) == 1
 
 
+def test_a_task_that_stopped_improving_loses_the_promise_of_its_kind():
+    tasks = [TaskProgress(weight=1, flops=1e10, kind="conv"), TaskProgress(weight=1, flops=1e9, kind="conv")]
+    scheduler = GradientScheduler(epsilon=0.0, window=3)
+    _visit_all(scheduler, tasks, (1e-3, 1e-3))  # task 1 runs at a tenth of task 0's throughput
+    tasks[0].record_batch(8, 1.0, None, 1e-3)
+    picks = _visit_all(scheduler, tasks, (1e-3,) * 3)
+    assert picks == [1, 1, 1] and tasks[1].batches_without_improvement == 3
+    assert scheduler.pick(tasks) == 0  # three batches without gain: only its own history speaks for it now
+    tasks[1].record_batch(8, 1.0, None, 9e-4)  # it improves again: the promise is back
+    assert tasks[1].batches_without_improvement == 0 and scheduler.pick(tasks) == 1
+
+
 def test_round_robin_scheduler_takes_turns():
     tasks = [TaskProgress(weight=1), TaskProgress(weight=100)]
     scheduler = RoundRobinScheduler()

@@ -92,3 +92,12 @@ def test_a_run_reports_rank_quality_and_what_the_filter_saved(tmp_path):
 
     md, _ = write_report(tmp_path)
     assert "Kendall tau" in md.read_text()
+
+
+def test_a_run_takes_the_filter_it_is_given(tmp_path):
+    from tuner import tune
+
+    result = tune("matmul-128", trials=24, work_dir=tmp_path, batch_size=8, progress=False, verify=False, trimmer=TrimmerFilter(enabled=False))
+    assert result.filtered["dropped"] == 0 and result.filtered["proposed"] == 24
+    with pytest.raises(ValueError, match="max_drop"):
+        TrimmerFilter(max_drop=1.0)

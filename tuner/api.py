@@ -42,7 +42,7 @@ def tune(
     stop: Objectives | None = None,
     task_stop: Objectives | None = None,
     scheduler: str = "gradient",
-    trimmer: bool = True,
+    trimmer: bool | TrimmerFilter = True,
     example_inputs: Sequence[Any] | None = None,
     batch: int | None = None,
     dtype: str | None = None,
@@ -72,7 +72,7 @@ def tune(
     meets one gets no more trials); ``trials=None`` leaves only those. ``scheduler`` is
     "gradient" (trials go where they cut the model's latency most) or "round-robin".
     ``trimmer=False`` measures every candidate the search proposes instead of skipping those the
-    cost model predicts to be poor.
+    cost model predicts to be poor; a ``costmodel.TrimmerFilter`` sets how much it filters.
     """
     started = time.monotonic()
     objectives = run_objectives(trials, stop)
@@ -91,7 +91,7 @@ def tune(
         tasks = extract_tasks(workload, tvm_target)
         _record_job(db, workload, tvm_target, tasks)
         cost_model = CostModel(seed=seed)
-        config = LoopConfig(batch_size=batch_size, verify=verify, scheduler=scheduler, trimmer=TrimmerFilter(enabled=trimmer))
+        config = LoopConfig(batch_size=batch_size, verify=verify, scheduler=scheduler, trimmer=trimmer if isinstance(trimmer, TrimmerFilter) else TrimmerFilter(enabled=trimmer))
         loop = TuningLoop(tasks, tvm_target, db, engine, cost_model, seed, config, report)
         tuning_started = time.monotonic()
         if sources:
