@@ -197,3 +197,25 @@ def test_borrowed_data_does_not_delay_learning_from_this_run(tmp_path):
     model.add("own", rng.random((8, 12)).astype("float32"), list(rng.random(8) + 1))
     assert model.update()  # 8 samples of its own after 60 borrowed: retrained at once, not after 6 more
     assert not model.update()
+
+
+def test_the_model_waits_for_the_transferred_schedules_before_it_retrains(tuned_matmul, tmp_path, engine, llvm_target):
+    from tuner.api import COST_MODEL_FILE, DATABASE_FILE
+    from tuner.loop import LoopConfig, TuningLoop
+    from tuner.objectives import Objectives
+    from tuner.progress import Progress
+    from tuner.tasks import Task
+    from tuner.transfer import read_sources, transfer
+
+    tasks = [Task("primfunc", _matmul(96, 192, 64), 1, 2 * 96 * 192 * 64)]
+    model = CostModel()
+    loop = TuningLoop(tasks, llvm_target, TuningDatabase(tmp_path / "tuning.db"), engine, model, config=LoopConfig(batch_size=2))
+    transfer(read_sources([tuned_matmul.work_dir], DATABASE_FILE, COST_MODEL_FILE), loop.runs, model, llvm_target, Progress(enabled=False))
+    search = loop.runs[0].search
+    assert search.seeds_waiting and model.trained  # warm-started on the source's 16 measurements
+    while search.seeds_waiting:
+        loop._tune_batch(0, 2, Objectives(), None)
+        assert model._trained_on == 0 or not search.seeds_waiting  # not retrained on its own results yet
+    measured = loop.trials_done
+    loop._tune_batch(0, 2, Objectives(), None)
+    assert model._trained_on >= measured  # once they are all in, it learns from them

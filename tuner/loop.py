@@ -214,8 +214,12 @@ class TuningLoop:
         quality = rank_quality(scores[decision.keep], outcome.latencies) if trained else RankQuality(None, None, 0, len(measured))
         if trained:
             self.trimmer.record(run.group, scores[decision.keep], outcome.latencies)
-        with self._phase("cost model"):
-            self.cost_model.update()
+        if not any(r.search.seeds_waiting for r in self.runs):
+            # While transferred schedules are measured alone, the searches, the model's users, wait;
+            # retraining a warm-started model on thousands of source samples after each of those
+            # small batches cost a second each and held up the transfer's first round.
+            with self._phase("cost model"):
+                self.cost_model.update()
         run.progress.record_batch(len(measured), time.monotonic() - started, outcome.joules, outcome.best)
         self.spent.add_batch(len(measured), 0.0, outcome.joules, self.model_latency())
         self._log_batch(run, decision, quality)

@@ -112,6 +112,11 @@ class TaskSearch:
                 added += 1
         return added
 
+    @property
+    def seeds_waiting(self) -> bool:
+        """Whether queued seeds (see ``add_seeds``) are still to be proposed."""
+        return any(c.key not in self.seen for c in self._seeds)
+
     def propose(self, n: int) -> list[Candidate]:
         """Up to ``n`` of the queued seeds (see ``add_seeds``) while any wait, alone: the search
         starts from what they measure, in the next batch; then ``_search(n)``."""
