@@ -199,7 +199,7 @@ def test_borrowed_data_does_not_delay_learning_from_this_run(tmp_path):
     assert not model.update()
 
 
-def test_the_model_waits_for_the_transferred_schedules_before_it_retrains(tuned_matmul, tmp_path, engine, llvm_target):
+def test_the_model_waits_for_every_tasks_first_transferred_schedules_before_it_retrains(tuned_matmul, tmp_path, engine, llvm_target):
     from tuner.api import COST_MODEL_FILE, DATABASE_FILE
     from tuner.loop import LoopConfig, TuningLoop
     from tuner.objectives import Objectives
@@ -207,15 +207,13 @@ def test_the_model_waits_for_the_transferred_schedules_before_it_retrains(tuned_
     from tuner.tasks import Task
     from tuner.transfer import read_sources, transfer
 
-    tasks = [Task("primfunc", _matmul(96, 192, 64), 1, 2 * 96 * 192 * 64)]
+    tasks = [Task(f"matmul{i}", _matmul(*shape), 1, 2 * np.prod(shape)) for i, shape in enumerate([(96, 192, 64), (64, 96, 128)])]
     model = CostModel()
     loop = TuningLoop(tasks, llvm_target, TuningDatabase(tmp_path / "tuning.db"), engine, model, config=LoopConfig(batch_size=2))
     transfer(read_sources([tuned_matmul.work_dir], DATABASE_FILE, COST_MODEL_FILE), loop.runs, model, llvm_target, Progress(enabled=False))
-    search = loop.runs[0].search
-    assert search.seeds_waiting and model.trained  # warm-started on the source's 16 measurements
-    while search.seeds_waiting:
-        loop._tune_batch(0, 2, Objectives(), None)
-        assert model._trained_on == 0 or not search.seeds_waiting  # not retrained on its own results yet
-    measured = loop.trials_done
+    assert all(run.search.seeds_waiting for run in loop.runs) and model.trained  # warm-started on the source's 16 measurements
     loop._tune_batch(0, 2, Objectives(), None)
-    assert model._trained_on >= measured  # once they are all in, it learns from them
+    assert model._trained_on == 0  # task 1 has not measured its transferred schedules yet
+    loop._tune_batch(1, 2, Objectives(), None)
+    assert all(run.search.seeds_waiting for run in loop.runs)  # more are queued than one batch takes
+    assert model._trained_on == 4  # but every task has measured some: it learns from them

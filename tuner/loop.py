@@ -214,10 +214,10 @@ class TuningLoop:
         quality = rank_quality(scores[decision.keep], outcome.latencies) if trained else RankQuality(None, None, 0, len(measured))
         if trained:
             self.trimmer.record(run.group, scores[decision.keep], outcome.latencies)
-        if not any(r.search.seeds_waiting for r in self.runs):
-            # While transferred schedules are measured alone, the searches, the model's users, wait;
-            # retraining a warm-started model on thousands of source samples after each of those
-            # small batches cost a second each and held up the transfer's first round.
+        if not any(r.trials == 0 and r.search.seeds_waiting for r in self.runs):
+            # Until every task has measured its first transferred schedules, the searches (the model's
+            # users) wait; retraining a warm-started model on thousands of source samples after each
+            # of those small batches cost ~0.6 s each and held up the transfer's first round.
             with self._phase("cost model"):
                 self.cost_model.update()
         run.progress.record_batch(len(measured), time.monotonic() - started, outcome.joules, outcome.best)
