@@ -111,10 +111,10 @@ def main() -> None:
     unfiltered = geometric_mean_curve(padded([best_so_far(lats) for _, lats in per_run.values()]))
     target = unfiltered[-1]
     print(f"unfiltered: target {target * 1e3:.4f} ms reached at measurement {trials_to_reach(unfiltered, target)}")
+    measured = sum(len(lats) for _, lats in per_run.values())
     for share in SHARES:
         results = [what_dropping_loses(batches, lats, share) for batches, lats in per_run.values()]
         filtered_curve = geometric_mean_curve(padded([r["curve"] for r in results]))
-        measured = sum(len(lats) for _, lats in per_run.values())
         table.append(
             {
                 "drop_share": share,

@@ -113,16 +113,15 @@ def compare(args: argparse.Namespace) -> None:
 def _compare_one(workload, seed: int, args: argparse.Namespace, target, out: Path) -> tuple[dict, dict]:
     name = workload.name
     runs, curves = {}, {}
-    prefix = _shared_prefix(name, seed, args, out) if args.shared else None
+    prefix = None
+    if args.shared:
+        prefix = out / f"{name}-shared-seed{seed}"
+        print(f"[{name} seed {seed}] shared start: tuning {args.shared} trials without the filter ...", flush=True)
+        _tune_variant(name, "off", args.shared, prefix, None, seed, args.target)
     for variant in ("off", "on"):
         work_dir = out / f"{name}-filter-{variant}-seed{seed}"
-        shutil.rmtree(work_dir, ignore_errors=True)
-        if prefix:
-            shutil.copytree(prefix, work_dir)  # both variants resume from the same measured candidates
-        work_dir.mkdir(parents=True, exist_ok=True)
-        step = ["--step", variant, name, "--target", args.target, "--trials", str(args.trials), "--work-dir", str(work_dir), "--seed", str(seed)]
         print(f"[{name} seed {seed}] filter {variant}: tuning to {args.trials} trials ...", flush=True)
-        runs[variant] = run_step(Path(__file__), step, out / f"{name}-filter-{variant}-seed{seed}.log")
+        runs[variant] = _tune_variant(name, variant, args.trials, work_dir, prefix, seed, args.target)
         curves[variant] = run_curve(work_dir, args.trials)
     target_latency = curves["off"]["latency"][-1]
     off_trials = trials_to_reach(curves["off"]["latency"], target_latency)
@@ -147,15 +146,16 @@ def _compare_one(workload, seed: int, args: argparse.Namespace, target, out: Pat
     return row, curves
 
 
-def _shared_prefix(name: str, seed: int, args: argparse.Namespace, out: Path) -> Path:
-    """A work dir with the first ``args.shared`` measurements of ``name``, tuned without the filter."""
-    work_dir = out / f"{name}-shared-seed{seed}"
+def _tune_variant(name: str, variant: str, trials: int, work_dir: Path, start_from: Path | None, seed: int, target: str) -> dict:
+    """Tune ``name`` with the filter ``variant`` ("on"/"off") to ``trials`` in a fresh process, in
+    ``work_dir`` started afresh or, with ``start_from``, from a copy of that work dir (both variants
+    then resume from the same measured candidates); its log is ``work_dir`` + ".log"."""
     shutil.rmtree(work_dir, ignore_errors=True)
-    work_dir.mkdir(parents=True)
-    step = ["--step", "off", name, "--target", args.target, "--trials", str(args.shared), "--work-dir", str(work_dir), "--seed", str(seed)]
-    print(f"[{name} seed {seed}] shared start: tuning {args.shared} trials without the filter ...", flush=True)
-    run_step(Path(__file__), step, out / f"{name}-shared-seed{seed}.log")
-    return work_dir
+    if start_from:
+        shutil.copytree(start_from, work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    step = ["--step", variant, name, "--target", target, "--trials", str(trials), "--work-dir", str(work_dir), "--seed", str(seed)]
+    return run_step(Path(__file__), step, work_dir.with_name(work_dir.name + ".log"))
 
 
 def _summary(name: str, rows: list[dict], curves: list[dict], trials: int, shared: int) -> dict:
