@@ -5,7 +5,10 @@ into the run's batches; before each batch, a fresh cost model is trained on ever
 earlier and scores the batch, as the loop would have. Then, for each share of the batch a filter
 could drop (its worst-scored candidates), this counts what dropping them would have lost: the
 batches whose improvement of the task's best would have been missed, and the best latency the
-run would have ended with. No candidate is built or run: only the stored results are used.
+run would have ended with. Two kinds of filter are replayed: dropping a fixed share of each
+batch (its worst-scored), and dropping what the model predicts at least some ratio slower than
+the task's best (the rule ``costmodel.TrimmerFilter`` uses at full trust). No candidate is built or
+run: only the stored results are used.
 
     python experiments/filter_replay.py experiments/results/trimmer/sixteen-runs-conv2d-resnet18-l2/*-filter-off-seed*
 """
@@ -25,6 +28,7 @@ from experiments.common import markdown_table  # noqa: E402
 from experiments.trimmer import geometric_mean_curve, trials_to_reach  # noqa: E402
 
 SHARES = (0.25, 0.5, 0.75)
+RATIOS = (1.5, 2.0, 3.0)
 
 
 def replay_run(work_dir: Path, batch: int, score: str) -> tuple[list[dict], list[float | None]]:
@@ -65,14 +69,23 @@ def replay_run(work_dir: Path, batch: int, score: str) -> tuple[list[dict], list
     return batches, latencies
 
 
-def what_dropping_loses(batches: list[dict], latencies: list[float | None], share: float) -> dict:
-    """Dropping each batch's worst-scored ``share``: measurements saved, improving batches whose
-    improvement is lost, and the final best against the unfiltered run's."""
+def worst_share(share: float):
+    """A filter that drops the worst-scored ``share`` of a batch."""
+    return lambda scores: set(np.argsort(scores, kind="stable")[: int(len(scores) * share)].tolist())
+
+
+def slower_than(ratio: float):
+    """A filter that drops what the model scores at least ``ratio`` times slower than the best."""
+    return lambda scores: {i for i, score in enumerate(scores) if score < -np.log(ratio)}
+
+
+def what_dropping_loses(batches: list[dict], latencies: list[float | None], rule) -> dict:
+    """Dropping in each batch what ``rule`` (scores -> indices) picks: measurements saved,
+    improving batches whose improvement is lost, and the final best against the unfiltered run's."""
     dropped = improving = lost = 0
     curve = best_so_far(latencies[: len(latencies) - sum(len(b["latencies"]) for b in batches)])
     for b in batches:
-        n = len(b["scores"])
-        drop = set(np.argsort(b["scores"], kind="stable")[: int(n * share)].tolist())
+        drop = rule(b["scores"])
         dropped += len(drop)
         lats = [np.inf if lat is None else lat for lat in b["latencies"]]
         batch_best = min(lats)
@@ -112,12 +125,14 @@ def main() -> None:
     target = unfiltered[-1]
     print(f"unfiltered: target {target * 1e3:.4f} ms reached at measurement {trials_to_reach(unfiltered, target)}")
     measured = sum(len(lats) for _, lats in per_run.values())
-    for share in SHARES:
-        results = [what_dropping_loses(batches, lats, share) for batches, lats in per_run.values()]
+    rules = [(f"worst {share:.0%}", worst_share(share)) for share in SHARES]
+    rules += [(f"scored {ratio:g}x slower", slower_than(ratio)) for ratio in RATIOS]
+    for name, rule in rules:
+        results = [what_dropping_loses(batches, lats, rule) for batches, lats in per_run.values()]
         filtered_curve = geometric_mean_curve(padded([r["curve"] for r in results]))
         table.append(
             {
-                "drop_share": share,
+                "dropped": name,
                 "runs": len(results),
                 "saved": f"{sum(r['dropped'] for r in results) / measured:.0%}",
                 "improving_batches": sum(r["improving_batches"] for r in results),

@@ -33,14 +33,26 @@ def test_a_poorly_ranking_model_filters_nothing():
     assert decision.trust == 0 and decision.dropped == [] and len(decision.keep) == 20
 
 
-def test_a_trusted_model_drops_the_worst_scored_and_explores_some_of_them():
+def test_a_trusted_model_drops_what_it_predicts_twice_as_slow_as_the_best_and_explores_some_of_it():
     scores = -np.arange(40, dtype=float) / 10  # candidate i predicted exp(i/10) times slower than the best
     decision = _trusted(True).split("t", scores, np.random.default_rng(0))
     assert decision.trust == 1.0
-    assert len(decision.dropped) + len(decision.explored) == 30  # max_drop 75%
+    assert len(decision.dropped) + len(decision.explored) == 30  # 33 are predicted 2x slower; max_drop caps at 75%
     assert decision.explored and set(decision.explored) <= set(decision.keep)
-    assert min(decision.dropped) >= 10  # only from the worst-scored
-    assert set(range(10)) <= set(decision.keep)
+    assert min(decision.dropped) >= 10  # the worst-scored first
+    assert set(range(7)) <= set(decision.keep)  # predicted less than 2x slower: never poor
+
+
+def test_with_less_trust_only_what_is_predicted_much_slower_counts_as_poor():
+    trimmer = TrimmerFilter()
+    for _ in range(2):  # a model that ranks half-well (tau 1/3): trust 0.58
+        trimmer.record("t", [3, 2, 1, 0, -1, -2], [3e-3, 1e-3, 2e-3, 6e-3, 5e-3, 4e-3])
+    scores = -np.arange(40, dtype=float) / 10
+    decision = trimmer.split("t", scores, np.random.default_rng(0))
+    assert 0 < decision.trust < 1
+    poor = sorted(decision.dropped + decision.explored)
+    assert poor and np.all(scores[poor] < np.log(0.5) / decision.trust)  # 2 ** (1 / trust) times slower
+    assert len(poor) < 30
 
 
 def test_trust_pools_a_tasks_recent_batches_and_a_new_task_borrows_it():
