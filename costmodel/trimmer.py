@@ -61,7 +61,18 @@ class TrimmerFilter:
     def record(self, group: str, scores: Sequence[float], latencies: Sequence[float | None]) -> None:
         """A measured batch of task ``group``: the model's scores, taken before it was measured, and
         the latencies (None for a failure)."""
-        self._recent.setdefault(group, deque(maxlen=self.window)).append((list(scores), list(latencies)))
+        self._recent.setdefault(group, deque(maxlen=self.window)).append(([float(s) for s in scores], list(latencies)))
+
+    def state(self) -> dict[str, list]:
+        """The judged batches the trust comes from, per task, as JSON-ready lists: a resumed run
+        takes them back with ``restore`` instead of trusting its model from scratch."""
+        return {group: [[scores, latencies] for scores, latencies in batches] for group, batches in self._recent.items()}
+
+    def restore(self, state: dict[str, list]) -> None:
+        """Take back the judged batches ``state`` gave (replacing any this filter holds)."""
+        self._recent = {
+            group: deque(((list(scores), list(latencies)) for scores, latencies in batches), maxlen=self.window) for group, batches in state.items()
+        }
 
     def rank_quality(self, group: str) -> float | None:
         """Kendall tau of the task's recent batches pooled; None while they cannot tell."""

@@ -69,6 +69,26 @@ def test_trust_pools_a_tasks_recent_batches_and_a_new_task_borrows_it():
     assert TrimmerFilter(enabled=False).trust("a") == 0
 
 
+def test_the_judged_batches_survive_a_round_trip_through_json():
+    trimmer = _trusted(True)
+    copy = TrimmerFilter()
+    copy.restore(json.loads(json.dumps(trimmer.state())))
+    assert copy.rank_quality("t") == trimmer.rank_quality("t") == 1.0
+
+
+def test_a_resumed_run_keeps_the_trust_its_model_earned(tmp_path):
+    from tuner import tune
+
+    def lenient() -> TrimmerFilter:  # trusts any model that ranks better than at random
+        return TrimmerFilter(min_tau=-1.0, full_trust_tau=-0.9)
+
+    for trials in (24, 32):
+        tune("matmul-128", trials=trials, work_dir=tmp_path, batch_size=8, progress=False, verify=False, trimmer=lenient())
+    entries = [json.loads(line) for line in (tmp_path / "logs" / "costmodel.jsonl").read_text().splitlines()]
+    resumed = entries[-1]
+    assert resumed["trials"] == 32 and resumed["trust"] == 1.0  # without the stored batches: 0, nothing judged yet
+
+
 def test_candidates_rated_near_the_best_are_never_dropped():
     decision = _trusted(True).split("t", np.full(16, -0.01), np.random.default_rng(0))
     assert decision.dropped == []

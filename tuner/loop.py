@@ -99,6 +99,7 @@ class TuningLoop:
         self.scheduler = make_scheduler(self.config.scheduler, seed)
         self.trimmer = self.config.trimmer
         self.ledger = FilterLedger.from_dict(db.get_meta("trimmer", {}))
+        self.trimmer.restore(db.get_meta("trimmer_judged", {}))  # a resumed run keeps the trust it had earned
         self.spent = Spending()  # the whole run's, counting earlier runs' trials and time
         self.stop_reason: str | None = None
         self.phase_seconds: dict[str, float] = {"search": 0.0, "measure": 0.0, "cost model": 0.0, "final choice": 0.0}
@@ -243,6 +244,7 @@ class TuningLoop:
 
     def _log_batch(self, run: TaskRun, decision: FilterDecision, quality: RankQuality) -> None:
         self.db.set_meta("trimmer", self.ledger.as_dict())
+        self.db.set_meta("trimmer_judged", self.trimmer.state())
         entry = {"time": time.time(), "task": run.task.name, "trials": self.trials_done, **quality.as_dict()}
         entry |= {"pooled_tau": self.trimmer.rank_quality(run.group), "trust": decision.trust, "threshold": decision.threshold, "dropped": len(decision.dropped), "explored": len(decision.explored)}
         self._quality_log.parent.mkdir(parents=True, exist_ok=True)
