@@ -10,7 +10,7 @@ With trust t, a candidate is predicted poor when even an optimistic estimate put
 ``poor_ratio ** (1 / t)`` times slower than the task's best measured candidate (the model predicts
 log-speed relative to that best): twice as slow at full trust, four times at half. A threshold
 beats dropping a fixed share of each batch: replayed on 16 unfiltered conv2d runs, "at least 2x
-slower" dropped 39% of the candidates and lost the gain of 10 of 71 improving batches, where
+slower" saved 34% of the measurements and lost the gain of 10 of 71 improving batches, where
 dropping the worst-scored half lost 23 (``experiments/filter_replay.py``). At most ``max_drop`` of a
 batch is dropped, and a share ``exploration`` of what would be is measured anyway, picked at
 random, so the model keeps seeing (and correcting) what it rates poorly; a batch is never dropped
