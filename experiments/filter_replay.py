@@ -2,15 +2,14 @@
 
 For each unfiltered run (a work dir of one single-task ``tune``), the measured candidates are cut
 into the run's batches; before each batch, a fresh cost model is trained on everything measured
-earlier and scores the batch, as the loop would have. Then, for each share of the batch a filter
-could drop (its worst-scored candidates), this counts what dropping them would have lost: the
-batches whose improvement of the task's best would have been missed, and the best latency the
-run would have ended with. Two kinds of filter are replayed: dropping a fixed share of each
-batch (its worst-scored), and dropping what the model predicts at least some ratio slower than
-the task's best (the rule ``costmodel.TrimmerFilter`` uses at full trust). No candidate is built or
-run: only the stored results are used.
+earlier and scores the batch, as the loop would have. Two kinds of filter are replayed: dropping
+a fixed share of each batch (its worst-scored), and dropping what the model predicts at least
+some ratio slower than the task's best (the rule ``costmodel.TrimmerFilter`` uses at full trust).
+For each, this counts what dropping would have lost: the batches whose improvement of the task's
+best would have been missed, and the best latency the run would have ended with. No candidate is
+built or run: only the stored results are used.
 
-    python experiments/filter_replay.py experiments/results/trimmer/sixteen-runs-conv2d-resnet18-l2/*-filter-off-seed*
+    python experiments/filter_replay.py experiments/results/trimmer/sixteen-runs-conv2d-resnet18-l2/*-filter-off-seed*[0-9]
 """
 
 from __future__ import annotations
