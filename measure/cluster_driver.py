@@ -31,6 +31,31 @@ MAX_ATTEMPTS = 3  # times a candidate is sent out again after the node or actor 
 IN_FLIGHT_PER_MEASURER = 2
 
 
+CLIENT_CONNECT_ATTEMPTS = 3
+# Ray Client's proxy forks a server per client while its gRPC threads run; now and then the fork
+# dies at once (gRPC "Check failed ... KICKED"), and the proxy answers with one of these. The next
+# connection forks again, so it is worth retrying; any other error is not.
+TRANSIENT_CLIENT_ERRORS = ("Starting Ray client server failed", "Proxy failed to Connect to backend")
+
+
+def is_transient_client_error(err: BaseException) -> bool:
+    """Whether a failed ``ray.init("ray://...")`` is the proxy's flaky server start, worth retrying."""
+    return any(marker in str(err) for marker in TRANSIENT_CLIENT_ERRORS)
+
+
+def _init_remote(ray: Any, address: str, common: dict) -> None:
+    attempts = CLIENT_CONNECT_ATTEMPTS if address.startswith("ray://") else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address=address, **common)
+            return
+        except Exception as err:  # noqa: BLE001 - re-raised unless transient
+            if attempt == attempts or not is_transient_client_error(err):
+                raise
+            logging.getLogger(__name__).warning("Ray Client could not start its server for us (%s); connecting again (%d of %d)", err, attempt + 1, attempts)
+            ray.shutdown()
+
+
 class ClusterError(RuntimeError):
     """The cluster cannot do what was asked (no such cluster, no GPU for a CUDA target, ...)."""
 
@@ -106,7 +131,7 @@ class ClusterDriver:
             if address == "local":
                 ray.init(num_cpus=local_cpus, num_gpus=local_gpus, include_dashboard=False, **common)
             else:
-                ray.init(address=address, **common)
+                _init_remote(ray, address, common)
         except Exception as err:  # noqa: BLE001 - Ray raises ConnectionError, ValueError, RuntimeError here
             raise ClusterError(f"cannot connect to the Ray cluster at {address!r}: {err}") from None
         self._build = ray.remote(num_cpus=1, max_retries=MAX_ATTEMPTS, scheduling_strategy="SPREAD")(cluster_nodes.build_task)

@@ -14,6 +14,7 @@ import pytest
 import faulty
 from measure import MeasureInput
 from measure.cluster import ClusterEngine, ClusterOptions
+from measure.cluster_driver import CLIENT_CONNECT_ATTEMPTS, _init_remote
 from ray_cluster import LocalRayCluster
 from tuner import TunerError, tune
 
@@ -58,6 +59,39 @@ def test_one_measuring_actor_per_gpu_each_with_its_own_dop(ray_cluster, tmp_path
 def test_ray_client_addresses_work_too(ray_cluster, tmp_path, llvm_target):
     with ClusterEngine(llvm_target, tmp_path, ClusterOptions(ray_cluster.client_address)) as engine:
         assert all(r.ok for r in engine.measure(copies(4), group="copies"))
+
+
+class RayClientProxyThatFailsToFork:
+    """Answers ``ray.init`` as Ray Client's proxy does when the server it forks for a client dies."""
+
+    def __init__(self, failures: int, message: str = "Starting Ray client server failed. See ray_client_server_23000.err for detailed logs."):
+        self.failures, self.message, self.inits, self.shutdowns = failures, message, 0, 0
+
+    def init(self, address: str, **kwargs) -> None:
+        self.inits += 1
+        if self.inits <= self.failures:
+            raise RuntimeError(self.message)
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+def test_a_ray_client_server_that_fails_to_start_is_asked_again_and_other_errors_are_not():
+    flaky = RayClientProxyThatFailsToFork(failures=CLIENT_CONNECT_ATTEMPTS - 1)
+    _init_remote(flaky, "ray://127.0.0.1:10001", {})
+    assert flaky.inits == CLIENT_CONNECT_ATTEMPTS and flaky.shutdowns == CLIENT_CONNECT_ATTEMPTS - 1
+    broken = RayClientProxyThatFailsToFork(failures=CLIENT_CONNECT_ATTEMPTS)
+    with pytest.raises(RuntimeError, match="client server failed"):
+        _init_remote(broken, "ray://127.0.0.1:10001", {})
+    assert broken.inits == CLIENT_CONNECT_ATTEMPTS
+    wrong = RayClientProxyThatFailsToFork(failures=1, message="ray client connection timeout")
+    with pytest.raises(RuntimeError, match="timeout"):
+        _init_remote(wrong, "ray://127.0.0.1:10001", {})
+    assert wrong.inits == 1
+    plain = RayClientProxyThatFailsToFork(failures=1)  # a GCS address has no client proxy to ask again
+    with pytest.raises(RuntimeError):
+        _init_remote(plain, "127.0.0.1:6379", {})
+    assert plain.inits == 1
 
 
 def test_a_measuring_actor_killed_mid_run_loses_nothing_and_measures_nothing_twice(ray_cluster, tmp_path, llvm_target):
