@@ -102,7 +102,11 @@ def compare(args: argparse.Namespace) -> None:
         "latency after each measurement is averaged over the seeds (geometric mean) with the filter and without; the target "
         f"is where the curve without the filter ends; `*_trials_to_target`: measurements until each averaged curve came within "
         f"{TOLERANCE:.0%} of it, `*_seconds_to_target`: the mean tuning seconds those measurements took; `on_end_vs_target`: "
-        "where the filtered curve ends, over the target; `final_latency_ratio`: the compiled results at equal budget timed "
+        "where the filtered curve ends, over the target; `chance_saved_10_90`: the 10-90% range of what two sets of as "
+        "many runs without the filter, drawn from these, score against each other on the same measure (see "
+        "`experiments/seed_noise.py`): what the seeds alone can make of it; `*_3q`: the same with the target where the "
+        "curve without the filter is at 3/4 of the budget (its end is nearly flat, which makes the first measure noisy); "
+        "`final_latency_ratio`: the compiled results at equal budget timed "
         "side by side (median over 3 processes of the ratio within each, averaged over seeds), filter on / off.\n\n"
         + table + "\n\n![averaged best latency against measurements](trimmer.png)\n\nPer seed, each against its own run "
         "without the filter:\n\n" + markdown_table(rows, list(rows[0])) + "\n"
@@ -159,9 +163,15 @@ def _tune_variant(name: str, variant: str, trials: int, work_dir: Path, start_fr
 
 
 def _summary(name: str, rows: list[dict], curves: list[dict], trials: int, shared: int) -> dict:
+    from experiments.seed_noise import TARGETS, chance_spread, describe, target_index
+
     mean = {variant: geometric_mean_curve([c[variant]["latency"] for c in curves]) for variant in ("off", "on")}
     target = mean["off"][-1]
     reached = {variant: trials_to_reach(mean[variant], target) for variant in ("off", "on")}
+    early_target = mean["off"][target_index(trials, TARGETS["3/4"])]
+    early = {variant: trials_to_reach(mean[variant], early_target) for variant in ("off", "on")}
+    off_curves = [c["off"]["latency"] for c in curves]
+    chance = {name: describe(chance_spread(off_curves, len(curves), at, shared)) for name, at in TARGETS.items()}
 
     def seconds(variant: str) -> str:
         n = reached[variant]
@@ -177,6 +187,12 @@ def _summary(name: str, rows: list[dict], curves: list[dict], trials: int, share
         "on_trials_to_target": reached["on"] or f">{trials}",
         "measurements_saved": _saved(reached["on"], reached["off"], 0, trials),
         "saved_after_shared": _saved(reached["on"], reached["off"], shared, trials) if shared else "-",
+        "chance_saved_10_90": chance["end"],
+        "target_3q_ms": round(early_target * 1e3, 4),
+        "off_trials_to_3q": early["off"],
+        "on_trials_to_3q": early["on"] or f">{trials}",
+        "saved_to_3q": _saved(early["on"], early["off"], shared, trials),
+        "chance_saved_3q_10_90": chance["3/4"],
         "off_seconds_to_target": seconds("off"),
         "on_seconds_to_target": seconds("on"),
         "on_end_vs_target": round(mean["on"][-1] / target, 3),
@@ -188,12 +204,20 @@ def _summary(name: str, rows: list[dict], curves: list[dict], trials: int, share
     }
 
 
-def _saved(on: int | None, off: int | None, shared: int, trials: int) -> str:
-    """The share of the measurements after the first ``shared`` that the filter saved on the way
-    to the target (an upper bound where it never got there)."""
+def saved_share(on: int | None, off: int | None, shared: int, trials: int) -> tuple[float, bool] | None:
+    """The share of the measurements after the first ``shared`` that ``on`` saved against ``off``
+    on the way to a target, and whether ``on`` got there (if not, the share is an upper bound);
+    None where ``off`` never got there or got there within the shared measurements."""
     if off is None or off <= shared:
+        return None
+    return (1 - (on - shared) / (off - shared), True) if on else (1 - (trials - shared) / (off - shared), False)
+
+
+def _saved(on: int | None, off: int | None, shared: int, trials: int) -> str:
+    share = saved_share(on, off, shared, trials)
+    if share is None:
         return "-"
-    return f"{1 - (on - shared) / (off - shared):.0%}" if on else f"< {1 - (trials - shared) / (off - shared):.0%}"
+    return f"{share[0]:.0%}" if share[1] else f"< {share[0]:.0%}"
 
 
 def _plot(summary: list[dict], path: Path) -> None:
