@@ -55,6 +55,15 @@ def test_with_less_trust_only_what_is_predicted_much_slower_counts_as_poor():
     assert len(poor) < 30
 
 
+def test_spared_candidates_are_measured_whatever_their_score_and_the_cap_counts_the_others():
+    scores = -np.arange(40, dtype=float) / 10
+    spared = [i % 2 == 1 for i in range(40)]  # every odd one, as the search's fresh samples
+    decision = _trusted(True).split("t", scores, np.random.default_rng(0), spared)
+    assert {i for i in range(40) if spared[i]} <= set(decision.keep)
+    assert len(decision.dropped) + len(decision.explored) == 15  # 75% of the 20 judged
+    assert all(i % 2 == 0 for i in decision.dropped)
+
+
 def test_trust_pools_a_tasks_recent_batches_and_a_new_task_borrows_it():
     trimmer = TrimmerFilter(window=2)
     assert trimmer.trust("a") == 0  # nothing judged yet
