@@ -103,8 +103,8 @@ def compare(args: argparse.Namespace) -> None:
         f"is where the curve without the filter ends; `*_trials_to_target`: measurements until each averaged curve came within "
         f"{TOLERANCE:.0%} of it, `*_seconds_to_target`: the mean tuning seconds those measurements took; `on_end_vs_target`: "
         "where the filtered curve ends, over the target; `chance_saved_10_90`: the 10-90% range of what two sets of as "
-        "many runs without the filter, drawn from these, score against each other on the same measure (see "
-        "`experiments/seed_noise.py`): what the seeds alone can make of it; `*_3q`: the same with the target where the "
+        "many runs without the filter, drawn from these, score against each other on `measurements_saved` (see "
+        "`experiments/seed_noise.py`): what the seeds alone can make of it (runs that share a start differ less); `*_3q`: the same with the target where the "
         "curve without the filter is at 3/4 of the budget (its end is nearly flat, which makes the first measure noisy); "
         "`final_latency_ratio`: the compiled results at equal budget timed "
         "side by side (median over 3 processes of the ratio within each, averaged over seeds), filter on / off.\n\n"
@@ -171,7 +171,8 @@ def _summary(name: str, rows: list[dict], curves: list[dict], trials: int, share
     early_target = mean["off"][target_index(trials, TARGETS["3/4"])]
     early = {variant: trials_to_reach(mean[variant], early_target) for variant in ("off", "on")}
     off_curves = [c["off"]["latency"] for c in curves]
-    chance = {name: describe(chance_spread(off_curves, len(curves), at, shared)) for name, at in TARGETS.items()}
+    # all measurements, shared or not: the sets drawn share no start, so only the whole count compares
+    chance = {name: describe(chance_spread(off_curves, len(curves), at)) for name, at in TARGETS.items()}
 
     def seconds(variant: str) -> str:
         n = reached[variant]
@@ -191,7 +192,7 @@ def _summary(name: str, rows: list[dict], curves: list[dict], trials: int, share
         "target_3q_ms": round(early_target * 1e3, 4),
         "off_trials_to_3q": early["off"],
         "on_trials_to_3q": early["on"] or f">{trials}",
-        "saved_to_3q": _saved(early["on"], early["off"], shared, trials),
+        "saved_to_3q": _saved(early["on"], early["off"], 0, trials),
         "chance_saved_3q_10_90": chance["3/4"],
         "off_seconds_to_target": seconds("off"),
         "on_seconds_to_target": seconds("on"),
