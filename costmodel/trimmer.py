@@ -47,10 +47,11 @@ class TrimmerFilter:
     exploration: float = 0.1
     window: int = 4  # a task's batches whose rank quality sets its trust
     # The search's fresh random samples are its way out of the region it has measured, where the
-    # model knows least; judged with the rest, they were most of what was dropped (measured
+    # model knows least. Judged with the rest they were nearly all that was dropped (measured
     # candidates far from any measured before: 43% without the filter, 26% with it), and filtered
-    # searches got stuck 1.1-1.6x slower more often (conv2d-resnet18-l2, seeds 1-11: 4 against 2).
-    spare_fresh: bool = True
+    # searches got stuck 1.1-1.6x slower more often (conv2d-resnet18-l2, 16 seeds: 5 against 2);
+    # sparing all of them left nothing to drop (mutants of the best are rated near it).
+    spare_fresh: float = 0.5  # of the fresh samples in a batch, the best-rated share always measured
     enabled: bool = True
     _recent: dict[str, deque] = field(init=False, repr=False)  # group -> (scores, latencies) of its last batches
 
@@ -60,6 +61,8 @@ class TrimmerFilter:
             raise ValueError(f"max_drop must be in [0, 1), got {self.max_drop}")
         if not self.poor_ratio > 1:
             raise ValueError(f"poor_ratio must be above 1 (a candidate that many times slower than the best is poor), got {self.poor_ratio}")
+        if not 0 <= self.spare_fresh <= 1:
+            raise ValueError(f"spare_fresh must be in [0, 1] (the share of fresh samples always measured), got {self.spare_fresh}")
         if not 0 < self.exploration <= 1:
             raise ValueError(f"exploration must be in (0, 1], got {self.exploration}")
 
@@ -100,14 +103,15 @@ class TrimmerFilter:
     def _trust_at(self, tau: float) -> float:
         return float(np.clip((tau - self.min_tau) / (self.full_trust_tau - self.min_tau), 0.0, 1.0))
 
-    def split(self, group: str, scores: Sequence[float], rng: np.random.Generator, spared: Sequence[bool] = ()) -> FilterDecision:
-        """Which of a batch proposed for task ``group`` to measure, given the model's scores; those
-        ``spared`` marks are measured whatever their score (the search's fresh samples, see
-        ``spare_fresh``), and ``max_drop`` is a share of the others."""
+    def split(self, group: str, scores: Sequence[float], rng: np.random.Generator, fresh: Sequence[bool] = ()) -> FilterDecision:
+        """Which of a batch proposed for task ``group`` to measure, given the model's scores and
+        which candidates are the search's ``fresh`` random samples (the best-rated ``spare_fresh``
+        share of them is measured whatever its score; ``max_drop`` is a share of the others)."""
         scores = np.asarray(scores, dtype=float)
         everything = list(range(len(scores)))
         trust = self.trust(group)
-        judged = [i for i in everything if not (i < len(spared) and spared[i])]
+        spared = self._spared(scores, fresh)
+        judged = [i for i in everything if i not in spared]
         if trust <= 0 or len(judged) < 2:
             return FilterDecision(everything, [], [], trust, None)
         threshold = -math.log(self.poor_ratio) / trust
@@ -118,6 +122,11 @@ class TrimmerFilter:
         dropped = sorted(set(poor) - set(explored))
         keep = [i for i in everything if i not in set(dropped)]
         return FilterDecision(keep, dropped, sorted(explored), trust, threshold)
+
+    def _spared(self, scores: np.ndarray, fresh: Sequence[bool]) -> set[int]:
+        candidates = [i for i, is_fresh in enumerate(fresh) if is_fresh]
+        best_first = sorted(candidates, key=lambda i: -scores[i])
+        return set(best_first[: math.ceil(len(best_first) * self.spare_fresh)])
 
 
 @dataclass

@@ -55,13 +55,16 @@ def test_with_less_trust_only_what_is_predicted_much_slower_counts_as_poor():
     assert len(poor) < 30
 
 
-def test_spared_candidates_are_measured_whatever_their_score_and_the_cap_counts_the_others():
+def test_the_best_rated_half_of_the_fresh_samples_is_measured_whatever_its_score():
     scores = -np.arange(40, dtype=float) / 10
-    spared = [i % 2 == 1 for i in range(40)]  # every odd one, as the search's fresh samples
-    decision = _trusted(True).split("t", scores, np.random.default_rng(0), spared)
-    assert {i for i in range(40) if spared[i]} <= set(decision.keep)
-    assert len(decision.dropped) + len(decision.explored) == 15  # 75% of the 20 judged
-    assert all(i % 2 == 0 for i in decision.dropped)
+    fresh = [i % 2 == 1 for i in range(40)]  # every odd one, as the search's fresh samples
+    decision = _trusted(True).split("t", scores, np.random.default_rng(0), fresh)
+    assert set(range(1, 20, 2)) <= set(decision.keep)  # the better-rated 10 of the 20 fresh
+    assert len(decision.dropped) + len(decision.explored) == 22  # 75% of the 30 judged
+    spare_all = TrimmerFilter(spare_fresh=1.0)
+    spare_all.restore(_trusted(True).state())
+    decision = spare_all.split("t", scores, np.random.default_rng(0), fresh)
+    assert set(range(1, 40, 2)) <= set(decision.keep) and all(i % 2 == 0 for i in decision.dropped)
 
 
 def test_trust_pools_a_tasks_recent_batches_and_a_new_task_borrows_it():
@@ -142,3 +145,5 @@ def test_a_run_takes_the_filter_it_is_given(tmp_path):
     assert result.filtered["dropped"] == 0 and result.filtered["proposed"] == 24
     with pytest.raises(ValueError, match="max_drop"):
         TrimmerFilter(max_drop=1.0)
+    with pytest.raises(ValueError, match="spare_fresh"):
+        TrimmerFilter(spare_fresh=1.5)

@@ -201,8 +201,8 @@ class TuningLoop:
             # A candidate is dropped only if even an optimistic estimate (ensemble mean + spread) rates it poor: the
             # model is least sure away from what was measured, and dropping there trapped the search in
             # one region (conv2d-resnet50-l1 ended 1.2-1.6x slower in 4 of 4 seeds with the pessimistic score).
-            spared = [c.parent is None for c in candidates] if self.trimmer.spare_fresh else []
-            decision = self.trimmer.split(run.group, mean + spread, self._rng, spared)  # no trust until a trained model's ranking is judged
+            fresh = [c.parent is None for c in candidates]
+            decision = self.trimmer.split(run.group, mean + spread, self._rng, fresh)  # no trust until a trained model's ranking is judged
         for i in decision.dropped:
             run.search.skip(candidates[i])
         measured = [candidates[i] for i in decision.keep]
