@@ -42,7 +42,7 @@ def scored(reference: Sequence[float], other: Sequence[float], at: float, shared
 
 
 def chance_spread(curves: Sequence[Sequence[float]], set_size: int, at: float, shared: int = 0, draws: int = 2000, seed: int = 0) -> dict[str, float]:
-    """Quantiles of ``scored`` between two sets of ``set_size`` of ``curves`` (best-latency curves
+    """The 10% and 90% quantiles of ``scored`` between two sets of ``set_size`` of ``curves`` (best-latency curves
     of runs of one variant) drawn with replacement."""
     rng = random.Random(seed)
     scores = []
@@ -53,13 +53,13 @@ def chance_spread(curves: Sequence[Sequence[float]], set_size: int, at: float, s
         if score is not None:
             scores.append(score)
     if not scores:
-        return {"p10": float("nan"), "median": float("nan"), "p90": float("nan"), "at_least_30": float("nan")}
+        return {"p10": float("nan"), "p90": float("nan")}
     scores.sort()
 
     def quantile(p: float) -> float:
         return scores[round(p * (len(scores) - 1))]
 
-    return {"p10": quantile(0.1), "median": quantile(0.5), "p90": quantile(0.9), "at_least_30": sum(s >= 0.3 for s in scores) / len(scores)}
+    return {"p10": quantile(0.1), "p90": quantile(0.9)}
 
 
 def describe(spread: dict[str, float]) -> str:
@@ -84,10 +84,13 @@ def main() -> None:
 
 
 def _measured(work_dir: Path) -> int:
-    import sqlite3
+    from tuner.database import TuningDatabase
 
-    with sqlite3.connect(work_dir / "tuning.db") as db:
-        return db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+    db = TuningDatabase(work_dir / "tuning.db", read_only=True)
+    try:
+        return len(db.records())
+    finally:
+        db.close()
 
 
 if __name__ == "__main__":
