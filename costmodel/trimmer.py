@@ -51,7 +51,10 @@ class TrimmerFilter:
     # candidates far from any measured before: 43% without the filter, 26% with it), and filtered
     # searches got stuck 1.1-1.6x slower more often (conv2d-resnet18-l2, 16 seeds: 5 against 2);
     # sparing all of them left nothing to drop (mutants of the best are rated near it).
-    spare_fresh: float = 0.5  # of the fresh samples in a batch, the best-rated share always measured
+    spare_fresh: float = 0.0  # of the fresh samples in a batch, the best-rated share always measured
+    # A search that has stopped improving needs its way out more than its measurements saved:
+    # after this many batches without a new best, every fresh sample is measured (0: never).
+    spare_fresh_when_stalled: int = 1
     enabled: bool = True
     _recent: dict[str, deque] = field(init=False, repr=False)  # group -> (scores, latencies) of its last batches
 
@@ -63,6 +66,8 @@ class TrimmerFilter:
             raise ValueError(f"poor_ratio must be above 1 (a candidate that many times slower than the best is poor), got {self.poor_ratio}")
         if not 0 <= self.spare_fresh <= 1:
             raise ValueError(f"spare_fresh must be in [0, 1] (the share of fresh samples always measured), got {self.spare_fresh}")
+        if self.spare_fresh_when_stalled < 0:
+            raise ValueError(f"spare_fresh_when_stalled counts batches without improvement (0 = never), got {self.spare_fresh_when_stalled}")
         if not 0 < self.exploration <= 1:
             raise ValueError(f"exploration must be in (0, 1], got {self.exploration}")
 
@@ -103,14 +108,18 @@ class TrimmerFilter:
     def _trust_at(self, tau: float) -> float:
         return float(np.clip((tau - self.min_tau) / (self.full_trust_tau - self.min_tau), 0.0, 1.0))
 
-    def split(self, group: str, scores: Sequence[float], rng: np.random.Generator, fresh: Sequence[bool] = ()) -> FilterDecision:
+    def split(
+        self, group: str, scores: Sequence[float], rng: np.random.Generator, fresh: Sequence[bool] = (), batches_without_improvement: int = 0
+    ) -> FilterDecision:
         """Which of a batch proposed for task ``group`` to measure, given the model's scores and
         which candidates are the search's ``fresh`` random samples (the best-rated ``spare_fresh``
-        share of them is measured whatever its score; ``max_drop`` is a share of the others)."""
+        share of them is measured whatever its score, all of them once the task has gone
+        ``spare_fresh_when_stalled`` batches without improvement; ``max_drop`` is a share of the others)."""
         scores = np.asarray(scores, dtype=float)
         everything = list(range(len(scores)))
         trust = self.trust(group)
-        spared = self._spared(scores, fresh)
+        stalled = 0 < self.spare_fresh_when_stalled <= batches_without_improvement
+        spared = self._spared(scores, fresh, 1.0 if stalled else self.spare_fresh)
         judged = [i for i in everything if i not in spared]
         if trust <= 0 or len(judged) < 2:
             return FilterDecision(everything, [], [], trust, None)
@@ -123,10 +132,11 @@ class TrimmerFilter:
         keep = [i for i in everything if i not in set(dropped)]
         return FilterDecision(keep, dropped, sorted(explored), trust, threshold)
 
-    def _spared(self, scores: np.ndarray, fresh: Sequence[bool]) -> set[int]:
+    @staticmethod
+    def _spared(scores: np.ndarray, fresh: Sequence[bool], share: float) -> set[int]:
         candidates = [i for i, is_fresh in enumerate(fresh) if is_fresh]
         best_first = sorted(candidates, key=lambda i: -scores[i])
-        return set(best_first[: math.ceil(len(best_first) * self.spare_fresh)])
+        return set(best_first[: math.ceil(len(best_first) * share)])
 
 
 @dataclass

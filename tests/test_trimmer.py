@@ -55,16 +55,32 @@ def test_with_less_trust_only_what_is_predicted_much_slower_counts_as_poor():
     assert len(poor) < 30
 
 
-def test_the_best_rated_half_of_the_fresh_samples_is_measured_whatever_its_score():
+def _trusted_with(**settings) -> TrimmerFilter:
+    trimmer = TrimmerFilter(**settings)
+    trimmer.restore(_trusted(True).state())
+    return trimmer
+
+
+def test_the_best_rated_share_of_the_fresh_samples_is_measured_whatever_its_score():
     scores = -np.arange(40, dtype=float) / 10
     fresh = [i % 2 == 1 for i in range(40)]  # every odd one, as the search's fresh samples
-    decision = _trusted(True).split("t", scores, np.random.default_rng(0), fresh)
+    decision = _trusted_with(spare_fresh=0.5).split("t", scores, np.random.default_rng(0), fresh)
     assert set(range(1, 20, 2)) <= set(decision.keep)  # the better-rated 10 of the 20 fresh
     assert len(decision.dropped) + len(decision.explored) == 22  # 75% of the 30 judged
-    spare_all = TrimmerFilter(spare_fresh=1.0)
-    spare_all.restore(_trusted(True).state())
-    decision = spare_all.split("t", scores, np.random.default_rng(0), fresh)
+    decision = _trusted_with(spare_fresh=1.0).split("t", scores, np.random.default_rng(0), fresh)
     assert set(range(1, 40, 2)) <= set(decision.keep) and all(i % 2 == 0 for i in decision.dropped)
+
+
+def test_a_task_that_stopped_improving_measures_every_fresh_sample():
+    scores = -np.arange(40, dtype=float) / 10
+    fresh = [i % 2 == 1 for i in range(40)]
+    trimmer = _trusted_with(spare_fresh=0.0, spare_fresh_when_stalled=2)
+    improving = trimmer.split("t", scores, np.random.default_rng(0), fresh, batches_without_improvement=1)
+    assert any(i % 2 == 1 for i in improving.dropped)  # fresh samples judged like the rest
+    stalled = trimmer.split("t", scores, np.random.default_rng(0), fresh, batches_without_improvement=2)
+    assert set(range(1, 40, 2)) <= set(stalled.keep) and stalled.dropped and all(i % 2 == 0 for i in stalled.dropped)
+    never = _trusted_with(spare_fresh=0.0, spare_fresh_when_stalled=0).split("t", scores, np.random.default_rng(0), fresh, 50)
+    assert any(i % 2 == 1 for i in never.dropped)
 
 
 def test_trust_pools_a_tasks_recent_batches_and_a_new_task_borrows_it():
@@ -147,3 +163,5 @@ def test_a_run_takes_the_filter_it_is_given(tmp_path):
         TrimmerFilter(max_drop=1.0)
     with pytest.raises(ValueError, match="spare_fresh"):
         TrimmerFilter(spare_fresh=1.5)
+    with pytest.raises(ValueError, match="spare_fresh_when_stalled"):
+        TrimmerFilter(spare_fresh_when_stalled=-1)
