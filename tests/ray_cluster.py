@@ -1,11 +1,13 @@
 """A real Ray cluster on this machine for tests: a head node and extra nodes, each its own
 `ray start --block` process group on free loopback ports, stopped without touching any other
-Ray instance on the machine (so no `ray stop`)."""
+Ray instance on the machine (so no `ray stop`). Its temp dir (the nodes' logs) is removed after
+it unless the block it ran in raised or ``keep_logs`` was set."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +32,7 @@ class LocalRayCluster:
         self.client_address = f"ray://127.0.0.1:{free_port()}"  # Ray Client's server on the head
         self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths must stay short
         self.nodes: list[subprocess.Popen] = []
+        self.keep_logs = False
         self._start(["--head", f"--port={self.port}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
                      f"--ray-client-server-port={self.client_address.rsplit(':', 1)[1]}"], num_cpus, num_gpus, resources)  # fmt: skip
         self.wait_for_nodes(1)
@@ -76,8 +79,10 @@ class LocalRayCluster:
     def __enter__(self) -> LocalRayCluster:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self.stop()
+        if exc_type is None and not self.keep_logs:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def _kill_group(process: subprocess.Popen, sig: int) -> None:

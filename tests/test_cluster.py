@@ -20,9 +20,11 @@ from tuner import TunerError, tune
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(request):
+    failed_before = request.session.testsfailed
     with LocalRayCluster(num_cpus=2, num_gpus=2) as cluster:
         yield cluster
+        cluster.keep_logs = request.session.testsfailed > failed_before  # the node logs of a failing module stay
 
 
 def copies(count: int, prefix: str = "copy") -> list[MeasureInput]:
