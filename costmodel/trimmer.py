@@ -112,17 +112,25 @@ class TrimmerFilter:
         return float(np.clip((tau - self.min_tau) / (self.full_trust_tau - self.min_tau), 0.0, 1.0))
 
     def split(
-        self, group: str, scores: Sequence[float], rng: np.random.Generator, fresh: Sequence[bool] = (), batches_without_improvement: int = 0
+        self,
+        group: str,
+        scores: Sequence[float],
+        rng: np.random.Generator,
+        fresh: Sequence[bool] = (),
+        batches_without_improvement: int = 0,
+        unjudged: Sequence[bool] = (),
     ) -> FilterDecision:
         """Which of a batch proposed for task ``group`` to measure, given the model's scores and
         which candidates are the search's ``fresh`` random samples (the best-rated ``spare_fresh``
         share of them is measured whatever its score, all of them once the task has gone
-        ``spare_fresh_when_stalled`` batches without improvement; ``max_drop`` is a share of the others)."""
+        ``spare_fresh_when_stalled`` batches without improvement; ``max_drop`` is a share of the others).
+        Candidates flagged ``unjudged`` (e.g. schedules transferred from another model's tuning) are
+        always measured."""
         scores = np.asarray(scores, dtype=float)
         everything = list(range(len(scores)))
         trust = self.trust(group)
         stalled = 0 < self.spare_fresh_when_stalled <= batches_without_improvement
-        spared = self._spared(scores, fresh, 1.0 if stalled else self.spare_fresh)
+        spared = self._spared(scores, fresh, 1.0 if stalled else self.spare_fresh) | {i for i, flag in enumerate(unjudged) if flag}
         judged = [i for i in everything if i not in spared]
         if trust <= 0 or len(judged) < 2:
             return FilterDecision(everything, [], [], trust, None)

@@ -22,6 +22,12 @@ def _matmul(m, n, k):
     return msc.normalize_prim_func_module(matmul(m, n, k))
 
 
+def _task(m, n, k, name="matmul"):
+    from tuner.tasks import Task
+
+    return Task(name, _matmul(m, n, k), 1, 2 * m * n * k)
+
+
 def test_task_names_lose_their_instance_numbers_only():
     assert base_name("fused_batch_norm2_add1_relu2") == "fused_batch_norm_add_relu"
     assert base_name("conv2d16") == base_name("conv2d") == "conv2d"
@@ -207,7 +213,7 @@ def test_the_model_waits_for_every_tasks_first_transferred_schedules_before_it_r
     from tuner.tasks import Task
     from tuner.transfer import read_sources, transfer
 
-    tasks = [Task(f"matmul{i}", _matmul(*shape), 1, 2 * np.prod(shape)) for i, shape in enumerate([(96, 192, 64), (64, 96, 128)])]
+    tasks = [_task(*shape, name=f"matmul{i}") for i, shape in enumerate([(96, 192, 64), (64, 96, 128)])]
     model = CostModel()
     loop = TuningLoop(tasks, llvm_target, TuningDatabase(tmp_path / "tuning.db"), engine, model, config=LoopConfig(batch_size=2))
     transfer(read_sources([tuned_matmul.work_dir], DATABASE_FILE, COST_MODEL_FILE), loop.runs, model, llvm_target, Progress(enabled=False))
@@ -217,3 +223,24 @@ def test_the_model_waits_for_every_tasks_first_transferred_schedules_before_it_r
     loop._tune_batch(1, 2, Objectives(), None)
     assert all(run.search.seeds_waiting for run in loop.runs)  # more are queued than one batch takes
     assert model._trained_on == 4  # but every task has measured some: it learns from them
+
+
+def test_the_filter_never_drops_a_transferred_schedule(tuned_matmul, tmp_path, engine, llvm_target):
+    from costmodel import TrimmerFilter
+    from tuner.api import COST_MODEL_FILE, DATABASE_FILE
+    from tuner.loop import LoopConfig, TuningLoop
+    from tuner.objectives import Objectives
+    from tuner.progress import Progress
+    from tuner.transfer import read_sources, transfer
+
+    # trusts any model fully and calls anything rated below the task's best poor
+    eager = TrimmerFilter(min_tau=-1.0, full_trust_tau=-0.9, poor_ratio=1.0001, max_drop=0.9, exploration=0.01)
+    model = CostModel()
+    db = TuningDatabase(tmp_path / "tuning.db")
+    loop = TuningLoop([_task(96, 192, 64)], llvm_target, db, engine, model, config=LoopConfig(batch_size=16, trimmer=eager))
+    eager.record("elsewhere", [3, 2, 1, 0], [1e-3, 2e-3, 3e-3, 4e-3])  # trust a new task borrows: 1
+    transfer(read_sources([tuned_matmul.work_dir], DATABASE_FILE, COST_MODEL_FILE), loop.runs, model, llvm_target, Progress(enabled=False))
+    seeds = len(loop.runs[0].search._seeds)
+    assert seeds > 2 and loop.trimmer.trust(loop.runs[0].group) == 1.0
+    loop._tune_batch(0, 16, Objectives(), None)
+    assert loop.ledger.dropped == 0 and len(db.records()) == seeds  # transfer-tuning measures what it replays, all of it

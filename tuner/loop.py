@@ -202,8 +202,10 @@ class TuningLoop:
             # model is least sure away from what was measured, and dropping there trapped the search in
             # one region (conv2d-resnet50-l1 ended 1.2-1.6x slower in 4 of 4 seeds with the pessimistic score).
             fresh = [c.parent is None for c in candidates]
-            # no trust until a trained model's ranking is judged
-            decision = self.trimmer.split(run.group, mean + spread, self._rng, fresh, run.progress.batches_without_improvement)
+            # Transferred schedules are measured whatever the model says: they are what transfer-tuning
+            # brings, and a model warm-started on other kernels is least sure about this one's.
+            transferred = [c.transferred for c in candidates]
+            decision = self.trimmer.split(run.group, mean + spread, self._rng, fresh, run.progress.batches_without_improvement, transferred)
         for i in decision.dropped:
             run.search.skip(candidates[i])
         measured = [candidates[i] for i in decision.keep]

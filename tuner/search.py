@@ -22,6 +22,7 @@ class Candidate:
     key: str  # structural identity of the scheduled module
     schedule: Schedule
     parent: str | None = None  # the candidate this one was mutated from; None for a fresh sample
+    transferred: bool = False  # replayed from another model's tuning (see ``TaskSearch.add_seeds``)
 
     @property
     def mod(self) -> tvm.IRModule:
@@ -107,7 +108,7 @@ class TaskSearch:
         for sch in schedules:
             key = msc.structural_key(sch.mod)
             if key not in self.seen and key not in queued:
-                self._seeds.append(Candidate(key, sch))
+                self._seeds.append(Candidate(key, sch, transferred=True))
                 queued.add(key)
                 added += 1
         return added
