@@ -1,20 +1,24 @@
 """What a cost-model filter could save, replayed offline on runs tuned without it.
 
-For each unfiltered run (a work dir of one single-task ``tune``), the measured candidates are cut
-into the run's batches; before each batch, a fresh cost model is trained on everything measured
-earlier and scores the batch, as the loop would have. Two kinds of filter are replayed: dropping
-a fixed share of each batch (its worst-scored), and dropping what the model predicts at least
-some ratio slower than the task's best (the rule ``costmodel.TrimmerFilter`` uses at full trust).
-For each, this counts what dropping would have lost: the batches whose improvement of the task's
-best would have been missed, and the best latency the run would have ended with. No candidate is
-built or run: only the stored results are used.
+For each unfiltered run (the work dir of one ``tune``, of one task or a whole model), the
+measured candidates are cut into the run's batches (consecutive measurements of one task);
+before each batch, a fresh cost model is trained on everything measured earlier and scores the
+batch, as the loop would have. Two kinds of filter are replayed: dropping a fixed share of each
+batch (its worst-scored), and dropping what the model predicts at least some ratio slower than
+the task's best (the rule ``costmodel.TrimmerFilter`` uses at full trust); a task's batches
+before its first working candidate are not judged. For each, this counts what dropping would
+have lost: the batches whose improvement of the task's best would have been missed, and the
+latency (the model's: launches x best, summed over tasks) the run would have ended with. No
+candidate is built or run: only the stored results are used.
 
     python experiments/filter_replay.py experiments/results/trimmer/sixteen-runs-conv2d-resnet18-l2/*-filter-off-seed*[0-9]
+    python experiments/filter_replay.py --batch 8 experiments/results/transfer_tuning/resnet18-stock-seed1   # a whole model
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -30,11 +34,13 @@ SHARES = (0.25, 0.5, 0.75)
 RATIOS = (1.5, 2.0, 3.0)
 
 
-def replay_run(work_dir: Path, batch: int, score: str) -> tuple[list[dict], list[float | None]]:
-    """The run's latencies in measurement order (None for a failure) and, per batch after the
-    first, its candidates' scores (``score``: the ensemble's mean, optimistic or pessimistic
-    estimate) from a model trained on the earlier batches, their latencies, and the best latency
-    measured before it."""
+def replay_run(work_dir: Path, batch: int, score: str) -> tuple[list[dict], list, dict[int, float]]:
+    """The run's records in measurement order, its tasks' weights (launches per inference; 1 for a
+    work dir without a job description) and its batches: runs of consecutive records of one task,
+    at most ``batch`` long. For each batch of a task that has a working candidate before it: its
+    records, its candidates' scores (``score``: the ensemble's mean, optimistic or pessimistic
+    estimate) from a model trained on everything measured earlier (each task its own group, as in
+    the loop), and the task's best latency before it."""
     import tvm
 
     from costmodel import CandidateFeatures, CostModel
@@ -45,27 +51,49 @@ def replay_run(work_dir: Path, batch: int, score: str) -> tuple[list[dict], list
     db = TuningDatabase(work_dir / "tuning.db", read_only=True)
     try:
         records = db.records()
-        (workload_id,) = {r.workload_id for r in records}
-        mod = db.workload_mod(workload_id)
-        target = tvm.target.Target(records[0].target)
+        mods = {w: db.workload_mod(w) for w in dict.fromkeys(r.workload_id for r in records)}
+        job = db.get_meta("job")
     finally:
         db.close()
-    search = TaskSearch(mod, target, 1, CostModel(seed=1), CandidateFeatures(), group="replay")  # for its feature extraction
+    weights = {t["workload_id"]: t["weight"] for t in job["tasks"]} if job else dict.fromkeys(mods, 1)
+    target = tvm.target.Target(records[0].target)
+    rows = {}
+    for workload_id, mod in mods.items():  # each task's features in one batched extraction
+        search = TaskSearch(mod, target, 1, CostModel(seed=1), CandidateFeatures(), group="replay")
+        mine = [r for r in records if r.workload_id == workload_id]
+        features = search.feature_rows([Candidate(r.candidate, msc.schedule_from_json(mod, r.trace)) for r in mine])
+        rows.update({r.id: row for r, row in zip(mine, features)})
 
-    candidates = [Candidate(r.candidate, msc.schedule_from_json(mod, r.trace)) for r in records]
-    rows = search.feature_rows(candidates)
-    latencies = [r.latency for r in records]
     batches = []
-    for start in range(batch, len(records), batch):
+    for start, chunk in _task_batches(records, batch):
+        earlier = records[:start]
+        best_before = min((r.latency for r in earlier if r.workload_id == chunk[0].workload_id and r.latency is not None), default=None)
+        if best_before is None:
+            continue
         model = CostModel(seed=1)
-        model.add("replay", rows[:start], latencies[:start])
+        for workload_id in mods:
+            mine = [r for r in earlier if r.workload_id == workload_id]
+            if mine:
+                model.add(str(workload_id), np.stack([rows[r.id] for r in mine]), [r.latency for r in mine])
         if not model.fit():
             continue
-        mean, spread = model.predict_spread(rows[start : start + batch])
+        mean, spread = model.predict_spread(np.stack([rows[r.id] for r in chunk]))
         scores = {"mean": mean, "optimistic": mean + spread, "pessimistic": mean - spread}[score]
-        before = min((lat for lat in latencies[:start] if lat is not None), default=np.inf)
-        batches.append({"scores": scores, "latencies": latencies[start : start + batch], "best_before": before})
-    return batches, latencies
+        batches.append({"records": chunk, "scores": scores, "best_before": best_before})
+    return batches, records, weights
+
+
+def _task_batches(records: list, batch: int) -> list[tuple[int, list]]:
+    """(index of its first record, records) of each run of consecutive records of one task, cut
+    into pieces of at most ``batch``."""
+    pieces, start = [], 0
+    while start < len(records):
+        end = start + 1
+        while end < len(records) and end - start < batch and records[end].workload_id == records[start].workload_id:
+            end += 1
+        pieces.append((start, records[start:end]))
+        start = end
+    return pieces
 
 
 def worst_share(share: float):
@@ -78,28 +106,34 @@ def slower_than(ratio: float):
     return lambda scores: {i for i, score in enumerate(scores) if score < -np.log(ratio)}
 
 
-def what_dropping_loses(batches: list[dict], latencies: list[float | None], rule) -> dict:
+def what_dropping_loses(batches: list[dict], records: list, weights: dict[int, float], rule) -> dict:
     """Dropping in each batch what ``rule`` (scores -> indices) picks: measurements saved,
-    improving batches whose improvement is lost, and the final best against the unfiltered run's."""
-    dropped = improving = lost = 0
-    curve = best_so_far(latencies[: len(latencies) - sum(len(b["latencies"]) for b in batches)])
+    improving batches whose improvement is lost, and the final model latency against the unfiltered run's."""
+    dropped: set[int] = set()
+    improving = lost = 0
     for b in batches:
         drop = rule(b["scores"])
-        dropped += len(drop)
-        lats = [np.inf if lat is None else lat for lat in b["latencies"]]
+        dropped |= {b["records"][i].id for i in drop}
+        lats = [np.inf if r.latency is None else r.latency for r in b["records"]]
         batch_best = min(lats)
-        kept = [lat for i, lat in enumerate(lats) if i not in drop]
         if batch_best < b["best_before"]:
             improving += 1
-            if min(kept, default=np.inf) > batch_best:
+            if min((lat for i, lat in enumerate(lats) if i not in drop), default=np.inf) > batch_best:
                 lost += 1
-        curve += [min(curve[-1], lat) for lat in np.minimum.accumulate(kept)] if kept else []
-    full_best = min(lat for lat in latencies if lat is not None)
-    return {"dropped": dropped, "improving_batches": improving, "improvement_lost": lost, "end_vs_unfiltered": curve[-1] / full_best, "curve": curve}
+    curve = model_latency_curve([r for r in records if r.id not in dropped], weights)
+    return {"dropped": len(dropped), "improving_batches": improving, "improvement_lost": lost, "end_vs_unfiltered": curve[-1] / model_latency_curve(records, weights)[-1], "curve": curve}
 
 
-def best_so_far(latencies: list[float | None]) -> list[float]:
-    return np.minimum.accumulate([np.inf if lat is None else lat for lat in latencies]).tolist() if latencies else []
+def model_latency_curve(records: list, weights: dict[int, float]) -> list[float]:
+    """After each record, the sum over tasks of weight x best latency so far (inf until every
+    task has a working candidate); for one task of weight 1, its best latency so far."""
+    from tuner.report import best_latency_curve
+
+    curve = [math.inf] * len(records)
+    measured = best_latency_curve(records, weights)
+    for n, latency in zip(measured.trials, measured.latency):
+        curve[n - 1 :] = [latency] * (len(records) - n + 1)
+    return curve
 
 
 def padded(curves: list[list[float]]) -> list[list[float]]:
@@ -120,14 +154,14 @@ def main() -> None:
     for work_dir in args.work_dirs:
         per_run[work_dir] = replay_run(work_dir, args.batch, args.score)
         print(f"replayed {work_dir.name}", file=sys.stderr, flush=True)
-    unfiltered = geometric_mean_curve(padded([best_so_far(lats) for _, lats in per_run.values()]))
+    unfiltered = geometric_mean_curve(padded([model_latency_curve(records, weights) for _, records, weights in per_run.values()]))
     target = unfiltered[-1]
     print(f"unfiltered: target {target * 1e3:.4f} ms reached at measurement {trials_to_reach(unfiltered, target)}")
-    measured = sum(len(lats) for _, lats in per_run.values())
+    measured = sum(len(records) for _, records, _ in per_run.values())
     rules = [(f"worst {share:.0%}", worst_share(share)) for share in SHARES]
     rules += [(f"scored {ratio:g}x slower", slower_than(ratio)) for ratio in RATIOS]
     for name, rule in rules:
-        results = [what_dropping_loses(batches, lats, rule) for batches, lats in per_run.values()]
+        results = [what_dropping_loses(*run, rule) for run in per_run.values()]
         filtered_curve = geometric_mean_curve(padded([r["curve"] for r in results]))
         table.append(
             {

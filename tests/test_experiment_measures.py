@@ -1,8 +1,14 @@
 """The measures experiments/trimmer.py reports: measurements saved to a target, and how much of
-that the seeds alone can make."""
+that the seeds alone can make; and what experiments/filter_replay.py replays dropping on."""
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from experiments.filter_replay import _task_batches, model_latency_curve, what_dropping_loses
 from experiments.seed_noise import chance_spread, scored
 from experiments.trimmer import _saved, saved_share
 
@@ -34,3 +40,27 @@ def test_sets_of_identical_runs_differ_by_nothing_and_sets_of_different_runs_do(
     assert same["p10"] == same["p90"] == 0.0
     varied = chance_spread([curve({1: 2.0, n: 1.0}) for n in (20, 40, 60, 80)], set_size=2, at=0.75, draws=200)
     assert varied["p10"] < 0 < varied["p90"]
+
+
+def _records(*measured: tuple[int, float | None]) -> list[SimpleNamespace]:
+    """Records of (task, latency or None for a failure), in measurement order."""
+    return [SimpleNamespace(id=i, workload_id=task, latency=latency, elapsed=float(i)) for i, (task, latency) in enumerate(measured)]
+
+
+def test_a_replayed_batch_is_a_run_of_one_tasks_measurements_cut_to_the_batch_size():
+    records = _records((1, 3.0), (1, 2.0), (1, 1.0), (2, 5.0), (1, 0.5))
+    assert [(start, [r.id for r in chunk]) for start, chunk in _task_batches(records, 2)] == [(0, [0, 1]), (2, [2]), (3, [3]), (4, [4])]
+
+
+def test_a_models_replayed_latency_counts_each_task_by_its_launches_once_every_task_has_one():
+    records = _records((1, 3.0), (1, None), (2, 5.0), (1, 1.0))
+    assert model_latency_curve(records, {1: 2, 2: 1}) == [math.inf, math.inf, 11.0, 7.0]
+
+
+def test_dropping_the_candidate_that_improved_a_task_loses_that_gain_and_the_end_shows_it():
+    records = _records((1, 3.0), (2, 5.0), (1, 4.0), (1, 1.0))
+    batches = [{"records": records[2:], "scores": np.array([0.0, -1.0]), "best_before": 3.0}]
+    kept = what_dropping_loses(batches, records, {1: 1, 2: 1}, lambda scores: {0})
+    assert (kept["dropped"], kept["improving_batches"], kept["improvement_lost"], kept["end_vs_unfiltered"]) == (1, 1, 0, 1.0)
+    lost = what_dropping_loses(batches, records, {1: 1, 2: 1}, lambda scores: {1})
+    assert (lost["improvement_lost"], lost["end_vs_unfiltered"], lost["curve"]) == (1, 8.0 / 6.0, [math.inf, 8.0, 8.0])
