@@ -65,33 +65,31 @@ def replay_run(work_dir: Path, batch: int, score: str) -> tuple[list[dict], list
         rows.update({r.id: row for r, row in zip(mine, features)})
 
     batches = []
-    for start, chunk in _task_batches(records, batch):
-        earlier = records[:start]
-        best_before = min((r.latency for r in earlier if r.workload_id == chunk[0].workload_id and r.latency is not None), default=None)
-        if best_before is None:
-            continue
-        model = CostModel(seed=1)
-        for workload_id in mods:
-            mine = [r for r in earlier if r.workload_id == workload_id]
-            if mine:
-                model.add(str(workload_id), np.stack([rows[r.id] for r in mine]), [r.latency for r in mine])
-        if not model.fit():
-            continue
-        mean, spread = model.predict_spread(np.stack([rows[r.id] for r in chunk]))
-        scores = {"mean": mean, "optimistic": mean + spread, "pessimistic": mean - spread}[score]
-        batches.append({"records": chunk, "scores": scores, "best_before": best_before})
+    measured: dict[int, list] = {workload_id: [] for workload_id in mods}  # each task's records before the batch
+    for chunk in _task_batches(records, batch):
+        mine = measured[chunk[0].workload_id]
+        best_before = min((r.latency for r in mine if r.latency is not None), default=None)
+        if best_before is not None:
+            model = CostModel(seed=1)
+            for workload_id, done in measured.items():
+                if done:
+                    model.add(str(workload_id), np.stack([rows[r.id] for r in done]), [r.latency for r in done])
+            if model.fit():
+                mean, spread = model.predict_spread(np.stack([rows[r.id] for r in chunk]))
+                scores = {"mean": mean, "optimistic": mean + spread, "pessimistic": mean - spread}[score]
+                batches.append({"records": chunk, "scores": scores, "best_before": best_before})
+        mine.extend(chunk)
     return batches, records, weights
 
 
-def _task_batches(records: list, batch: int) -> list[tuple[int, list]]:
-    """(index of its first record, records) of each run of consecutive records of one task, cut
-    into pieces of at most ``batch``."""
+def _task_batches(records: list, batch: int) -> list[list]:
+    """The runs of consecutive records of one task, cut into pieces of at most ``batch``."""
     pieces, start = [], 0
     while start < len(records):
         end = start + 1
         while end < len(records) and end - start < batch and records[end].workload_id == records[start].workload_id:
             end += 1
-        pieces.append((start, records[start:end]))
+        pieces.append(records[start:end])
         start = end
     return pieces
 
