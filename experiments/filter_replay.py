@@ -34,13 +34,15 @@ SHARES = (0.25, 0.5, 0.75)
 RATIOS = (1.5, 2.0, 3.0)
 
 
-def replay_run(work_dir: Path, batch: int, score: str) -> tuple[list[dict], list, dict[int, float]]:
+def replay_run(work_dir: Path, batch: int, score: str, warm_from: list[Path] = ()) -> tuple[list[dict], list, dict[int, float]]:
     """The run's records in measurement order, its tasks' weights (launches per inference; 1 for a
     work dir without a job description) and its batches: runs of consecutive records of one task,
     at most ``batch`` long. For each batch of a task that has a working candidate before it: its
     records, its candidates' scores (``score``: the ensemble's mean, optimistic or pessimistic
     estimate) from a model trained on everything measured earlier (each task its own group, as in
-    the loop), and the task's best latency before it."""
+    the loop; ``oracle``: the measured log-speed relative to that best, what a perfect model would
+    predict), and the task's best latency before it. ``warm_from``: saved cost models whose
+    training data every model also learns from, as a run warm-started by transfer-tuning does."""
     import tvm
 
     from costmodel import CandidateFeatures, CostModel
@@ -69,8 +71,13 @@ def replay_run(work_dir: Path, batch: int, score: str) -> tuple[list[dict], list
     for chunk in _task_batches(records, batch):
         mine = measured[chunk[0].workload_id]
         best_before = min((r.latency for r in mine if r.latency is not None), default=None)
-        if best_before is not None:
+        if best_before is not None and score == "oracle":
+            speeds = [math.log(best_before / r.latency) if r.latency is not None else -math.inf for r in chunk]
+            batches.append({"records": chunk, "scores": np.array(speeds), "best_before": best_before})
+        elif best_before is not None:
             model = CostModel(seed=1)
+            for index, path in enumerate(warm_from):
+                model.warm_start(path, prefix=f"warm{index}:")
             for workload_id, done in measured.items():
                 if done:
                     model.add(str(workload_id), np.stack([rows[r.id] for r in done]), [r.latency for r in done])
@@ -145,12 +152,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("work_dirs", nargs="+", type=Path)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--score", choices=["mean", "optimistic", "pessimistic"], default="optimistic")
+    parser.add_argument("--warm-from", nargs="*", type=Path, default=[], help="saved cost models (WORK_DIR/cost_model.ubj) every replayed model also learns from")
+    parser.add_argument("--score", choices=["mean", "optimistic", "pessimistic", "oracle"], default="optimistic")
     args = parser.parse_args()
     table = []
     per_run = {}
     for work_dir in args.work_dirs:
-        per_run[work_dir] = replay_run(work_dir, args.batch, args.score)
+        per_run[work_dir] = replay_run(work_dir, args.batch, args.score, args.warm_from)
         print(f"replayed {work_dir.name}", file=sys.stderr, flush=True)
     unfiltered = geometric_mean_curve(padded([model_latency_curve(records, weights) for _, records, weights in per_run.values()]))
     target = unfiltered[-1]

@@ -41,11 +41,17 @@ DEFAULT_WORKLOADS = ["conv2d-resnet18-l2", "conv2d-resnet50-l1"]
 TOLERANCE = 0.02  # "reached the target" = within 2% of it
 
 
-def tune_step(workload_name: str, target_spec: str, trials: int, work_dir: Path, seed: int, trimmer: bool) -> dict:
+def tune_step(
+    workload_name: str, target_spec: str, trials: int, work_dir: Path, seed: int, trimmer: bool, filter_options: dict, cost_model_from: list[Path]
+) -> dict:
     started = time.monotonic()
+    from costmodel import TrimmerFilter
     from tuner import tune
 
-    result = tune(workload_name, target=target_spec, trials=trials, work_dir=work_dir, seed=seed, trimmer=trimmer)
+    result = tune(
+        workload_name, target=target_spec, trials=trials, work_dir=work_dir, seed=seed,
+        trimmer=TrimmerFilter(**filter_options) if trimmer else False, cost_model_from=cost_model_from,
+    )  # fmt: skip
     return {"seconds": time.monotonic() - started, "artifact": str(result.artifact_path), "trials": result.trials, "filtered": result.filtered}
 
 
@@ -121,11 +127,11 @@ def _compare_one(workload, seed: int, args: argparse.Namespace, target, out: Pat
     if args.shared:
         prefix = out / f"{name}-shared-seed{seed}"
         print(f"[{name} seed {seed}] shared start: tuning {args.shared} trials without the filter ...", flush=True)
-        _tune_variant(name, "off", args.shared, prefix, None, seed, args.target)
+        _tune_variant(name, "off", args.shared, prefix, None, seed, args)
     for variant in ("off", "on"):
         work_dir = out / f"{name}-filter-{variant}-seed{seed}"
         print(f"[{name} seed {seed}] filter {variant}: tuning to {args.trials} trials ...", flush=True)
-        runs[variant] = _tune_variant(name, variant, args.trials, work_dir, prefix, seed, args.target)
+        runs[variant] = _tune_variant(name, variant, args.trials, work_dir, prefix, seed, args)
         curves[variant] = run_curve(work_dir, args.trials)
     target_latency = curves["off"]["latency"][-1]
     off_trials = trials_to_reach(curves["off"]["latency"], target_latency)
@@ -150,7 +156,7 @@ def _compare_one(workload, seed: int, args: argparse.Namespace, target, out: Pat
     return row, curves
 
 
-def _tune_variant(name: str, variant: str, trials: int, work_dir: Path, start_from: Path | None, seed: int, target: str) -> dict:
+def _tune_variant(name: str, variant: str, trials: int, work_dir: Path, start_from: Path | None, seed: int, args: argparse.Namespace) -> dict:
     """Tune ``name`` with the filter ``variant`` ("on"/"off") to ``trials`` in a fresh process, in
     ``work_dir`` started afresh or, with ``start_from``, from a copy of that work dir (both variants
     then resume from the same measured candidates); its log is ``work_dir`` + ".log"."""
@@ -158,7 +164,8 @@ def _tune_variant(name: str, variant: str, trials: int, work_dir: Path, start_fr
     if start_from:
         shutil.copytree(start_from, work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    step = ["--step", variant, name, "--target", target, "--trials", str(trials), "--work-dir", str(work_dir), "--seed", str(seed)]
+    step = ["--step", variant, name, "--target", args.target, "--trials", str(trials), "--work-dir", str(work_dir), "--seed", str(seed)]
+    step += ["--filter", args.filter] + [option for d in args.cost_model_from for option in ("--cost-model-from", str(d))]
     return run_step(Path(__file__), step, work_dir.with_name(work_dir.name + ".log"))
 
 
@@ -236,7 +243,8 @@ def _plot(summary: list[dict], path: Path) -> None:
         ax.set_title(f"{row['workload']} ({row['seeds']} seeds, geometric mean)")
         ax.set_xlabel("measurements")
         ax.set_ylabel("best latency so far (ms)")
-        ax.set_ylim(row["target_ms"] * 0.9, row["target_ms"] * 2.5)
+        if math.isfinite(row["target_ms"]):  # inf where some task of a model got no working candidate
+            ax.set_ylim(row["target_ms"] * 0.9, row["target_ms"] * 2.5)
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -251,13 +259,16 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=128)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--shared", type=int, default=0, help="measurements both variants of a seed share (tuned once, without the filter) before they part")
+    parser.add_argument("--filter", default="{}", help='the filter\'s settings, as JSON keyword arguments of costmodel.TrimmerFilter, e.g. \'{"poor_ratio": 1.5}\' (default: its defaults)')
+    parser.add_argument("--cost-model-from", type=Path, action="append", default=[], metavar="DIR", help="warm-start both variants' cost models from the run in DIR (repeatable)")
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--out", default="experiments/results/trimmer")
     parser.add_argument("--step", nargs=1, help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", type=Path, help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
     if args.step:
-        print(json.dumps(tune_step(rest[0], args.target, args.trials, args.work_dir, args.seed, trimmer=args.step[0] == "on")))
+        on = args.step[0] == "on"
+        print(json.dumps(tune_step(rest[0], args.target, args.trials, args.work_dir, args.seed, on, json.loads(args.filter), args.cost_model_from)))
     else:
         compare(args)
 

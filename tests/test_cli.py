@@ -37,6 +37,7 @@ def test_bad_input_gives_one_line_and_a_nonzero_exit(tmp_path):
         (("tune", "matmul-128", "--trials", "0"), "positive integer"),
         (("report", "nowhere"), "no tuning database"),
         (("tune", "matmul-128", "--transfer-from", "nowhere"), "cannot transfer from 'nowhere': no such directory"),
+        (("tune", "matmul-128", "--cost-model-from", "nowhere"), "cannot warm-start the cost model from 'nowhere': it is not a work dir"),
     ]
     for args, expected in cases:
         run = tuner(*args, cwd=tmp_path)

@@ -1,5 +1,7 @@
 """Transfer-tuning: another run's schedules and cost model, reused on kernels of the same kind."""
 
+import json
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -162,6 +164,34 @@ def test_a_missing_source_names_the_path_and_the_fix(tmp_path):
         with pytest.raises(TunerError, match="--work-dir of an earlier `tuner tune` run") as err:
             tune("matmul-128", trials=4, work_dir=tmp_path / "run", transfer_from=[source])
         assert f"cannot transfer from {str(source)!r}" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_cost_model_from_another_run_warm_starts_this_one_without_its_schedules(tuned_matmul, tmp_path, capsys):
+    source_dir = tuned_matmul.work_dir
+    before = _files(source_dir)
+    result = tune(matmul(96, 192, 64), trials=8, work_dir=tmp_path / "run", batch_size=8, cost_model_from=[source_dir], verify=False)
+    assert f"cost model warm-started with 16 measurements from {source_dir}" in capsys.readouterr().err
+    assert _files(source_dir) == before
+    db = TuningDatabase(result.database_path)
+    try:
+        assert db.get_meta("cost_model_from") == {"samples": 16} and db.get_meta("transfer") is None
+    finally:
+        db.close()
+    # the first batch was proposed and judged by a trained model (a cold run's first batch is not)
+    first = json.loads((result.work_dir / "logs" / "costmodel.jsonl").read_text().splitlines()[0])
+    assert first["trials"] == 8 and first["tau"] is not None
+
+
+def test_a_cost_model_source_without_a_saved_model_is_refused_before_anything_is_set_up(tuned_matmul, tmp_path):
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    shutil.copy(tuned_matmul.database_path, unfinished / "tuning.db")  # a run that stopped before saving its model
+    cases = [(tmp_path / "nowhere", "it is not a work dir"), (unfinished, "holds no cost_model.ubj with its training data")]
+    for source, reason in cases:
+        with pytest.raises(TunerError, match=reason) as err:
+            tune("matmul-128", trials=4, work_dir=tmp_path / "run", cost_model_from=[source])
+        assert f"cannot warm-start the cost model from {str(source)!r}" in str(err.value)
+    assert not (tmp_path / "run").exists()
 
 
 def _trained_model(rng):

@@ -26,7 +26,7 @@ from .result import TaskResult, TuneResult
 from .scheduler import check_scheduler
 from .targets import require_device, resolve_target
 from .tasks import Task, extract_tasks
-from .transfer import read_sources, transfer
+from .transfer import read_model_sources, read_sources, transfer, warm_start
 
 DATABASE_FILE = "tuning.db"
 ARTIFACT_FILE = "model.so"
@@ -52,6 +52,7 @@ def tune(
     verify: bool = True,
     progress: bool = True,
     transfer_from: Sequence[str | Path] | None = None,
+    cost_model_from: Sequence[str | Path] | None = None,
     cluster: str | None = None,
 ) -> TuneResult:
     """Tune every kernel of ``model`` for ``target`` and return the compiled result.
@@ -63,6 +64,8 @@ def tune(
     candidates measured in total, counting earlier runs in the same ``work_dir``: running again on
     a work dir resumes it and measures nothing twice. ``transfer_from``: work dirs of earlier runs
     (other models) whose schedules for kernels of the same kind are tried first (``tuner.transfer``).
+    ``cost_model_from``: work dirs of earlier runs whose cost models' training data warm-starts this
+    run's cost model, without their schedules (``transfer_from`` does both).
     ``cluster`` runs the builds and measurements on a Ray cluster: "auto" (the one this machine
     belongs to), "HOST:PORT" of its head node, "ray://HOST:PORT", or "local" (a private Ray
     instance on this machine); None tunes with this machine's own worker processes.
@@ -78,6 +81,7 @@ def tune(
     objectives = run_objectives(trials, stop)
     check_scheduler(scheduler)
     sources = read_sources(transfer_from or [], DATABASE_FILE, COST_MODEL_FILE)
+    model_sources = read_model_sources(cost_model_from or [], DATABASE_FILE, COST_MODEL_FILE)
     workload = load_workload(model, example_inputs, batch=batch, dtype=dtype)
     if cluster is None:
         require_device(target)  # on a cluster the devices are the cluster's
@@ -94,6 +98,8 @@ def tune(
         config = LoopConfig(batch_size=batch_size, verify=verify, scheduler=scheduler, trimmer=trimmer if isinstance(trimmer, TrimmerFilter) else TrimmerFilter(enabled=trimmer))
         loop = TuningLoop(tasks, tvm_target, db, engine, cost_model, seed, config, report)
         tuning_started = time.monotonic()
+        if model_sources:
+            db.set_meta("cost_model_from", {"samples": warm_start(cost_model, model_sources, loop.runs[0].search.features.width, report, strict=True, prefix="model")})
         if sources:
             db.set_meta("transfer", transfer(sources, loop.runs, cost_model, tvm_target, report))
         transfer_seconds = time.monotonic() - tuning_started

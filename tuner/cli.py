@@ -121,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start from the schedules tuned in DIR (another model's work dir) for kernels of the same kind; repeatable",
     )
     tune.add_argument(
+        "--cost-model-from",
+        type=Path,
+        action="append",
+        metavar="DIR",
+        help="warm-start the cost model with what the run in DIR measured (its schedules are not used); repeatable",
+    )
+    tune.add_argument(
         "--ray",
         metavar="ADDRESS",
         help="build and measure on a Ray cluster: 'auto', HOST:PORT of its head, ray://HOST:PORT, or 'local' (default: this machine's processes)",
@@ -190,6 +197,7 @@ def _tune(args: argparse.Namespace) -> int:
         verify=not args.no_verify,
         progress=not args.quiet,
         transfer_from=args.transfer_from,
+        cost_model_from=args.cost_model_from,
         cluster=args.ray,
     )
     if args.quiet:

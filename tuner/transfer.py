@@ -25,6 +25,7 @@ import tvm
 from tvm.s_tir.schedule import Trace
 
 from costmodel import CostModel
+from costmodel.model import training_data_path
 
 from . import metaschedule as msc
 from .database import Record, TuningDatabase
@@ -92,6 +93,23 @@ def read_sources(
     if isinstance(work_dirs, (str, Path)):
         work_dirs = [work_dirs]
     return [_read_source(Path(d), database_file, cost_model_file, config.top_k) for d in work_dirs]
+
+
+def read_model_sources(work_dirs: Sequence[str | Path], database_file: str, cost_model_file: str) -> list[TransferSource]:
+    """Sources for ``warm_start`` alone: each work dir's saved cost model, no schedules. Raises
+    TunerError for a missing dir or one whose run saved no cost model with its training data."""
+    sources = []
+    for work_dir in map(Path, [work_dirs] if isinstance(work_dirs, (str, Path)) else work_dirs):
+        model = work_dir / cost_model_file
+        if not work_dir.is_dir() or not (work_dir / database_file).is_file():
+            raise TunerError(f"cannot warm-start the cost model from {str(work_dir)!r}: it is not a work dir; pass the --work-dir of an earlier `tuner tune` run")
+        if not training_data_path(model).is_file():
+            raise TunerError(
+                f"cannot warm-start the cost model from {str(work_dir)!r}: it holds no {cost_model_file} with its training data "
+                "(its run stopped before saving one); tune it to the end, or leave it out"
+            )
+        sources.append(TransferSource(work_dir, [], model))
+    return sources
 
 
 def _read_source(work_dir: Path, database_file: str, cost_model_file: str, top_k: int) -> TransferSource:
@@ -163,20 +181,25 @@ def transfer(
     return {**seed_runs(sources, runs, target, progress, config), "cost_model_samples": samples}
 
 
-def warm_start(cost_model: CostModel, sources: Sequence[TransferSource], width: int, progress: Progress) -> int:
-    """Add the source runs' cost-model training data to ``cost_model``; returns the samples added."""
+def warm_start(cost_model: CostModel, sources: Sequence[TransferSource], width: int, progress: Progress, strict: bool = False, prefix: str = "transfer") -> int:
+    """Add the source runs' cost-model training data to ``cost_model`` (as groups named ``prefix``,
+    the source's index, ":" and its own group); returns the samples added.
+    A source model that cannot be used is reported and skipped (the transfer of schedules still
+    works), or with ``strict`` (the model is all the source gives) raises TunerError."""
     added = 0
     for index, source in enumerate(sources):
         if source.cost_model is None:
             progress.line(f"transfer: {source.work_dir} has no saved cost model; it does not warm-start this one")
             continue
         try:
-            n = cost_model.warm_start(source.cost_model, prefix=f"transfer{index}:", width=width)
-        except Exception as err:  # unreadable or from another version: the transfer of schedules still works
+            n = cost_model.warm_start(source.cost_model, prefix=f"{prefix}{index}:", width=width)
+        except Exception as err:  # unreadable, or saved by another version
+            if strict:
+                raise TunerError(f"cannot warm-start the cost model from {str(source.work_dir)!r}: {err}; leave it out") from None
             progress.line(f"transfer: the cost model in {source.work_dir} is not used ({err})")
             continue
         added += n
-        progress.line(f"transfer: cost model warm-started with {n} measurements from {source.work_dir}")
+        progress.line(f"cost model warm-started with {n} measurements from {source.work_dir}")
     return added
 
 
