@@ -123,27 +123,20 @@ class CostModel:
             latencies=np.asarray([lat for g in groups for lat in self._latencies[g]], dtype=np.float64),
         )
 
-    def warm_start(self, path: Path | str, prefix: str, width: int | None = None) -> int:
+    def warm_start(self, path: Path | str, prefix: str, width: int | None = None, fit: bool = True) -> int:
         """Add the training data another run saved with ``save(path)`` as extra groups named
-        ``prefix + group`` (so they never mix with this run's tasks), then retrain; returns the
-        number of samples added. ``width``: the features per sample expected (default: those of
-        the data already recorded). Later ``update()`` calls count growth in this run's own samples."""
-        data_path = training_data_path(path)
-        if not data_path.exists():
-            raise FileNotFoundError(f"{data_path} does not exist: the model at {path} was saved without its training data")
-        with np.load(data_path) as data:
-            groups, sizes, features, latencies = (data[k] for k in ("groups", "sizes", "features", "latencies"))
-        expected = width or self._width()
-        if len(latencies) and expected is not None and features.shape[1] != expected:
-            raise ValueError(f"{data_path} holds {features.shape[1]} features per sample, not {expected}: it was saved by another version")
-        start = 0
-        for group, size in zip(groups, sizes):
-            end = start + int(size)
-            self.add(f"{prefix}{group}", features[start:end], [None if np.isinf(lat) else float(lat) for lat in latencies[start:end]])
-            start = end
-        self._warm_samples += len(latencies)
-        self.fit()
-        return len(latencies)
+        ``prefix + group`` (so they never mix with this run's tasks), then retrain unless ``fit`` is
+        False (several sources: retrain once, after the last); returns the number of samples added.
+        ``width``: the features per sample expected (default: those of the data already recorded).
+        Later ``update()`` calls count growth in this run's own samples."""
+        added = 0
+        for group, features, latencies in read_training_data(path, width or self._width()):
+            self.add(f"{prefix}{group}", features, latencies)
+            added += len(latencies)
+        self._warm_samples += added
+        if fit:
+            self.fit()
+        return added
 
     def _width(self) -> int | None:
         """Features per sample of the data recorded so far; None while there is none."""
@@ -176,6 +169,23 @@ class CostModel:
         if not rows:
             return np.zeros((0, 1)), np.zeros(0)
         return np.concatenate(rows), np.concatenate(labels)
+
+
+def read_training_data(model_path: Path | str, width: int | None = None) -> list[tuple[str, np.ndarray, list[float | None]]]:
+    """The training data ``CostModel.save(model_path)`` wrote: (group, features, latencies with None
+    for a failure) per task group. ``width``: the features per sample expected, if known."""
+    data_path = training_data_path(model_path)
+    if not data_path.exists():
+        raise FileNotFoundError(f"{data_path} does not exist: the model at {model_path} was saved without its training data")
+    with np.load(data_path) as data:
+        groups, sizes, features, latencies = (data[k] for k in ("groups", "sizes", "features", "latencies"))
+    if len(latencies) and width is not None and features.shape[1] != width:
+        raise ValueError(f"{data_path} holds {features.shape[1]} features per sample, not {width}: it was saved by another version")
+    ends = np.cumsum(sizes)
+    return [
+        (str(group), features[end - size : end], [None if np.isinf(lat) else float(lat) for lat in latencies[end - size : end]])
+        for group, size, end in zip(groups, sizes.astype(int), ends)
+    ]
 
 
 def training_data_path(model_path: Path | str) -> Path:

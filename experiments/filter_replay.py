@@ -45,10 +45,9 @@ def replay_run(work_dir: Path, batch: int, score: str, warm_from: list[Path] = (
     training data every model also learns from, as a run warm-started by transfer-tuning does."""
     import tvm
 
-    from costmodel import CandidateFeatures, CostModel
-    from tuner import metaschedule as msc
+    from costmodel import CostModel
+    from costmodel.model import read_training_data
     from tuner.database import TuningDatabase
-    from tuner.search import Candidate, TaskSearch
 
     db = TuningDatabase(work_dir / "tuning.db", read_only=True)
     try:
@@ -59,12 +58,8 @@ def replay_run(work_dir: Path, batch: int, score: str, warm_from: list[Path] = (
         db.close()
     weights = {t["workload_id"]: t["weight"] for t in job["tasks"]} if job else dict.fromkeys(mods, 1)
     target = tvm.target.Target(records[0].target)
-    rows = {}
-    for workload_id, mod in mods.items():  # each task's features in one batched extraction
-        search = TaskSearch(mod, target, 1, CostModel(seed=1), CandidateFeatures(), group="replay")
-        mine = [r for r in records if r.workload_id == workload_id]
-        features = search.feature_rows([Candidate(r.candidate, msc.schedule_from_json(mod, r.trace)) for r in mine])
-        rows.update({r.id: row for r, row in zip(mine, features)})
+    warm = [(f"warm{index}:{group}", x, y) for index, path in enumerate(warm_from) for group, x, y in read_training_data(path)]
+    rows = {} if score == "oracle" else _feature_rows(records, mods, target)  # a perfect model needs no features
 
     batches = []
     measured: dict[int, list] = {workload_id: [] for workload_id in mods}  # each task's records before the batch
@@ -76,8 +71,8 @@ def replay_run(work_dir: Path, batch: int, score: str, warm_from: list[Path] = (
             batches.append({"records": chunk, "scores": np.array(speeds), "best_before": best_before})
         elif best_before is not None:
             model = CostModel(seed=1)
-            for index, path in enumerate(warm_from):
-                model.warm_start(path, prefix=f"warm{index}:")
+            for group, x, y in warm:
+                model.add(group, x, y)
             for workload_id, done in measured.items():
                 if done:
                     model.add(str(workload_id), np.stack([rows[r.id] for r in done]), [r.latency for r in done])
@@ -87,6 +82,21 @@ def replay_run(work_dir: Path, batch: int, score: str, warm_from: list[Path] = (
                 batches.append({"records": chunk, "scores": scores, "best_before": best_before})
         mine.extend(chunk)
     return batches, records, weights
+
+
+def _feature_rows(records: list, mods: dict, target) -> dict[int, np.ndarray]:
+    """Each record's features (by record id), extracted in one batch per task."""
+    from costmodel import CandidateFeatures, CostModel
+    from tuner import metaschedule as msc
+    from tuner.search import Candidate, TaskSearch
+
+    rows = {}
+    for workload_id, mod in mods.items():
+        search = TaskSearch(mod, target, 1, CostModel(seed=1), CandidateFeatures(), group="replay")
+        mine = [r for r in records if r.workload_id == workload_id]
+        features = search.feature_rows([Candidate(r.candidate, msc.schedule_from_json(mod, r.trace)) for r in mine])
+        rows.update({r.id: row for r, row in zip(mine, features)})
+    return rows
 
 
 def _task_batches(records: list, batch: int) -> list[list]:

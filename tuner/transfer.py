@@ -90,16 +90,18 @@ def read_sources(
     Raises TunerError for a missing dir or one without a database, DatabaseError for a file that
     is corrupt or not a tensor-tuner database (which is left untouched)."""
     config = config or TransferConfig()
-    if isinstance(work_dirs, (str, Path)):
-        work_dirs = [work_dirs]
-    return [_read_source(Path(d), database_file, cost_model_file, config.top_k) for d in work_dirs]
+    return [_read_source(d, database_file, cost_model_file, config.top_k) for d in _as_paths(work_dirs)]
+
+
+def _as_paths(work_dirs: Sequence[str | Path] | str | Path) -> list[Path]:
+    return [Path(work_dirs)] if isinstance(work_dirs, (str, Path)) else [Path(d) for d in work_dirs]
 
 
 def read_model_sources(work_dirs: Sequence[str | Path], database_file: str, cost_model_file: str) -> list[TransferSource]:
     """Sources for ``warm_start`` alone: each work dir's saved cost model, no schedules. Raises
     TunerError for a missing dir or one whose run saved no cost model with its training data."""
     sources = []
-    for work_dir in map(Path, [work_dirs] if isinstance(work_dirs, (str, Path)) else work_dirs):
+    for work_dir in _as_paths(work_dirs):
         model = work_dir / cost_model_file
         if not work_dir.is_dir() or not (work_dir / database_file).is_file():
             raise TunerError(f"cannot warm-start the cost model from {str(work_dir)!r}: it is not a work dir; pass the --work-dir of an earlier `tuner tune` run")
@@ -192,7 +194,7 @@ def warm_start(cost_model: CostModel, sources: Sequence[TransferSource], width: 
             progress.line(f"transfer: {source.work_dir} has no saved cost model; it does not warm-start this one")
             continue
         try:
-            n = cost_model.warm_start(source.cost_model, prefix=f"{prefix}{index}:", width=width)
+            n = cost_model.warm_start(source.cost_model, prefix=f"{prefix}{index}:", width=width, fit=False)
         except Exception as err:  # unreadable, or saved by another version
             if strict:
                 raise TunerError(f"cannot warm-start the cost model from {str(source.work_dir)!r}: {err}; leave it out") from None
@@ -200,6 +202,8 @@ def warm_start(cost_model: CostModel, sources: Sequence[TransferSource], width: 
             continue
         added += n
         progress.line(f"cost model warm-started with {n} measurements from {source.work_dir}")
+    if added:
+        cost_model.fit()
     return added
 
 
