@@ -83,7 +83,9 @@ class MeasuringActor:
         gpu_ids = ray.get_gpu_ids() if per_gpu else []
         gpu = int(gpu_ids[0]) if gpu_ids else None
         self.dir = Path(tempfile.mkdtemp(prefix="measurer-", dir=_scratch_dir()))
-        self.engine = MeasureEngine(self.target, self.dir, replace(config, build_workers=0, gpu_index=gpu or 0))
+        # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU: the engine's NVML monitor finds that GPU
+        # by its UUID (Ray's GPU id is not NVML's index where the node shows only some of its GPUs).
+        self.engine = MeasureEngine(self.target, self.dir, replace(config, build_workers=0))
         self.engine.start()
         self.kind = device_kind(self.target)
         self.name = f"{node_label()}/gpu{gpu}" if gpu is not None else f"{node_label()}/{self.kind}"

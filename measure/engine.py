@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import queue
 import random
@@ -27,6 +28,7 @@ import tvm
 
 from .building import build_with
 from .cpu_slots import default_cpu_dop, pinned_env, runner_cpu_sets
+from .cuda_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode
 from .dop import DopController, DopDecision, relative_error
 from .dop_memory import DopMemory, machine_key
 from .host import available_memory_bytes
@@ -36,9 +38,11 @@ from .timeouts import AdaptiveTimeout
 from .timing import TimingConfig
 from .types import BuildResult, MeasureInput, MeasureResult, Status, VerifyResult
 from .worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
+from .worker_main import RUN_DEVICE_ENV
 
 __all__ = ["DeviceUnavailable", "EngineConfig", "MeasureEngine"]
 
+log = logging.getLogger("tensor_tuner.measure")
 _RUN_FAILURES = (Status.RUN_ERROR, Status.RUN_TIMEOUT, Status.RUN_CRASH)
 SERIAL_WINDOW = 4  # built candidates one measuring window takes when each is timed alone
 
@@ -54,7 +58,6 @@ class EngineConfig:
     remember_dop: bool = True  # start the DOP controller where the last run on this machine left it
     build_timeout: AdaptiveTimeout = field(default_factory=lambda: AdaptiveTimeout(initial=120.0, floor=2.0))
     run_timeout: AdaptiveTimeout = field(default_factory=lambda: AdaptiveTimeout(initial=60.0, floor=5.0, factor=20.0))
-    gpu_index: int = 0  # NVML's index of the GPU the runners use (NVML ignores CUDA_VISIBLE_DEVICES)
 
 
 def default_build_workers() -> int:
@@ -74,18 +77,23 @@ def host_target(target: tvm.target.Target) -> tvm.target.Target:
 
 
 class MeasureEngine:
-    def __init__(self, target: tvm.target.Target, work_dir: Path, config: EngineConfig | None = None):
+    """``monitor``: the NVML monitor of the runners' GPU (default: one is made for a CUDA target)."""
+
+    def __init__(self, target: tvm.target.Target, work_dir: Path, config: EngineConfig | None = None, monitor: NvmlMonitor | None = None):
         self.target = target
         self.config = config or EngineConfig()
         self.device = device_kind(target)
         self.overlap_builds_with_runs = self.device != "cpu"
         self._artifact_dir = Path(work_dir) / "artifacts"
         self.log_dir = log_dir = Path(work_dir) / "logs"
+        self.notes: list[str] = []  # how this engine measures (compile path, GPU watched), as written to logs/engine.log
+        workers = default_build_workers() if self.config.build_workers is None else self.config.build_workers
         # A compiling process's idle TVM threads spin for a while after each build; on a CPU that
         # slowed the first timings after a batch's builds by up to 2x.
-        build_env = {"TVM_THREAD_POOL_SPIN_COUNT": "0"} | ({"TENSOR_TUNER_CUDA_BUILD": "1"} if self.device == "cuda" else {})
-        run_env = {"TVM_USE_RUNTIME_LIB": "1"} if self.config.runtime_only_runner else {}
-        workers = default_build_workers() if self.config.build_workers is None else self.config.build_workers
+        build_env = {"TVM_THREAD_POOL_SPIN_COUNT": "0"} | (self._cuda_build_env() if self.device == "cuda" and workers else {})
+        # The measuring workers create their device's context (1-2 s on a GPU) during start-up, so
+        # that it counts against the start-up timeout, not the first candidate's run timeout.
+        run_env = {RUN_DEVICE_ENV: self.device} | ({"TVM_USE_RUNTIME_LIB": "1"} if self.config.runtime_only_runner else {})
         self._builders = [WorkerProcess("build", f"builder-{i}", log_dir / f"builder-{i}.log", build_env) for i in range(workers)]
         if self.device == "cpu":
             kernel_threads = int(target.attrs.get("num-cores", os.cpu_count() or 1))
@@ -98,8 +106,10 @@ class MeasureEngine:
         runners = [
             WorkerProcess("run", f"runner-{i}", log_dir / f"runner-{i}.log", run_env | pinned_env(cpus)) for i, cpus in enumerate(cpu_sets)
         ]
-        self.monitor = NvmlMonitor() if self.device == "cuda" else None
-        self._runners = RunnerPool(runners, self.device, self.config.run_timeout, self.monitor, self.config.gpu_index)
+        self.monitor = monitor if monitor is not None or self.device != "cuda" else NvmlMonitor()
+        if self.monitor is not None:
+            self._note(self.monitor.describe())
+        self._runners = RunnerPool(runners, self.device, self.config.run_timeout, self.monitor)
         self.dop = DopController(max_dop, self.config.dop_error_threshold, self.config.dop_check_fraction)
         self._dop_memory = DopMemory(machine_key(self.device, self.gpu_name())) if self.config.remember_dop else None
         self._remembered: DopDecision | None = None  # the latest decision whose outcome was saved
@@ -138,7 +148,7 @@ class MeasureEngine:
     @property
     def energy_measurable(self) -> bool:
         """Whether measurements come with the GPU's energy (NVML counts it on this device)."""
-        return self.monitor is not None and self.monitor.available
+        return self.monitor is not None and self.monitor.energy_supported
 
     def activity(self) -> str | None:
         """A line on what the workers are doing, for engines spread over machines; None here."""
@@ -191,6 +201,7 @@ class MeasureEngine:
         self._runners.gate.set_limit(dop)
         results: dict[int, MeasureResult] = {}
         threads = dop + (self.device != "cpu")  # on a GPU, one more prepares while others are timed
+        before = self.monitor.sample() if self.monitor is not None and dop > 1 else None
         with ThreadPoolExecutor(max_workers=threads) as pool:
             futures = {pool.submit(self._runners.measure, built, timing, serial): index for index, built in enumerate(window)}
             for future in as_completed(futures):
@@ -204,6 +215,8 @@ class MeasureEngine:
         if serial:
             return
         if dop > 1:
+            if self.monitor is not None:  # the candidates' timed regions overlapped: share the window's energy
+                split_energy(self.monitor.energy_between(before, self.monitor.sample()), list(results.values()))
             checks = set(self.dop.to_check(len(window), self._rng))
             checks |= {i for i, r in results.items() if r.status in _RUN_FAILURES}
             errors, parallel_only_failures = [], 0
@@ -228,19 +241,36 @@ class MeasureEngine:
         self._runners.gate.set_limit(self.dop.dop)
 
     def _alone(self, built: BuildResult, parallel: MeasureResult, timing: TimingConfig) -> MeasureResult:
-        """Re-measure a candidate with nothing else being timed, keeping its parallel samples."""
+        """Re-measure a candidate with nothing else being timed, keeping its parallel samples and
+        counting the energy of both measurements."""
         alone = self._runners.measure(built, timing, serial=True)
         if alone.ok:
             alone.parallel_samples = parallel.samples or None
+        if parallel.energy_j is not None:
+            alone.energy_j = parallel.energy_j + (alone.energy_j or 0.0)
         return alone
 
     def gpu_name(self) -> str | None:
         """The name from NVML of the GPU the runners use, if known."""
+        return self.monitor.name if self.monitor is not None else None
+
+    def _cuda_build_env(self) -> dict[str, str]:
+        """The build workers' environment for CUDA: the compile path chosen here, on purpose."""
         try:
-            names = self.monitor.device_names() if self.monitor is not None else []
-        except Exception:  # noqa: BLE001 - any NVMLError: the memory key falls back to the host's name
-            return None
-        return names[self.config.gpu_index] if len(names) > self.config.gpu_index else None
+            mode = choose_compile_mode()
+        except CudaBuildEnvError as err:  # the build workers fail to start with the same reason, as build results
+            self._note(f"CUDA compile: none available ({err})")
+            return {"TENSOR_TUNER_CUDA_BUILD": "1"}
+        self._note(f"CUDA compile: {mode.describe()}")
+        return {"TENSOR_TUNER_CUDA_BUILD": "1", COMPILE_MODE_ENV: mode.mode}
+
+    def _note(self, text: str) -> None:
+        """Say how this engine measures, in the run's log (logs/engine.log)."""
+        self.notes.append(text)
+        log.info("%s", text)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / "engine.log", "a") as out:
+            out.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
 
     def _start_dop(self) -> None:
         """Resume the controller from this machine's memory, or say why it starts at 1."""
@@ -328,6 +358,23 @@ class MeasureEngine:
         outcome = self._runners.call_alone(op, None, artifact=str(artifact), args=args, device_kind=self.device, timing=timing.as_dict())
         return outcome["samples"]
 
+    def run_kernel(self, artifact: Path | str, arrays: Sequence) -> list:
+        """Run a built kernel once on ``arrays`` (numpy) in the measuring worker; every argument afterwards."""
+        return self._runners.call_alone("run_kernel", None, artifact=str(artifact), arrays=list(arrays), device_kind=self.device)
+
+    def cold_timings(self, artifact: Path | str, args: Sequence) -> dict:
+        """A GPU kernel timed cold the tuner's way and TVM's way (``run_job.cold_timings``)."""
+        return self._runners.call_alone("cold_timings", None, artifact=str(artifact), args=list(args))
+
+    # -- looking into CUDA builds -------------------------------------------------------------------
+    def cuda_source(self, mod: tvm.IRModule) -> str:
+        """The CUDA C a scheduled kernel compiles to (compiled in a build worker)."""
+        return self._builders[0].call("cuda_source", self.config.build_timeout.value, mod=mod, target=str(self.target))
+
+    def load_cuda_artifact(self, artifact: str, kernels: list[str]) -> dict:
+        """Load a built library in a build worker: its CUDA module's code format and which of ``kernels`` it has."""
+        return self._builders[0].call("load_cuda_artifact", 120, artifact=str(artifact), kernels=list(kernels))
+
     # -- internals --------------------------------------------------------------------------------
     def _artifact_path(self) -> str:
         with self._name_lock:
@@ -343,6 +390,18 @@ class MeasureEngine:
         if built.ok:
             self.config.build_timeout.record(built.seconds)
         return built
+
+
+def split_energy(joules: float | None, results: list[MeasureResult]) -> None:
+    """Share the device energy of a window whose candidates were timed at once among them, in
+    proportion to the time each spent in its timed region (equally if none got that far), so
+    that the energies of a run's results add up to what the device spent."""
+    weights = [max(0.0, r.run_seconds) for r in results]
+    total = sum(weights)
+    if total <= 0:
+        weights, total = [1.0] * len(results), float(len(results))
+    for result, weight in zip(results, weights):
+        result.energy_j = None if joules is None else joules * weight / total
 
 
 def _remove(path: str) -> None:

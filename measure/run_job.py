@@ -6,19 +6,20 @@ that cannot compile.
 
 from __future__ import annotations
 
-import ctypes
 import os
+import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tvm
 
 from .cpu_slots import pin_from_env
-from .timing import TimingConfig, time_with_evaluator
+from .cuda_runtime import no_gpu_reason, runtime_problem
+from .timing import Evaluator, TimingConfig, time_with_evaluator
 
 ArgSpec = Sequence  # [dtype, shape]
 
@@ -27,30 +28,31 @@ class NoDevice(RuntimeError):
     pass
 
 
-def _load_cuda_runtime() -> None:
-    """The runtime-only TVM does not load its CUDA backend by itself."""
-    if tvm.get_global_func("device_api.cuda", allow_missing=True) is not None:
-        return
-    lib_dir = Path(tvm.__file__).parent / "lib"
-    for candidate in (lib_dir / "libtvm_runtime_cuda.so", *Path(tvm.__file__).parent.glob("**/libtvm_runtime_cuda.so")):
-        if candidate.exists():
-            ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
-            return
-
-
 def device(kind: str) -> tvm.runtime.Device:
     if kind == "cpu":
         return tvm.cpu(0)
     if kind == "cuda":
-        try:
-            _load_cuda_runtime()
-        except OSError as err:  # no driver on this host (libcuda.so.1)
-            raise NoDevice(f"no CUDA driver on this host ({err})") from None
+        problem = runtime_problem()  # the runtime-only TVM does not load its CUDA backend by itself
+        if problem:
+            raise NoDevice(problem)
         dev = tvm.cuda(0)
         if not dev.exist:
-            raise NoDevice("no CUDA GPU is visible to the measuring worker")
+            raise NoDevice(no_gpu_reason())
         return dev
     raise ValueError(f"unknown device kind {kind!r}")
+
+
+def warm_up(kind: str) -> None:
+    """Create the device's context now, at start-up (1-2 s on a GPU), rather than in the first
+    candidate's timed request. Without a device, the first request says so."""
+    if kind != "cuda":
+        return
+    try:
+        dev = device(kind)
+    except NoDevice:
+        return
+    tvm.runtime.empty((1,), "float32", dev)
+    dev.sync()
 
 
 def random_arrays(args: Sequence[ArgSpec], seed: int = 0) -> list[np.ndarray]:
@@ -70,10 +72,16 @@ def _to_device(arrays: Sequence[np.ndarray], dev: tvm.runtime.Device) -> list:
     return [tvm.runtime.tensor(a, dev) for a in arrays]
 
 
-def _time(make_evaluator, tensors: list, config: TimingConfig) -> dict:
+def _with_tvm_evaluator(make_evaluator, tensors: list) -> Evaluator:
+    """An evaluator running TVM's time evaluator (``make_evaluator(number, repeat, min_repeat_ms)``) on ``tensors``."""
+
     def evaluator(number: int, repeat: int, min_repeat_ms: int) -> list[float]:
         return list(make_evaluator(number, repeat, min_repeat_ms)(*tensors).results)
 
+    return evaluator
+
+
+def _time(evaluator: Evaluator, config: TimingConfig) -> dict:
     start = time.perf_counter()
     samples, number = time_with_evaluator(evaluator, config)
     return {"samples": samples, "number": number, "seconds": time.perf_counter() - start}
@@ -112,12 +120,18 @@ def time_prepared(timing: dict) -> dict:
     prepared, _prepared = _prepared, None
     mod, dev = prepared.mod, prepared.dev
     config = TimingConfig(**timing).for_device(prepared.kind)
-    flush = _cache_flush(prepared.kind, dev) if config.flush_cache else {}
+    if prepared.kind == "cuda" and config.flush_cache:
+        outcome = _time_cold_on_gpu(mod, dev, prepared.tensors, config)
+    else:
+        # On a CPU, TVM flushes the arguments' cache lines (all but the first, in TVM's convention;
+        # the first is usually the output). On a GPU without flushing, ``number`` calls per sample
+        # run back to back, which spreads each launch's host-side delay over them.
+        flush = {"f_preproc": "cache_flush_cpu_non_first_arg"} if config.flush_cache else {}
 
-    def make_evaluator(number: int, repeat: int, min_repeat_ms: int):
-        return mod.time_evaluator(mod.entry_name, dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms, **flush)
+        def make_evaluator(number: int, repeat: int, min_repeat_ms: int):
+            return mod.time_evaluator(mod.entry_name, dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms, **flush)
 
-    outcome = _time(make_evaluator, prepared.tensors, config)
+        outcome = _time(_with_tvm_evaluator(make_evaluator, prepared.tensors), config)
     outcome["nonfinite"] = [i for i, t in enumerate(prepared.tensors) if not np.all(np.isfinite(t.numpy().astype(np.float64)))]
     return outcome
 
@@ -128,14 +142,56 @@ def time_kernel(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing
     return time_prepared(timing)
 
 
-def _cache_flush(kind: str, dev: tvm.runtime.Device) -> dict:
-    """Time-evaluator options that flush caches before every sample: on a GPU, TVM overwrites a
-    buffer twice the L2's size; on a CPU, it flushes the arguments' cache lines (all but the first,
-    in TVM's convention; the first is usually the output)."""
-    if kind == "cuda":
-        l2 = dev.l2_cache_size_bytes or (64 << 20)
-        return {"cache_flush_bytes": 2 * l2}
-    return {"f_preproc": "cache_flush_cpu_non_first_arg"}
+def _time_cold_on_gpu(mod: Any, dev: tvm.runtime.Device, tensors: list, config: TimingConfig) -> dict:
+    """One cold call per sample: the L2 is flushed by copying a buffer twice its size, and the
+    kernel is queued behind the copy so that its events span the kernel alone (``cuda_timing``)."""
+    with _queued_cold_timer(mod, dev, tensors) as timer:
+        outcome = _time(timer, config)
+        outcome["late_samples"] = timer.late
+    return outcome
+
+
+@contextmanager
+def _queued_cold_timer(mod: Any, dev: tvm.runtime.Device, tensors: list) -> Iterator:
+    from .cuda_timing import QueuedColdTimer
+
+    source, scratch = (tvm.runtime.empty((_flush_words(dev),), "int32", dev) for _ in range(2))
+    timer = QueuedColdTimer(mod[mod.entry_name], tensors, lambda: scratch.copyfrom(source))
+    try:
+        yield timer
+    finally:
+        timer.close()
+
+
+def _flush_words(dev: tvm.runtime.Device) -> int:
+    """int32 words of a buffer twice the L2's size: copying it evicts whatever the L2 held."""
+    return (2 * (dev.l2_cache_size_bytes or (64 << 20))) // 4
+
+
+def cold_timings(artifact: str, args: Sequence[ArgSpec], repeat: int = 30) -> dict:
+    """A GPU kernel timed cold two ways, to see the launch's host-side delay: queued behind the L2
+    flush (the tuner's way), and as TVM's time evaluator does it (flush, wait for it, record the
+    start event, then launch), whose events also span that delay. Medians, seconds per call."""
+    dev = device("cuda")
+    mod = tvm.runtime.load_module(artifact)
+    tensors = _to_device(random_arrays(args), dev)
+    with _queued_cold_timer(mod, dev, tensors) as timer:
+        timer(1, 3, 0)  # loads the kernel
+        queued = timer(1, repeat, 0)
+        late = timer.late
+    evaluator = mod.time_evaluator(mod.entry_name, dev, number=1, repeat=repeat, cache_flush_bytes=4 * _flush_words(dev))
+    evaluated = list(evaluator(*tensors).results)
+    return {"queued": statistics.median(queued), "tvm_evaluator": statistics.median(evaluated), "late_samples": late}
+
+
+def run_kernel(artifact: str, arrays: Sequence[np.ndarray], device_kind: str) -> list[np.ndarray]:
+    """Run a kernel library's entry function once on ``arrays``; every argument afterwards."""
+    dev = device(device_kind)
+    mod = tvm.runtime.load_module(artifact)
+    tensors = _to_device(arrays, dev)
+    mod[mod.entry_name](*tensors)
+    dev.sync()
+    return [t.numpy() for t in tensors]
 
 
 def time_model(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing: dict) -> dict:
@@ -150,7 +206,7 @@ def time_model(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing:
         return vm.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
 
     # A whole model runs as in production: one kernel's output is the next one's input, in cache.
-    return _time(make_evaluator, tensors, replace(TimingConfig(**timing), flush_cache=False))
+    return _time(_with_tvm_evaluator(make_evaluator, tensors), replace(TimingConfig(**timing), flush_cache=False))
 
 
 def compare_outputs(
@@ -196,6 +252,8 @@ HANDLERS = {
     "time_kernel": time_kernel,
     "time_model": time_model,
     "compare_outputs": compare_outputs,
+    "run_kernel": run_kernel,
+    "cold_timings": cold_timings,
 }
 
 # Keep the worker's thread pool at the size the target was compiled for, on the cores it was given.

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from .cuda_errors import poisons_the_context
 from .nvml import MeasurementHealth, NvmlMonitor
 from .timeouts import AdaptiveTimeout
 from .timing import TimingConfig
@@ -75,8 +76,7 @@ class RunnerPool:
     workers: list[WorkerProcess]
     device: str  # "cpu" or "cuda"
     timeout: AdaptiveTimeout
-    monitor: NvmlMonitor | None = None
-    gpu_index: int = 0  # the runners' GPU in NVML's numbering
+    monitor: NvmlMonitor | None = None  # NVML on the runners' GPU
 
     def __post_init__(self) -> None:
         self.gate = TimedRegionGate(1)
@@ -112,8 +112,7 @@ class RunnerPool:
                 outcome = worker.call("time_prepared", self.timeout.value, timing=timing.as_dict())
         except WorkerError as err:
             raise_if_no_device(str(err))
-            if _poisons_the_context(str(err)):
-                worker.kill()  # a CUDA context that saw a fault stays broken: start afresh
+            replace_if_poisoned(worker, str(err))
             return MeasureResult(built.key, Status.RUN_ERROR, error=str(err), **common)
         except WorkerTimeout as err:
             return MeasureResult(built.key, Status.RUN_TIMEOUT, error=f"run {err}", **common)
@@ -139,6 +138,7 @@ class RunnerPool:
                 return worker.call(op, timeout, **request)
         except WorkerError as err:
             raise_if_no_device(str(err))
+            replace_if_poisoned(worker, str(err))
             raise
         finally:
             self._free.put(worker)
@@ -148,7 +148,7 @@ class RunnerPool:
         if self.monitor is None:
             yield []
             return
-        with self.monitor.watch(self.gpu_index) as health:
+        with self.monitor.watch() as health:
             yield health
 
 
@@ -159,6 +159,8 @@ def raise_if_no_device(message: str) -> None:
         raise DeviceUnavailable(message.split(":", 1)[-1].strip())
 
 
-def _poisons_the_context(message: str) -> bool:
-    lowered = message.lower()
-    return any(marker in lowered for marker in ("illegal memory access", "illegal address", "cuda_error", "cudaerror", "unspecified launch failure"))
+def replace_if_poisoned(worker: WorkerProcess, message: str) -> None:
+    """A CUDA context that saw a fault (an illegal address, a launch failure) fails every later
+    call: end the worker, and the next request starts a fresh one."""
+    if poisons_the_context(message):
+        worker.kill()

@@ -2,7 +2,10 @@
 
 Timing goes through TVM's time evaluator, which uses the host clock on a CPU and the device's
 own timer (CUDA events on the worker's stream) on a GPU, and runs the calls of a sample back to
-back in C++. Each sample averages enough calls to last ``min_sample_seconds``.
+back in C++. Each sample averages enough calls to last ``min_sample_seconds``, which also spreads
+each GPU launch's host-side delay over them. Cold GPU samples (a single call after an L2 flush)
+are timed by ``cuda_timing`` instead, with the kernel queued behind the flush so that the delay
+stays out of the sample.
 """
 
 from __future__ import annotations

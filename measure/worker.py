@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .cuda_errors import cuda_error_line
+
 _HEADER = struct.Struct("!Q")
 
 
@@ -86,6 +88,7 @@ class WorkerProcess:
         self._from_child: int | None = None
         self._ready = False
         self._started_at = 0.0
+        self._log_mark = 0  # size of the log when the current request was sent: its own output follows
 
     @property
     def pid(self) -> int | None:
@@ -99,6 +102,7 @@ class WorkerProcess:
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_mark = _size(self.log_path)
         env = {**os.environ, **self.env}
         # The child must find the measure package even when the tuner runs from a source checkout.
         package_root = str(Path(__file__).resolve().parent.parent)
@@ -140,6 +144,7 @@ class WorkerProcess:
     def call(self, op: str, timeout: float | None, /, **kwargs: Any) -> Any:
         """Run ``op`` in the child; raise WorkerError, WorkerTimeout or WorkerCrashed on failure."""
         self.wait_ready()
+        self._log_mark = _size(self.log_path)
         try:
             send_message(self._to_child, (op, kwargs))
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -157,12 +162,14 @@ class WorkerProcess:
         return payload
 
     def kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self._proc.wait()
+        """End the child (if it has not ended by itself); the next call starts a fresh one."""
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                try:
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._proc.wait()
             self.restarts += 1
         self._cleanup()
 
@@ -184,7 +191,7 @@ class WorkerProcess:
             what = f"killed by {signal.Signals(-code).name}"
         else:
             what = f"exited with code {code}"
-        tail = _last_meaningful_line(self.log_path)
+        tail = _last_meaningful_line(self.log_path, self._log_mark)
         return f"worker {what}" + (f" ({tail})" if tail else "")
 
     def _cleanup(self) -> None:
@@ -199,15 +206,27 @@ class WorkerProcess:
         self._ready = False
 
 
-def _last_meaningful_line(path: Path, max_bytes: int = 8192) -> str:
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _last_meaningful_line(path: Path, since: int = 0, max_bytes: int = 8192) -> str:
+    """What the log says last since byte ``since`` (the current request's output); a line naming a
+    CUDA error wins, since what follows it (an abort's stack) says less."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            lines = f.read().decode(errors="replace").splitlines()
+            f.seek(max(since, f.tell() - max_bytes))
+            text = f.read().decode(errors="replace")
     except OSError:
         return ""
-    for line in reversed(lines):
+    cuda_error = cuda_error_line(text)
+    if cuda_error:
+        return cuda_error[:300]
+    for line in reversed(text.splitlines()):
         line = line.strip()
         if line and not line.startswith(("File ", "Thread ", "Current thread", "Extension modules")):
             return line[:300]

@@ -13,15 +13,21 @@ import sys
 import time
 import traceback
 
+from .cuda_errors import cuda_error_line
 from .worker import receive_message, send_message
+
+RUN_DEVICE_ENV = "TENSOR_TUNER_RUN_DEVICE"  # a measuring worker's device ("cpu" or "cuda"), prepared at start-up
 
 
 def describe_error(err: BaseException) -> str:
     """One readable line for the database; TVM errors carry long C++ back-traces, and terse
-    messages ("not implemented") get the TVM function they came from."""
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    messages ("not implemented") get the TVM function they came from. The line naming a CUDA
+    error is kept wherever it is (``measure.cuda_errors``)."""
+    text = str(err).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     meaningful = [line for line in lines if not line.startswith(("File ", "at ", "0:", "1:", "2:", "3:")) and "Traceback" not in line]
-    message = meaningful[-1] if meaningful else ""
+    # A CUDA error is named on its own line, often followed by the kernel's source: keep that line.
+    message = cuda_error_line(text) or (meaningful[-1] if meaningful else "")
     frames = traceback.extract_tb(err.__traceback__)
     if frames and frames[-1].filename.endswith((".cc", ".h")):
         function = frames[-1].name.split("(")[0].split()[-1]
@@ -36,7 +42,8 @@ def _load_handlers(role: str) -> dict:
         if os.environ.get("TENSOR_TUNER_CUDA_BUILD") == "1":
             from .cuda_env import prepare_cuda_build_env
 
-            prepare_cuda_build_env()  # must precede `import tvm`
+            mode = prepare_cuda_build_env()  # must precede `import tvm`
+            print(f"CUDA compile mode: {mode.describe()}", flush=True)
         from . import build_job
 
         build_job.warm_up()
@@ -44,6 +51,7 @@ def _load_handlers(role: str) -> dict:
     if role == "run":
         from . import run_job
 
+        run_job.warm_up(os.environ.get(RUN_DEVICE_ENV, "cpu"))
         return run_job.HANDLERS
     if role == "cluster":
         from . import cluster_driver
@@ -73,13 +81,20 @@ def main(argv: list[str]) -> int:
         if op == "exit":
             return 0
         try:
-            reply = ("ok", handlers[op](**kwargs))
+            result = handlers[op](**kwargs)
         except Exception as err:  # a failing candidate is a result, not a reason to stop serving
             traceback.print_exc()
-            reply = ("error", describe_error(err))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        send_message(reply_fd, reply)
+            # Answer while the failed request's objects are still alive: after a CUDA fault, freeing
+            # their GPU memory may abort this process (the tuner then replaces it).
+            _reply(reply_fd, ("error", describe_error(err)))
+            continue
+        _reply(reply_fd, ("ok", result))
+
+
+def _reply(reply_fd: int, reply: tuple) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    send_message(reply_fd, reply)
 
 
 if __name__ == "__main__":

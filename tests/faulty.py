@@ -148,3 +148,40 @@ def gpu_copy(n: int = 32) -> tvm.IRModule:
                 b[vi] = a[vi]
 
     return _module(main)
+
+
+def gpu_out_of_resources(threads: int = 1024, live: int = 128) -> tvm.IRModule:
+    """A CUDA kernel whose launch fails for lack of registers (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES):
+    each of its 1024 threads keeps ``live`` values in registers across a loop (ptxas gives it more
+    than 128 registers), and its register limit is lifted (``__maxnreg__(255)`` instead of a launch
+    bound), while a block of 1024 threads can have 64 registers each."""
+
+    @T.prim_func
+    def main(a: T.Buffer((threads * live,), "float32"), b: T.Buffer((threads * live,), "float32")):
+        for tx in T.thread_binding(threads, thread="threadIdx.x"):
+            with T.attr(0, "tirx.max_registers", 255):
+                acc = T.decl_buffer((live,), "float32", scope="local")
+                for j in T.unroll(live):
+                    acc[j] = a[j * threads + tx]
+                for _ in range(64):
+                    for j in T.unroll(live):
+                        acc[j] = acc[j] * acc[(j + 1) % live] + T.float32(1)
+                for j in T.unroll(live):
+                    b[j * threads + tx] = acc[j]
+
+    return _module(main)
+
+
+def failing_with(message: str, n: int = 64) -> tvm.IRModule:
+    """b = a on a CPU, except that every run fails with ``message`` (an assertion in the kernel
+    that the inputs, drawn from [-1, 1], never meet): a real failure carrying a chosen text."""
+
+    @T.prim_func(s_tir=True)
+    def main(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")):
+        assert a[0] > T.float32(2), message
+        for i in range(n):
+            with T.sblock("b"):
+                vi = T.axis.spatial(n, i)
+                b[vi] = a[vi]
+
+    return _module(main)

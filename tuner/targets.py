@@ -7,12 +7,14 @@ LLVM emits SSE only and the same schedule runs several times slower.
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
 import tvm
 from tvm.target import Target
 
+from measure.cuda_runtime import no_gpu_reason, runtime_problem
 from measure.host import physical_cores
 
 from .errors import TargetError
@@ -113,6 +115,7 @@ def _complete_llvm(config: dict[str, Any]) -> dict[str, Any]:
 
 def _complete_cuda(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config)
+    runtime_problem()  # loads TVM's CUDA runtime if `import tvm` could not (a CUDA runtime from a wheel)
     device = tvm.cuda(0)
     if device.exist:
         config.setdefault("arch", "sm_" + device.compute_version.replace(".", ""))
@@ -154,14 +157,25 @@ def target_kind(spec: str | dict | Target) -> str | None:
 
 
 def require_device(spec: str | dict | Target) -> None:
-    """Stop early, in one line, when the target's device is not on this machine."""
+    """Stop early, in one line, when the target's device cannot be used on this machine: say what
+    is missing (no GPU, no driver, a driver too old, no CUDA 13 runtime) and how to get it."""
     from .errors import NoDeviceError
 
-    if target_kind(spec) == "cuda" and not tvm.cuda(0).exist:
-        raise NoDeviceError(
-            "cannot tune for 'cuda' here: no CUDA GPU is visible on this machine (no NVIDIA driver or device); "
-            "candidates can be built here but timing them needs a GPU, so run on a GPU host or use --target llvm"
-        )
+    if target_kind(spec) != "cuda":
+        return
+    problem = runtime_problem()
+    if problem is None and tvm.cuda(0).exist:
+        return
+    raise NoDeviceError(
+        f"cannot tune for 'cuda' here: {problem or no_gpu_reason()}; candidates can be built without a GPU but timing them "
+        "needs one, so run on a GPU host (`tuner doctor --target cuda` checks one) or use --target llvm"
+    )
+
+
+def cuda_arch_number(target: Target) -> int | None:
+    """The compute capability of a CUDA target as a number (90 for sm_90 and sm_90a); None if it names none."""
+    match = re.fullmatch(r"sm_(\d+)[a-z]?", str(target.attrs.get("arch", "")))
+    return int(match.group(1)) if match else None
 
 
 def describe_target(target: Target | str) -> str:

@@ -1,0 +1,30 @@
+"""The tensor-core intrinsics MetaSchedule's tensor-core rules and their traces name
+(``wmma_sync_16x16x16_f16f16f32``, ``mma_sync_m16n8k8_f16f16f32``, ...), registered by importing
+``tvm.s_tir.tensor_intrin``. That import parses some seventy TVMScript functions (20-40 s), so a
+process imports it once, and only when it meets a task or a trace that uses tensor cores.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+_lock = threading.Lock()
+_import_seconds: float | None = None
+
+
+def ensure_tensor_intrinsics() -> float:
+    """Register the tensor intrinsics in this process (once); returns how long the import took."""
+    global _import_seconds
+    with _lock:
+        if _import_seconds is None:
+            started = time.perf_counter()
+            import tvm.s_tir.tensor_intrin  # noqa: F401 - registers the intrinsics as it is imported
+
+            _import_seconds = time.perf_counter() - started
+    return _import_seconds
+
+
+def trace_uses_tensor_intrinsics(trace_json: str) -> bool:
+    """Whether replaying a stored trace (MetaSchedule's JSON form) tensorizes with a registered intrinsic."""
+    return '"Tensorize"' in trace_json
