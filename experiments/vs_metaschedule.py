@@ -43,12 +43,13 @@ def stock_step(workload_name: str, target_spec: str, trials: int, work_dir: Path
 
         executable = tvm.compile(sch.mod, target=target)
     else:
-        from tuner.tasks import fuse_relax
+        from measure.build_job import build_lowered_model
+        from tuner.tasks import lower_workload
 
-        # tune_relax finds no tasks in an un-lowered module: give it the fused one compile_relax makes
-        fused = fuse_relax(workload.mod, target)
-        db = ms.relax_integration.tune_relax(fused, None, target, str(work_dir), trials, builder=builder, seed=seed)
-        executable = ms.relax_integration.compile_relax(db, workload.mod, target, None)
+        # both tune the kernels of the same lowering (tune_relax finds no tasks in an un-lowered module)
+        lowered = lower_workload(workload, target)
+        db = ms.relax_integration.tune_relax(lowered, None, target, str(work_dir), trials, builder=builder, seed=seed)
+        executable = build_lowered_model(lowered, target, db)
     artifact = work_dir / "stock.so"
     executable.export_library(str(artifact))
     return {"seconds": time.monotonic() - started, "artifact": str(artifact), "trials": len(db.get_all_tuning_records())}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import time
 
@@ -10,6 +11,8 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+from .tensor_cores import ensure_tensor_intrinsics, trace_uses_tensor_intrinsics
 
 
 class BuildError(RuntimeError):
@@ -49,6 +52,38 @@ def build_kernel(mod: tvm.IRModule, target: str, artifact: str, keep_layout_rewr
     return {"artifact": artifact, "args": kernel_args(mod), "seconds": time.perf_counter() - start}
 
 
+def cuda_source(mod: tvm.IRModule, target: str) -> str:
+    """The CUDA C a scheduled kernel compiles to, to see what the code generator made of it."""
+    tvm_target = _target(target)
+    with tvm_target:
+        executable = tvm.compile(mod, target=tvm_target)
+    for module in executable.mod.imports:
+        if module.kind == "cuda":
+            return module.inspect_source("cuda")
+    raise BuildError("no CUDA kernel was generated: the schedule binds no GPU threads")
+
+
+def load_cuda_artifact(artifact: str, kernels: list[str]) -> dict:
+    """Load a built library as a measuring host does and report its CUDA module: the format of the
+    code it carries (fatbin, cubin or ptx) and which of ``kernels`` its function table has."""
+    library = tvm.runtime.load_module(artifact)
+    cuda = [module for module in library.imports if module.kind == "cuda"]
+    if not cuda:
+        raise BuildError(f"{artifact} holds no CUDA module")
+    module = cuda[0]
+    found = [name for name in kernels if module.implements_function(name, query_imports=False)]
+    return {"format": next((fmt for fmt in ("fatbin", "cubin", "ptx") if _holds_code_as(module, fmt)), None), "kernels": found}
+
+
+def _holds_code_as(module, fmt: str) -> bool:
+    """Whether a CUDA module's code is in format ``fmt``: it hands its code back only when asked in
+    its own format, and binary code does not decode as text."""
+    try:
+        return bool(module.inspect_source(fmt))
+    except UnicodeDecodeError:
+        return True
+
+
 def warm_up() -> None:
     """Load LLVM and the lowering passes once, so the first real build is not charged for it."""
     from tvm import te
@@ -62,15 +97,16 @@ def warm_up() -> None:
 def compile_program(mod: tvm.IRModule, kind: str, target: str, schedules: list, artifact: str) -> dict:
     """Compile a whole workload with the given tuned schedules and export it to ``artifact``.
 
-    ``schedules`` holds (kernel module, trace JSON) pairs. A Relax model is compiled by MetaSchedule's
-    ``compile_relax`` from an in-memory database of them (kernels without one keep TVM's default
-    schedule); a single kernel gets its schedule applied directly, keeping its input layouts.
+    ``schedules`` holds (kernel module, trace JSON) pairs. A model (``kind`` "relax") comes lowered
+    to fused kernels, as its tasks were extracted (``tuner.lowering``): each kernel with a tuned
+    schedule gets it (kernels without one keep TVM's default schedule) and the constants the
+    schedules want in another layout are transformed once, here. A single kernel gets its schedule
+    applied directly, keeping its input layouts.
     """
     tvm_target = _target(target)
     start = time.perf_counter()
     if kind == "relax":
-        executable = ms.relax_integration.compile_relax(_memory_database(schedules, tvm_target), mod, tvm_target, params=None)
-        executable.export_library(artifact)
+        build_lowered_model(mod, tvm_target, _memory_database(schedules, tvm_target)).export_library(artifact)
         return {"artifact": artifact, "seconds": time.perf_counter() - start}
     if schedules:
         sch = tvm.s_tir.Schedule(mod)
@@ -89,6 +125,38 @@ def default_gpu_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IR
         return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
 
 
+def build_lowered_model(mod: tvm.IRModule, target: tvm.target.Target, database: ms.database.Database) -> tvm.runtime.Executable:
+    """A lowered model (fused kernels called from Relax), built with the best schedules ``database``
+    holds for its kernels."""
+    from tvm import relax
+
+    # TVM 0.27's relax.pipeline dispatches to the backend packages, which do not export their
+    # dataflow-lowering passes: take them from the backends' own pipeline modules
+    backend = importlib.import_module(f"tvm.relax.backend.{'cuda' if target.kind.name == 'cuda' else 'cpu_generic'}.pipeline")
+
+    with target, database, tvm.transform.PassContext(opt_level=3):
+        passes = [
+            relax.transform.MetaScheduleApplyDatabase(),  # reads the target and database in scope
+            *([_DefaultGpuSchedule()] if target.kind.name == "cuda" else []),
+            # a tuned kernel that reads a weight in another layout gets a separate transform of that
+            # weight; on constants, FoldConstant runs it now instead of at every call
+            relax.transform.SplitLayoutRewritePreproc(),
+            relax.transform.FoldConstant(),
+            relax.transform.DeadCodeElimination(["main"]),
+            *backend.dataflow_lower_passes(target),
+            *backend.finalize_passes(target),
+        ]
+        return relax.build(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes))
+
+
+@tvm.transform.module_pass(opt_level=0, name="DefaultGpuSchedule")
+class _DefaultGpuSchedule:
+    """TVM's own GPU schedules (DLight) for the kernels left without a tuned one."""
+
+    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return default_gpu_schedule(mod, tvm.target.Target.current())
+
+
 def _memory_database(schedules: list, target: tvm.target.Target) -> ms.database.Database:
     database = ms.database.MemoryDatabase()
     for kernel, trace_json in schedules:
@@ -99,4 +167,17 @@ def _memory_database(schedules: list, target: tvm.target.Target) -> ms.database.
     return database
 
 
-HANDLERS = {"build_kernel": build_kernel, "compile_program": compile_program}
+def _compile_program_with_intrinsics(**request) -> dict:
+    """``compile_program``, with the tensor intrinsics registered first where a schedule's trace
+    tensorizes (replaying it needs them; they are imported once per build worker, when first needed)."""
+    if any(trace_uses_tensor_intrinsics(trace) for _, trace in request.get("schedules", [])):
+        ensure_tensor_intrinsics()
+    return compile_program(**request)
+
+
+HANDLERS = {
+    "build_kernel": build_kernel,
+    "compile_program": _compile_program_with_intrinsics,
+    "cuda_source": cuda_source,
+    "load_cuda_artifact": load_cuda_artifact,
+}

@@ -48,6 +48,29 @@ def tuned_matmul(tmp_path_factory) -> "TuneResult":  # noqa: F821
     return tune("matmul-128", target="llvm", trials=16, work_dir=work_dir, batch_size=8, progress=False)
 
 
+@pytest.fixture(scope="session")
+def tuned_mlp(tmp_path_factory) -> "TuneResult":  # noqa: F821
+    """A two-layer perceptron (a Relax model: 16x64 -> 32 -> 8, ReLU between) tuned once for the
+    session (8 trials), shared by tests that only run its compiled result."""
+    import numpy as np
+    from tvm import relax
+
+    from tuner import tune
+
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.standard_normal((64, 32)).astype("float32"), rng.standard_normal((32, 8)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            hidden = bb.emit(relax.op.nn.relu(relax.op.matmul(x, relax.const(w1))))
+            out = bb.emit_output(relax.op.matmul(hidden, relax.const(w2)))
+        bb.emit_func_output(out)
+    result = tune(bb.get(), trials=8, work_dir=tmp_path_factory.mktemp("tuned-mlp"), batch_size=4, progress=False)
+    result.reference = lambda data: np.maximum(data @ w1, 0) @ w2
+    return result
+
+
 @pytest.fixture
 def engine(tmp_path: Path, llvm_target):
     from measure import EngineConfig, MeasureEngine

@@ -64,6 +64,20 @@ def test_a_task_that_stopped_improving_loses_the_promise_of_its_kind():
     assert tasks[1].batches_without_improvement == 0 and scheduler.pick(tasks) == 1
 
 
+def test_a_task_long_without_gain_or_too_small_to_matter_gets_no_trials_while_others_can_gain():
+    tasks = [TaskProgress(weight=1), TaskProgress(weight=1), TaskProgress(weight=1)]
+    scheduler = GradientScheduler(epsilon=1.0, retire_after=2, min_share=0.01)  # every pick a random one
+    _visit_all(scheduler, tasks, (1e-3, 1e-3, 1e-6))  # task 2: a thousandth of the model's time
+    assert scheduler.retired(tasks, 2) and not scheduler.retired(tasks, 0)
+    tasks[1].record_batch(8, 1.0, None, None)
+    tasks[1].record_batch(8, 1.0, None, None)  # two batches without a new best
+    assert scheduler.retired(tasks, 1)
+    assert {scheduler.pick(tasks) for _ in range(20)} == {0}
+    tasks[0].record_batch(8, 1.0, None, None)
+    tasks[0].record_batch(8, 1.0, None, None)
+    assert {scheduler.pick(tasks) for _ in range(40)} == {0, 1, 2}  # all retired: the budget left goes on
+
+
 def test_round_robin_scheduler_takes_turns():
     tasks = [TaskProgress(weight=1), TaskProgress(weight=100)]
     scheduler = RoundRobinScheduler()

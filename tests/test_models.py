@@ -6,7 +6,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tuner.tasks import extract_tasks, fuse_relax
+from tuner.tasks import extract_tasks, lower_workload
 from workloads import WorkloadError, get_workload, list_workloads
 
 torch = pytest.importorskip("torch")
@@ -39,9 +39,10 @@ def test_every_required_model_is_registered():
 def test_model_builds_and_its_tasks_add_up_to_its_kernel_launches(name, llvm_target):
     workload = get_workload(name)
     assert workload.kind == "relax" and workload.reference is not None
-    tasks = extract_tasks(workload, llvm_target)
+    lowered = lower_workload(workload, llvm_target)
+    tasks = extract_tasks(workload, llvm_target, lowered)
     assert len({t.name for t in tasks}) == len(tasks) >= 1
-    assert sum(t.weight for t in tasks) == kernel_launches(fuse_relax(workload.mod, llvm_target))
+    assert sum(t.weight for t in tasks) == kernel_launches(lowered)
     assert sum(t.weight * t.flops for t in tasks) > 0
 
 

@@ -3,6 +3,21 @@
 from .api import tune
 from .objectives import Objectives
 from .errors import DatabaseError, NoDeviceError, TargetError, TunerError, WorkloadError
+from .lowering import LoweringOptions
 from .result import TaskResult, TuneResult
+from .runtime import CompiledModel, load
 
-__all__ = ["DatabaseError", "NoDeviceError", "Objectives", "TargetError", "TaskResult", "TuneResult", "TunerError", "WorkloadError", "tune"]
+__all__ = [
+    "CompiledModel",
+    "DatabaseError",
+    "LoweringOptions",
+    "NoDeviceError",
+    "Objectives",
+    "TargetError",
+    "TaskResult",
+    "TuneResult",
+    "TunerError",
+    "WorkloadError",
+    "load",
+    "tune",
+]

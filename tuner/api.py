@@ -19,17 +19,20 @@ from .compile import best_schedules, compile_workload, time_workload
 from .database import TuningDatabase
 from .errors import NoDeviceError, TunerError
 from .loop import LoopConfig, TuningLoop
+from . import metaschedule as msc
 from .metaschedule import schedule_from_json
 from .objectives import Objectives
 from .progress import Progress
 from .result import TaskResult, TuneResult
 from .scheduler import check_scheduler
 from .targets import require_device, resolve_target
-from .tasks import Task, extract_tasks
+from .lowering import LoweringOptions
+from .tasks import Task, extract_tasks, lower_workload
 from .transfer import read_model_sources, read_sources, transfer, warm_start
 
 DATABASE_FILE = "tuning.db"
 ARTIFACT_FILE = "model.so"
+UNTUNED_FILE = "untuned.so"  # the same lowering with TVM's default schedules: what tuning is measured against
 COST_MODEL_FILE = "cost_model.ubj"
 
 
@@ -54,6 +57,8 @@ def tune(
     transfer_from: Sequence[str | Path] | None = None,
     cost_model_from: Sequence[str | Path] | None = None,
     cluster: str | None = None,
+    lowering: LoweringOptions | None = None,
+    trials_per_task: int | None = None,
 ) -> TuneResult:
     """Tune every kernel of ``model`` for ``target`` and return the compiled result.
 
@@ -69,6 +74,11 @@ def tune(
     ``cluster`` runs the builds and measurements on a Ray cluster: "auto" (the one this machine
     belongs to), "HOST:PORT" of its head node, "ray://HOST:PORT", or "local" (a private Ray
     instance on this machine); None tunes with this machine's own worker processes.
+    ``trials_per_task`` states the budget per kernel instead: ``trials`` becomes that many times the
+    number of tasks (the scheduler still gives more to the tasks where they pay).
+    ``lowering`` sets how a model is lowered to kernels (``tuner.lowering.LoweringOptions``: batch
+    norms folded, fast math, layout-only kernels fused, weight layouts chosen by the schedules; all
+    on by default).
 
     ``stop`` adds cost objectives for the whole run (time, energy, money budgets, or no
     improvement; the first one met ends it) and ``task_stop`` the same per task (a task that
@@ -78,6 +88,8 @@ def tune(
     cost model predicts to be poor; a ``costmodel.TrimmerFilter`` sets how much it filters.
     """
     started = time.monotonic()
+    if trials_per_task is not None:
+        run_objectives(trials_per_task, stop)  # the same checks, before anything is set up
     objectives = run_objectives(trials, stop)
     check_scheduler(scheduler)
     sources = read_sources(transfer_from or [], DATABASE_FILE, COST_MODEL_FILE)
@@ -92,8 +104,12 @@ def tune(
     engine = make_engine(tvm_target, work_dir, build_workers, cluster)
     try:
         start_engine(engine, report)  # local workers import TVM while the tasks and search spaces are prepared
-        tasks = extract_tasks(workload, tvm_target)
-        _record_job(db, workload, tvm_target, tasks)
+        lowering = lowering or LoweringOptions()
+        lowered = lower_workload(workload, tvm_target, lowering)
+        tasks = extract_tasks(workload, tvm_target, lowered)
+        if trials_per_task is not None:
+            objectives = replace(objectives, trials=trials_per_task * len(tasks))
+        _record_job(db, workload, tvm_target, tasks, lowering)
         cost_model = CostModel(seed=seed)
         config = LoopConfig(batch_size=batch_size, verify=verify, scheduler=scheduler, trimmer=trimmer if isinstance(trimmer, TrimmerFilter) else TrimmerFilter(enabled=trimmer))
         loop = TuningLoop(tasks, tvm_target, db, engine, cost_model, seed, config, report)
@@ -109,8 +125,8 @@ def tune(
         cost_model.save(work_dir / COST_MODEL_FILE)
         report.line("compiling the tuned and the untuned program")
         compiling = time.monotonic()
-        artifact = compile_workload(engine, workload, best_schedules(db, tasks, tvm_target), work_dir / ARTIFACT_FILE)
-        untuned = compile_workload(engine, workload, [], work_dir / "artifacts" / "untuned.so")
+        artifact = compile_workload(engine, workload, lowered, best_schedules(db, tasks, tvm_target), work_dir / ARTIFACT_FILE)
+        untuned = compile_workload(engine, workload, lowered, [], work_dir / UNTUNED_FILE)
         latency_after = time_workload(engine, workload, artifact)
         latency_before = time_workload(engine, workload, untuned)
         seconds = {"start-up": tuning_started - started, **({"transfer": transfer_seconds} if sources else {}), **loop.phase_seconds, "compile and time": time.monotonic() - compiling}
@@ -131,6 +147,7 @@ def tune(
             stop_reason=stop_reason,
             filtered=loop.ledger.as_dict(),
         )
+        result.description.save(artifact)
         db.set_meta(
             "result",
             {
@@ -212,13 +229,14 @@ def prepare_work_dir(work_dir: str | Path | None, name: str, target: tvm.target.
     return path
 
 
-def _record_job(db: TuningDatabase, workload: Workload, target: tvm.target.Target, tasks: list[Task]) -> None:
+def _record_job(db: TuningDatabase, workload: Workload, target: tvm.target.Target, tasks: list[Task], lowering: LoweringOptions) -> None:
     db.set_meta(
         "job",
         {
             "model": workload.name,
             "kind": workload.kind,
             "target": str(target),
+            "lowering": lowering.as_dict(),
             "inputs": [[s.name, list(s.shape), s.dtype] for s in workload.inputs],
             "tasks": [{"name": t.name, "workload_id": db.workload_id(t.mod, t.name), "weight": t.weight, "flops": t.flops} for t in tasks],
         },
@@ -238,4 +256,5 @@ def _task_result(run) -> TaskResult:
         best_latency=best.latency if best else None,
         verified=best.verified if best else None,
         schedule=schedule,
+        bytes=msc.kernel_bytes(run.task.mod),
     )

@@ -18,7 +18,8 @@ from .compile import best_schedules, compile_workload
 from .database import TuningDatabase
 from .errors import TunerError
 from .targets import resolve_target
-from .tasks import extract_tasks
+from .lowering import LoweringOptions
+from .tasks import extract_tasks, lower_workload
 
 
 def apply(
@@ -44,13 +45,15 @@ def apply(
             raise TunerError(f"{db_path} does not say which target it was tuned for: pass --target")
         tvm_target = resolve_target(target if target is not None else json.loads(job["target"]))
         workload = load_workload(model, example_inputs, batch=batch, dtype=dtype)
-        tasks = extract_tasks(workload, tvm_target)
+        lowering = LoweringOptions(**(job or {}).get("lowering", {}))  # as the work dir was tuned
+        lowered = lower_workload(workload, tvm_target, lowering)
+        tasks = extract_tasks(workload, tvm_target, lowered)
         schedules = best_schedules(db, tasks, tvm_target)
     finally:
         db.close()
     print(f"tuner: {len(schedules)} of {len(tasks)} kernels have tuned schedules in {work_dir}", file=sys.stderr)
     engine = MeasureEngine(tvm_target, work_dir, EngineConfig(build_workers=1))
     try:
-        return compile_workload(engine, workload, schedules, output)
+        return compile_workload(engine, workload, lowered, schedules, output)
     finally:
         engine.close()

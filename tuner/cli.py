@@ -16,6 +16,7 @@ _DESCRIPTION = """Auto-tune deep-learning tensor programs with Apache TVM.
   tuner apply DIR MODEL compile MODEL with the schedules tuned in DIR
   tuner report DIR      summarise DIR as report.md plus report.png
   tuner workloads       list the built-in models and operators
+  tuner doctor          check this machine: TVM, CUDA, GPUs, NVML, compilers, Ray, CPU
 """
 
 
@@ -102,7 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument("model", help="a built-in workload name (see `tuner workloads`) or an .onnx file")
     tune.add_argument("--target", default="llvm", help="'llvm' (this CPU), 'cuda', 'cuda -arch=sm_90', ... (default: llvm)")
-    tune.add_argument("--trials", type=_positive_int, default=64, help="candidates to measure in total (default: 64)")
+    budget = tune.add_mutually_exclusive_group()
+    budget.add_argument("--trials", type=_positive_int, default=64, help="candidates to measure in total (default: 64)")
+    budget.add_argument(
+        "--trials-per-task", type=_positive_int, help="the budget as candidates per kernel of the model: N x its tasks in total (the scheduler still decides where they go)"
+    )
+    tune.add_argument("--exact-math", action="store_true", help="compute exp, erf, tanh, sigmoid and softmax with libm instead of vectorised approximations")
     _add_objective_options(tune)
     tune.add_argument(
         "--scheduler", choices=("gradient", "round-robin"), default="gradient", help="which task gets the next batch (default: gradient)"
@@ -161,6 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("action", nargs="?", choices=("show",), help="show one workload's tasks")
     listing.add_argument("name", nargs="?", help="the workload to show")
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="check this machine",
+        description="Check what tuning needs on this machine, one line each, OK or the fix: TVM, TVM's CUDA runtime, the GPUs "
+        "it sees, NVML, the CUDA compiler, Ray and the cluster it would join, the CPU. Exits 0 when every target named "
+        "can be tuned here, 1 otherwise.",
+    )
+    doctor.add_argument("--target", choices=("llvm", "cuda"), help="the target to check (default: both)")
+    doctor.add_argument("--ray", metavar="ADDRESS", help="the Ray cluster to check (default: $RAY_ADDRESS, or the last one started here)")
     return parser
 
 
@@ -177,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     from .api import tune
+    from .lowering import LoweringOptions
 
     stop, task_stop = objectives_from_args(args)
     result = tune(
@@ -186,6 +203,8 @@ def _tune(args: argparse.Namespace) -> int:
         batch=args.batch,
         dtype=args.dtype,
         trials=args.trials,
+        trials_per_task=args.trials_per_task,
+        lowering=LoweringOptions(fast_math=not args.exact_math),
         stop=stop,
         task_stop=task_stop,
         scheduler=args.scheduler,
@@ -262,7 +281,13 @@ def _show_workload(name: str | None, entries) -> int:
     return 0
 
 
-_COMMANDS = {"tune": _tune, "apply": _apply, "report": _report, "workloads": _workloads}
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import TARGETS, doctor
+
+    return doctor((args.target,) if args.target else TARGETS, args.ray)
+
+
+_COMMANDS = {"tune": _tune, "apply": _apply, "report": _report, "workloads": _workloads, "doctor": _doctor}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,10 +27,12 @@ def best_schedules(db: TuningDatabase, tasks: list[Task], target: tvm.target.Tar
     return schedules
 
 
-def compile_workload(engine: MeasureEngine, workload: Workload, schedules: list, artifact: Path) -> Path:
-    """Compile ``workload`` with ``schedules`` (none: TVM's default schedules) into ``artifact``."""
+def compile_workload(engine: MeasureEngine, workload: Workload, lowered: tvm.IRModule, schedules: list, artifact: Path) -> Path:
+    """Compile ``workload`` (``lowered``: its ``tasks.lower_workload``) with ``schedules`` (none:
+    TVM's default schedules) into ``artifact``."""
     artifact.parent.mkdir(parents=True, exist_ok=True)
-    return engine.compile_program(artifact, mod=workload.mod, kind=workload.kind, schedules=schedules)
+    mod = lowered if workload.kind == "relax" else workload.mod
+    return engine.compile_program(artifact, mod=mod, kind=workload.kind, schedules=schedules)
 
 
 def time_workload(engine: MeasureEngine, workload: Workload, artifact: Path, timing: TimingConfig = _MODEL_TIMING) -> float:

@@ -10,33 +10,98 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule import _ffi_api
-from tvm.s_tir.meta_schedule.utils import _json_de_tvm
 from tvm.s_tir.schedule import _ffi_api as _ffi_api_schedule
 from tvm.s_tir.schedule import Trace
+
+from measure.tensor_cores import ensure_tensor_intrinsics, trace_uses_tensor_intrinsics
+
+from .targets import cuda_arch_number
 
 MAX_SEED = 2**31 - 1
 
 
-def rules_kind(target: tvm.target.Target) -> str:
-    return "cuda" if target.kind.name == "cuda" else "llvm"
+# Input types MetaSchedule's tensor-core rules have intrinsics for (f16 and s8 into f16/f32/s32).
+TENSOR_CORE_INPUTS = {"float16", "int8"}
+TENSOR_CORE_MIN_ARCH = 80
+
+
+def rules_kind(target: tvm.target.Target, mod: tvm.IRModule | None = None) -> str:
+    """MetaSchedule's rule set for ``mod`` on ``target``: "llvm", "cuda", or "cuda-tensorcore"
+    (the CUDA rules plus tensor-core tiling) where tensor cores apply."""
+    if target.kind.name != "cuda":
+        return "llvm"
+    return "cuda-tensorcore" if mod is not None and tensor_cores_apply(mod, target) else "cuda"
+
+
+def tensor_cores_apply(mod: tvm.IRModule, target: tvm.target.Target) -> bool:
+    """Whether the kernel reduces over half-precision or int8 inputs (a GEMM, a convolution) on a
+    GPU of sm_80 or later, where its schedules should use tensor cores."""
+    arch = cuda_arch_number(target)
+    if arch is None or arch < TENSOR_CORE_MIN_ARCH:
+        return False
+    return any(block.reduction and TENSOR_CORE_INPUTS & set(block.dtypes) for block in kernel_blocks(mod))
 
 
 def make_context(mod: tvm.IRModule, target: tvm.target.Target, seed: int, num_threads: int = 1) -> ms.TuneContext:
-    """A TuneContext with the target's default schedule rules, postprocessors and mutators.
+    """A TuneContext with the default schedule rules, postprocessors and mutators for ``mod`` on
+    ``target``.
 
-    TuneContext's Python constructor imports tvm.s_tir.tensor_intrin (20-30 s) for tensor-core
-    rules; the default rules used here do not need it, so the context is built directly.
+    TuneContext's Python constructor imports tvm.s_tir.tensor_intrin (20-40 s) for tensor-core
+    rules whatever the task; here the context is built directly, and the intrinsics are imported
+    (once) only for a task that can use tensor cores.
     """
-    kind = rules_kind(target)
-    space = ms.space_generator.PostOrderApply(sch_rules=kind, postprocs=kind, mutator_probs=kind)
+    kind = rules_kind(target, mod)
+    rules = kind
+    if kind == "cuda-tensorcore":
+        ensure_tensor_intrinsics()
+        rules = tensor_core_rules()
+    space = ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=kind, mutator_probs=kind)
     context = _ffi_api.TuneContext(mod, target, space, None, "main", num_threads, seed, None)
     _ffi_api.TuneContextInitialize(context)
     return context
+
+
+def _wmma_group(inputs: str, output: str, trans: bool) -> dict[str, str]:
+    """One WMMA intrinsic group: operands staged in static shared memory, the accumulator in dynamic."""
+    suffix = "_trans" if trans else ""
+    return {
+        "init": f"wmma_fill_16x16x16_{output}",
+        "load_a": f"wmma_load_16x16x16_{inputs}_a_shared",
+        "load_b": f"wmma_load_16x16x16_{inputs}_b{suffix}_shared",
+        "compute": f"wmma_sync_16x16x16_{inputs}{inputs}{output}{suffix}",
+        "store": f"wmma_store_16x16x16_{output}_shared_dyn",
+    }
+
+
+def tensor_core_rules() -> list:
+    """TVM's "cuda-tensorcore" schedule rules, changed where TVM 0.27 cannot build their output.
+
+    TVM's own rules stage operands and accumulator alike in dynamic shared memory; its
+    StorageRewrite then lets the fp32 accumulator reuse an fp16 operand's allocation, and its
+    LowerAccessPtr rejects the result ("tvm_access_ptr element type must match the source buffer":
+    not one such candidate builds). Operands in static and the accumulator in dynamic shared memory
+    never share an allocation, and build. Its second, MMA-intrinsic rule is left out: its
+    candidates fail in TransformMmaBufferLayout and InjectPermutedLayout in this TVM.
+    """
+    groups = [_wmma_group(inputs, output, trans) for inputs, output in (("f16", "f32"), ("f16", "f16"), ("s8", "s32")) for trans in (False, True)]
+    tiling = ms.schedule_rule.MultiLevelTilingTensorCore(
+        intrin_groups=groups,
+        structure="SSSRRSRS",
+        tile_binds=["blockIdx.y", "blockIdx.x", "threadIdx.y"],
+        max_innermost_factor=4,
+        vector_load_lens=[1, 2, 3, 4, 8, 16],
+        reuse_read=ms.schedule_rule.ReuseType(req="must", levels=[4], scope="shared"),
+        reuse_write=ms.schedule_rule.ReuseType(req="must", levels=[2], scope="shared.dyn"),
+        use_software_pipeline=False,
+    )
+    cuda = list(ms.schedule_rule.ScheduleRule.create("cuda"))  # ApplyCustomRule first, then the rest
+    return [cuda[0], tiling, *cuda[1:]]
 
 
 def design_spaces(context: ms.TuneContext) -> list[Schedule]:
@@ -70,7 +135,10 @@ def replay(mod: tvm.IRModule, trace: Trace, seed: int, postprocs: Sequence, reti
         return None
     sch.enter_postproc()  # marks where the postprocessors' instructions start, so a replay can drop them
     for postproc in postprocs:
-        if not postproc.apply(sch):
+        try:
+            if not postproc.apply(sch):
+                return None
+        except Exception:  # TVM 0.27's postprocessors raise on some kernels instead of rejecting (RewriteLayout)
             return None
     return sch
 
@@ -102,11 +170,29 @@ def stored_trace(mod: tvm.IRModule, trace_json: str) -> Trace:
 
 
 def trace_to_json(sch: Schedule) -> str:
-    return json.dumps(_json_de_tvm(_ffi_api_schedule.TraceAsJSON(sch.trace, False)))
+    return json.dumps(_json_value(_ffi_api_schedule.TraceAsJSON(sch.trace, False)))
+
+
+def _json_value(value):
+    """TVM's JSON form of a trace as plain Python. An IndexMap (an input of TransformLayout, which
+    tensor-core schedules use) becomes the JSON-graph text ``apply_json_to_schedule`` reads back."""
+    if value is None or isinstance(value, int | float | str):
+        return value
+    if isinstance(value, tvm.tirx.IntImm | tvm.tirx.FloatImm):
+        return value.value
+    if isinstance(value, tvm.tirx.IndexMap):
+        return tvm.ir.save_json(value)
+    if isinstance(value, tvm_ffi.Array):
+        return [_json_value(item) for item in value]
+    if isinstance(value, tvm_ffi.Map):
+        return {_json_value(k): _json_value(v) for k, v in value.items()}
+    raise TypeError(f"a trace holds a {type(value).__name__}, which has no JSON form here")
 
 
 def schedule_from_json(mod: tvm.IRModule, trace_json: str) -> Schedule:
     """Rebuild the schedule a stored trace describes."""
+    if trace_uses_tensor_intrinsics(trace_json):
+        ensure_tensor_intrinsics()
     sch = Schedule(mod)
     Trace.apply_json_to_schedule(json.loads(trace_json), sch)
     return sch
@@ -126,6 +212,15 @@ def prim_func_flops(mod: tvm.IRModule) -> float:
         return float(tvm.s_tir.analysis.estimate_tir_flops(mod))
     except Exception:  # some kernels (opaque loops) have no estimate; FLOPs are only informative
         return 0.0
+
+
+def kernel_bytes(mod: tvm.IRModule) -> int:
+    """Bytes of the kernel's arguments (inputs and outputs): what it must move at the least."""
+    total = 0
+    for param in mod["main"].params:
+        shape = [int(d) for d in getattr(param, "shape", [])]
+        total += int(np.prod(shape, dtype=np.int64)) * tvm.DataType(str(param.dtype)).bits // 8
+    return total
 
 
 def normalize_prim_func_module(func: tvm.tirx.PrimFunc) -> tvm.IRModule:

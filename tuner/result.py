@@ -12,6 +12,7 @@ import tvm
 
 from workloads import TensorSpec
 
+from .runtime import CompiledModel, ModelDescription
 from .progress import filter_summary, format_latency, format_phases, format_seconds
 from .targets import describe_target, target_kind
 
@@ -25,10 +26,16 @@ class TaskResult:
     best_latency: float | None  # seconds per launch of the best verified schedule
     verified: bool | None
     schedule: str | None  # the best schedule as a MetaSchedule trace (Python)
+    bytes: int = 0  # of the kernel's arguments: what one launch moves at the least
 
     @property
     def gflops(self) -> float | None:
         return self.flops / self.best_latency / 1e9 if self.best_latency and self.flops else None
+
+    @property
+    def gbs(self) -> float | None:
+        """Bytes of its arguments per second of the best schedule."""
+        return self.bytes / self.best_latency / 1e9 if self.best_latency and self.bytes else None
 
 
 @dataclass
@@ -49,6 +56,7 @@ class TuneResult:
     stop_reason: str | None = None  # the objective that ended the tuning
     filtered: dict = field(default_factory=dict)  # what the cost-model filter dropped and saved (costmodel.FilterLedger)
     _module: Any = field(default=None, repr=False)
+    _compiled: Any = field(default=None, repr=False)
 
     @property
     def speedup(self) -> float | None:
@@ -63,23 +71,36 @@ class TuneResult:
             self._module = tvm.runtime.load_module(str(self.artifact_path))
         return self._module
 
+    @property
+    def description(self) -> ModelDescription:
+        return ModelDescription(self.model, self.kind, self.target, self.inputs)
+
     def export(self, path: str | Path) -> Path:
-        """Write the compiled model as a shared library that ``tvm.runtime.load_module`` loads."""
+        """Write the compiled model as a shared library that ``tvm.runtime.load_module`` loads, with
+        its description beside it (``path`` with ``.json``), from which ``tuner.load`` runs it."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.artifact_path, path)
+        self.description.save(path)
         return path
 
-    def run(self, *inputs: np.ndarray, device: tvm.runtime.Device | None = None) -> Any:
-        """Run the tuned program on numpy inputs. A model returns its output(s) as numpy; a kernel
-        takes every buffer argument (outputs too) and returns them all after the call."""
+    def compiled(self, device: tvm.runtime.Device | None = None) -> CompiledModel:
+        """The tuned model, ready to run (``tuner.runtime.CompiledModel``): keep it and call it."""
+        if self._compiled is None or device is not None:
+            compiled = CompiledModel(self.artifact_path, self.description, device)
+            if device is not None:
+                return compiled
+            self._compiled = compiled
+        return self._compiled
+
+    def run(self, *inputs: Any, device: tvm.runtime.Device | None = None) -> Any:
+        """Run the tuned program. A model takes numpy arrays or torch tensors and returns its
+        output(s) the same way (see ``compiled``); a kernel takes every buffer argument (outputs too)
+        as numpy and returns them all after the call."""
+        if self.kind == "relax":
+            return self.compiled(device)(*inputs)
         dev = device or (tvm.cuda(0) if target_kind(self.target) == "cuda" else tvm.cpu(0))
         tensors = [tvm.runtime.tensor(np.asarray(x), dev) for x in inputs]
-        if self.kind == "relax":
-            from tvm.runtime.vm import VirtualMachine
-
-            out = VirtualMachine(self.module, dev)["main"](*tensors)
-            return out.numpy() if hasattr(out, "numpy") else [o.numpy() for o in out]
         self.module[self.module.entry_name](*tensors)
         return [t.numpy() for t in tensors]
 

@@ -10,6 +10,10 @@ Unlike Ansor's, the second counts only while the task still improves: a task who
 alike (a strided 1x1 convolution does not reach a 3x3 one's throughput), and with it a stuck
 task kept its promise forever: one ResNet-18 convolution got 67 of some 100 batches of a run
 without improving once.
+Trials go where they can still pay: a task that has gone ``retire_after`` batches without a new
+best, or whose share of the model's latency is below ``min_share``, is retired. It gets no more
+batches (random exploration picks included) while any other task is still promising, and only
+then, ranked as before, the rest of the budget.
 ``RoundRobinScheduler`` gives every live task a batch in turn.
 
 Both give every task one batch first, and give up on a task that produced no working candidate
@@ -95,16 +99,36 @@ class RoundRobinScheduler(_Scheduler):
 
 
 class GradientScheduler(_Scheduler):
-    def __init__(self, max_failed_batches: int = 3, alpha: float = 0.2, beta: float = 2.0, window: int = 3, epsilon: float = 0.05, seed: int = 1):
+    def __init__(
+        self,
+        max_failed_batches: int = 3,
+        alpha: float = 0.2,
+        beta: float = 2.0,
+        window: int = 3,
+        epsilon: float = 0.05,
+        seed: int = 1,
+        retire_after: int = 6,
+        min_share: float = 0.005,
+    ):
         super().__init__(max_failed_batches)
         self.alpha, self.beta, self.window, self.epsilon = alpha, beta, window, epsilon
+        self.retire_after, self.min_share = retire_after, min_share
         self.rng = np.random.default_rng(seed)
 
     def _choose(self, tasks: list[TaskProgress], ranked: list[int]) -> int:
-        if len(ranked) > 1 and self.rng.random() < self.epsilon:
-            return int(self.rng.choice(ranked))
-        gradients = {i: self.gradient(tasks, i) for i in ranked}
-        return min(ranked, key=lambda i: (gradients[i], i))
+        promising = [i for i in ranked if not self.retired(tasks, i)] or ranked
+        if len(promising) > 1 and self.rng.random() < self.epsilon:
+            return int(self.rng.choice(promising))
+        gradients = {i: self.gradient(tasks, i) for i in promising}
+        return min(promising, key=lambda i: (gradients[i], i))
+
+    def retired(self, tasks: list[TaskProgress], i: int) -> bool:
+        """Whether task ``i`` has stopped paying: long without a new best, or too small a part of the model."""
+        task = tasks[i]
+        if task.batches_without_improvement >= self.retire_after:
+            return True
+        model = sum(t.weight * t.best for t in tasks if t.best is not None)
+        return task.best is not None and model > 0 and task.weight * task.best < self.min_share * model
 
     def gradient(self, tasks: list[TaskProgress], i: int) -> float:
         """d(model latency)/d(batches of task i), estimated; more negative = more to gain."""

@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax
-from tvm.relax import pipeline as relax_pipeline
 from tvm.s_tir import meta_schedule as ms
 
 from workloads import Workload
 
 from . import metaschedule as msc
+from .lowering import LoweringOptions, lower_model
 
 
 @dataclass
@@ -26,27 +25,20 @@ class Task:
         return self.weight * self.flops
 
 
-def fuse_relax(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
-    """Lower a Relax module to fused TIR kernels, exactly as TVM's compile does before applying
-    tuned schedules, so that tuned kernels match the ones compile looks up."""
-    passes = [
-        *relax_pipeline.library_dispatch_passes(target),
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-    ]
-    with target:
-        return tvm.transform.Sequential(passes)(mod)
-
-
-def extract_tasks(workload: Workload, target: tvm.target.Target) -> list[Task]:
+def lower_workload(workload: Workload, target: tvm.target.Target, options: LoweringOptions | None = None) -> tvm.IRModule:
+    """What is tuned and compiled: a model lowered to fused kernels (``tuner.lowering``), or a
+    single kernel keyed as MetaSchedule keys it."""
     if workload.kind == "tir":
-        func = workload.mod["main"]
-        mod = msc.normalize_prim_func_module(func)
-        return [Task(workload.name, mod, 1, msc.prim_func_flops(mod))]
-    extracted = ms.relax_integration.extract_tasks(fuse_relax(workload.mod, target), target)
+        return msc.normalize_prim_func_module(workload.mod["main"])
+    return lower_model(workload.mod, target, options)
+
+
+def extract_tasks(workload: Workload, target: tvm.target.Target, lowered: tvm.IRModule | None = None) -> list[Task]:
+    """The tunable kernels of ``workload`` (``lowered``: its ``lower_workload``, if already made)."""
+    lowered = lowered if lowered is not None else lower_workload(workload, target)
+    if workload.kind == "tir":
+        return [Task(workload.name, lowered, 1, msc.prim_func_flops(lowered))]
+    extracted = ms.relax_integration.extract_tasks(lowered, target)
     tasks = [
         Task(t.task_name, t.dispatched[0], int(t.weight), msc.prim_func_flops(t.dispatched[0]))
         for t in extracted

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tvm import relax
@@ -47,15 +48,26 @@ MODELS = [
         "transformers:LlamaDecoderLayer",
         lambda batch: (batch, 128, 4096),
     ),
+    ModelSpec(
+        "attention-block",
+        "a diffusion-UNet-style attention block: group norms, 3x3 convolutions, 4-head self-attention over 16x16 = 256 positions of width 64",
+        "blocks:AttentionBlock",
+        lambda batch: (batch, 64, 16, 16),
+    ),
     ModelSpec("tiny-resnet", "a 2-stage residual CNN on 32x32 images (CIFAR-sized), for quick end-to-end runs", "convnets:tiny_resnet", _image(32)),
 ]
 
 
-def build_model(spec: ModelSpec, batch: int = 1, dtype: str = "float32") -> Workload:
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch <= 0:
-        raise WorkloadError(f"batch size must be a positive integer, got {batch!r}")
-    if dtype not in DTYPES:
-        raise WorkloadError(f"model dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+def torch_model(name: str, batch: int = 1) -> tuple[Any, Any]:
+    """A built-in model's PyTorch module (eval mode, the seeded weights ``tune`` imports) and an
+    example input, for running it in PyTorch itself."""
+    spec = next((s for s in MODELS if s.name == name), None)
+    if spec is None:
+        raise WorkloadError(f"{name!r} is not a built-in model: choose one of {', '.join(s.name for s in MODELS)}")
+    return _module_and_example(spec, batch)
+
+
+def _module_and_example(spec: ModelSpec, batch: int) -> tuple[Any, Any]:
     torch = import_optional("torch", "torch", f"built-in model {spec.name!r} is defined in PyTorch")
     module_name, attr = spec.factory.split(":")
     factory = getattr(importlib.import_module(f"workloads.zoo.{module_name}"), attr)
@@ -64,9 +76,17 @@ def build_model(spec: ModelSpec, batch: int = 1, dtype: str = "float32") -> Work
     shape = spec.input_shape(batch)
     generator = torch.Generator().manual_seed(1)
     if spec.token_ids:
-        example = torch.randint(0, spec.token_ids, shape, generator=generator)
-    else:
-        example = torch.randn(shape, generator=generator)
+        return module, torch.randint(0, spec.token_ids, shape, generator=generator)
+    return module, torch.randn(shape, generator=generator)
+
+
+def build_model(spec: ModelSpec, batch: int = 1, dtype: str = "float32") -> Workload:
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch <= 0:
+        raise WorkloadError(f"batch size must be a positive integer, got {batch!r}")
+    if dtype not in DTYPES:
+        raise WorkloadError(f"model dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    torch = import_optional("torch", "torch", f"built-in model {spec.name!r} is defined in PyTorch")
+    module, example = _module_and_example(spec, batch)
     name = spec.name + (f"-b{batch}" if batch != 1 else "") + ("-fp16" if dtype == "float16" else "")
     with torch.no_grad():
         workload = from_torch(module, [example], name)

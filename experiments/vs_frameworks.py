@@ -1,0 +1,290 @@
+"""Tuned models against what a user runs today: for each zoo model and a set of operators, tune with
+a stated budget, then time side by side in one process, on the same input with the same threads,
+the tuned model, TVM untuned, PyTorch eager, torch.compile and ONNX Runtime, with every output
+checked against PyTorch's. Per kernel: its latency, FLOPs and bytes, its fraction of this machine's
+measured limits (experiments/machine_limits.py) and the time of the matching PyTorch operator.
+
+    .venv/bin/python experiments/vs_frameworks.py                      # the whole zoo and the operators
+    .venv/bin/python experiments/vs_frameworks.py --models resnet18 --operators
+    .venv/bin/python experiments/vs_frameworks.py --quick              # CI: tiny-resnet, one operator, a few trials
+
+Writes vs_frameworks.csv, kernels.csv, vs_frameworks.md and vs_frameworks.png into --out. Tuning
+work dirs go to OUT/runs/ (a rerun resumes them: nothing is measured twice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments.common import markdown_table, prepare_comparison, run_step, write_csv  # noqa: E402
+
+ZOO = ["attention-block", "resnet18", "squeezenet1.1", "mobilenetv2", "resnet50", "convnext-t", "bert-base", "llama3-8b-layer"]
+FRAMEWORKS = ["PyTorch eager", "torch.compile", "ONNX Runtime"]
+GEMM_KINDS = ("conv2d", "matmul", "dense")
+TOLERANCE = 1e-3  # relative to the output's largest magnitude
+
+
+def _module_and_example(name: str):
+    from experiments.operator_modules import OPERATORS
+    from workloads.models import torch_model
+
+    if name in OPERATORS:
+        return OPERATORS[name].module_and_example()
+    return torch_model(name)
+
+
+# -- tuning, one fresh process per workload --------------------------------------------------------
+def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int) -> dict:
+    from tuner import tune
+    from tuner.api import UNTUNED_FILE
+    from tuner.runtime import ModelDescription
+    from workloads.models import MODELS
+
+    if name in {spec.name for spec in MODELS}:
+        model, inputs = name, None
+    else:
+        module, example = _module_and_example(name)
+        model, inputs = module, [example]
+    result = tune(model, target="llvm", example_inputs=inputs, trials_per_task=trials_per_task, work_dir=work_dir, seed=seed)
+    untuned = work_dir / UNTUNED_FILE
+    ModelDescription(result.model, result.kind, result.target, result.inputs).save(untuned)
+    return {
+        "artifact": str(result.artifact_path),
+        "untuned": str(untuned),
+        "trials": result.trials,
+        "tuning_seconds": sum(v for k, v in result.seconds.items() if k != "compile and time"),
+        "tasks": [
+            {"name": t.name, "launches": t.weight, "flops": t.flops, "bytes": t.bytes, "latency": t.best_latency, "trials": t.trials}
+            for t in result.tasks
+        ],
+    }
+
+
+# -- timing, all in this process ------------------------------------------------------------------
+def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bool) -> dict:
+    import torch
+
+    from experiments import frameworks as fw
+    from tuner.runtime import ModelDescription
+
+    torch.set_num_threads(threads)
+    module, example = _module_and_example(name)
+    description = ModelDescription.read(Path(tuned["artifact"]))
+    contenders = [
+        fw.tvm_model("tuned", Path(tuned["artifact"]), description, example),
+        fw.tvm_model("TVM untuned", Path(tuned["untuned"]), description, example),
+        fw.torch_eager(module, example),
+        *([] if quick else [fw.torch_compiled(module, example)]),
+        fw.onnx_runtime(module, example, threads, run_dir),
+    ]
+    eager = next(c for c in contenders if c.name == "PyTorch eager")
+    reference = fw.reference_output(eager)
+    errors = {c.name: fw.relative_error(c.call(), reference) for c in contenders if c.call is not None}
+    slow = [c for c in contenders if c.name == "TVM untuned"]
+    fw.time_interleaved([c for c in contenders if c not in slow], rounds=2 if quick else 5, seconds_per_round=0.1 if quick else 0.4)
+    fw.time_interleaved(slow, rounds=1, seconds_per_round=0.1 if quick else 1.0, max_calls=3)  # often 10-100x slower: a few calls say enough
+    return {
+        "latency": {c.name: c.median for c in contenders},
+        "missing": {c.name: c.missing for c in contenders if c.missing},
+        "errors": errors,
+        "torch_ops": torch_op_times(module, example, runs=2 if quick else 5),
+    }
+
+
+def torch_op_times(module, example, runs: int) -> list[tuple[str, float, float]]:
+    """(operator, FLOPs, seconds per call) of PyTorch's GEMM-like operators in eager mode, from its
+    profiler (inclusive CPU time)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        module(example)
+        with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+            for _ in range(runs):
+                module(example)
+    wanted = {"aten::conv2d", "aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm"}
+    return [(e.name, float(e.flops), e.cpu_time_total / 1e6) for e in prof.events() if e.name in wanted and e.flops]
+
+
+def matching_torch_time(flops: float, ops: list[tuple[str, float, float]]) -> float | None:
+    """Median time of PyTorch's operators whose FLOPs are within 10% of this kernel's (a fused
+    kernel counts its epilogue's few operations too)."""
+    times = [seconds for _, op_flops, seconds in ops if op_flops and abs(op_flops - flops) <= 0.1 * flops]
+    return statistics.median(times) if times else None
+
+
+# -- tables ---------------------------------------------------------------------------------------
+def _ms(seconds: float | None) -> str:
+    return f"{seconds * 1e3:.3f}" if seconds else "-"
+
+
+def model_row(name: str, tuned: dict, timed: dict) -> dict:
+    latency = timed["latency"]
+    best_framework = min((latency[f] for f in FRAMEWORKS if latency.get(f)), default=None)
+    ratio = latency["tuned"] / best_framework if latency.get("tuned") and best_framework else None
+    row = {
+        "workload": name,
+        "tasks": len(tuned["tasks"]),
+        "trials": tuned["trials"],
+        "tuning (s)": f"{tuned['tuning_seconds']:.0f}",
+        "tuned (ms)": _ms(latency.get("tuned")),
+        "TVM untuned (ms)": _ms(latency.get("TVM untuned")),
+        **{f"{f} (ms)": _ms(latency.get(f)) for f in FRAMEWORKS},
+        "tuned / best": f"{ratio:.2f}" if ratio else "-",
+        "tuned error": f"{timed['errors'].get('tuned', float('nan')):.1e}",
+        "_ratio": ratio,
+    }
+    return row
+
+
+def kernel_rows(name: str, tuned: dict, timed: dict, limits) -> list[dict]:
+    total = sum(t["launches"] * t["latency"] for t in tuned["tasks"] if t["latency"])
+    rows = []
+    for t in tuned["tasks"]:
+        latency = t["latency"]
+        if not latency:
+            continue
+        bound = limits.bound_seconds(t["flops"], t["bytes"])
+        torch_time = matching_torch_time(t["flops"], timed["torch_ops"]) if _is_gemm(t["name"]) else None
+        rows.append(
+            {
+                "workload": name,
+                "kernel": t["name"],
+                "launches": t["launches"],
+                "share": f"{t['launches'] * latency / total:.0%}",
+                "latency (us)": f"{latency * 1e6:.1f}",
+                "GFLOP/s": f"{t['flops'] / latency / 1e9:.1f}",
+                "GB/s": f"{t['bytes'] / latency / 1e9:.2f}",
+                "% of peak": f"{t['flops'] / latency / 1e9 / limits.peak_gflops:.0%}",
+                "% of roofline": f"{bound / latency:.0%}",
+                "bound by": "compute" if t["flops"] / (limits.peak_gflops * 1e9) >= t["bytes"] / (limits.copy_gbs * 1e9) else "memory",
+                "PyTorch op (us)": f"{torch_time * 1e6:.1f}" if torch_time else "-",
+                "_gemm": _is_gemm(t["name"]),
+                "_peak_fraction": t["flops"] / latency / 1e9 / limits.peak_gflops,
+                "_roofline_fraction": bound / latency,
+            }
+        )
+    return rows
+
+
+def _is_gemm(kernel: str) -> bool:
+    return any(kind in kernel for kind in GEMM_KINDS)
+
+
+def _public(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]
+
+
+def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: int) -> str:
+    ratios = [r["_ratio"] for r in models if r["_ratio"]]
+    gemm = sorted(k["_peak_fraction"] for k in kernels if k["_gemm"])
+    low = [k for k in kernels if k["_roofline_fraction"] < 0.10]
+    lines = [
+        "# Tuned models against PyTorch, torch.compile and ONNX Runtime",
+        "",
+        f"Machine limits ({limits.threads} threads): FMA peak {limits.fma_gflops:.0f} GFLOP/s, numpy sgemm {limits.numpy_sgemm_gflops:.0f}, "
+        f"torch sgemm {limits.torch_sgemm_gflops or 0:.0f} (peak used: {limits.peak_gflops:.0f} GFLOP/s); memory copy {limits.copy_gbs:.1f} GB/s.",
+        f"Budget: {trials_per_task} trials per task (allocated by the gradient scheduler). Latencies are medians of interleaved calls in one process, "
+        "inputs as torch tensors; `tuned error` is the largest deviation from PyTorch eager's output relative to its largest value.",
+        "",
+        markdown_table(_public(models), [k for k in models[0] if not k.startswith("_")]) if models else "(no workload finished)",
+        "",
+    ]
+    if ratios:
+        lines.append(f"Geometric mean of tuned / best framework: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} over {len(ratios)} workloads.")
+    if gemm:
+        lines.append(f"Convolutions and matmuls: median {statistics.median(gemm):.0%} of peak over {len(gemm)} kernels.")
+    lines.append(f"Kernels below 10% of their roofline bound: {len(low)} of {len(kernels)}" + (": " + ", ".join(f"{k['workload']}/{k['kernel']}" for k in low) if low else "."))
+    lines += ["", "Per kernel: kernels.csv.", ""]
+    return "\n".join(lines)
+
+
+def plot(models: list[dict], timed: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [m["workload"] for m in models]
+    series = ["tuned", *FRAMEWORKS]
+    fig, ax = plt.subplots(figsize=(max(6, len(names) * 1.2), 4))
+    width = 0.8 / len(series)
+    for i, name in enumerate(series):
+        values = []
+        for workload in names:
+            latency = timed[workload]["latency"]
+            best = min((latency[f] for f in FRAMEWORKS if latency.get(f)), default=None)
+            values.append(latency[name] / best if latency.get(name) and best else 0)
+        ax.bar([x + i * width for x in range(len(names))], values, width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names, rotation=30, ha="right")
+    ax.set_ylabel("latency / best framework")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    from experiments.operator_modules import OPERATORS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=None, help=f"zoo models (default: {' '.join(ZOO)})")
+    parser.add_argument("--operators", nargs="*", default=None, help=f"operators (with no names: all of {' '.join(OPERATORS)})")
+    parser.add_argument("--trials-per-task", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", default="experiments/results/vs_frameworks")
+    parser.add_argument("--quick", action="store_true", help="tiny-resnet and one operator, 4 trials per task, short timing, no torch.compile")
+    parser.add_argument("--tune", help=argparse.SUPPRESS)  # internal: the tuning step of one workload
+    parser.add_argument("--work-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.tune:
+        print(json.dumps(tune_step(args.tune, args.trials_per_task, Path(args.work_dir), args.seed)))
+        return
+    if args.quick:
+        args.models, args.operators, args.trials_per_task = ["tiny-resnet"], ["op-softmax-bert"], 4
+        args.out = args.out if args.out != parser.get_default("out") else "experiments/results/vs_frameworks/quick"
+    # neither given: the zoo and every operator; one given: only that; --operators without names: every operator
+    models = args.models if args.models is not None else (ZOO if args.operators is None else [])
+    operators = (args.operators or list(OPERATORS)) if args.operators is not None else ([] if args.models is not None else list(OPERATORS))
+    out, target = prepare_comparison(args.out, "llvm")
+    threads = int(target.attrs["num-cores"])
+    from experiments.machine_limits import measure
+
+    limits = measure(threads)
+    print(json.dumps(limits.as_dict()), flush=True)
+    model_rows, all_kernels, timed_all, failures = [], [], {}, []
+    for name in [*models, *operators]:
+        run_dir = out / "runs" / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            tuned = run_step(Path(__file__), ["--tune", name, "--work-dir", str(run_dir), "--trials-per-task", str(args.trials_per_task), "--seed", str(args.seed)], run_dir / "tune.log")
+            timed = time_workload(name, tuned, threads, run_dir, args.quick)
+        except Exception as err:  # noqa: BLE001 - one workload failing must not lose the others' numbers
+            print(f"{name}: failed, left out of the tables: {err}", flush=True)
+            failures.append(f"{name}: {str(err).splitlines()[0]}")
+            continue
+        timed_all[name] = timed
+        model_rows.append(model_row(name, tuned, timed))
+        all_kernels += kernel_rows(name, tuned, timed, limits)
+        for framework, why in timed["missing"].items():
+            print(f"{name}: {framework} unavailable: {why}", flush=True)
+        print(markdown_table(_public(model_rows[-1:]), [k for k in model_rows[-1] if not k.startswith("_")]), flush=True)
+        write_csv(out / "vs_frameworks.csv", _public(model_rows))  # after every workload: nothing measured is lost
+        write_csv(out / "kernels.csv", _public(all_kernels))
+    (out / "limits.json").write_text(json.dumps(limits.as_dict(), indent=1) + "\n")
+    failed = "".join(f"- failed: {line}\n" for line in failures)
+    (out / "vs_frameworks.md").write_text(summary(model_rows, all_kernels, limits, args.trials_per_task) + failed)
+    if model_rows:
+        plot(model_rows, timed_all, out / "vs_frameworks.png")
+    print((out / "vs_frameworks.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

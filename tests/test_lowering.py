@@ -1,0 +1,177 @@
+"""The inference lowering (tuner.lowering): what becomes a kernel, and that the lowered model still
+computes what the PyTorch model computes, built by real TVM."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+
+from measure.build_job import build_lowered_model
+from tuner import metaschedule as msc
+from tuner.lowering import LoweringOptions, lower_model
+from tuner.tasks import extract_tasks, lower_workload
+from workloads import get_workload, load_workload
+
+torch = pytest.importorskip("torch")
+
+
+def _run(lowered, target, inputs, database=None):
+    executable = build_lowered_model(lowered, target, database or ms.database.MemoryDatabase())
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(x) for x in inputs])
+    return out.numpy(), executable
+
+
+def _relative_error(got, expected):
+    return float(np.max(np.abs(got.astype(np.float64) - expected)) / np.max(np.abs(expected)))
+
+
+def _reduces(task) -> bool:
+    return any(block.reduction for block in msc.kernel_blocks(task.mod))
+
+
+@pytest.mark.parametrize("name", ["tiny-resnet", "attention-block"])
+def test_the_lowered_model_computes_what_pytorch_computes(name, llvm_target):
+    workload = get_workload(name)
+    x = np.random.default_rng(0).standard_normal(workload.inputs[0].shape).astype("float32")
+    got, _ = _run(lower_workload(workload, llvm_target), llvm_target, [x])
+    assert _relative_error(got, workload.reference(x)) < 1e-5
+
+
+def test_batch_norms_fold_into_the_convolutions_and_epilogues_fuse(llvm_target):
+    tasks = extract_tasks(get_workload("tiny-resnet"), llvm_target)
+    assert not [t.name for t in tasks if "batch_norm" in t.name]
+    convolutions = [t for t in tasks if "conv2d" in t.name]
+    assert len(convolutions) == 6 and all("add" in t.name for t in convolutions)  # bias (the folded norm), residual
+    assert sum("relu" in t.name for t in convolutions) == 5  # all but the shortcut's
+
+
+def test_every_kernel_of_the_attention_block_computes_something(llvm_target):
+    """torch's MultiheadAttention imports as 21 kernels, 10 of them reshapes and transposes; lowered,
+    each layout change is index arithmetic inside the kernel that reads it. (Channels-last
+    convolutions are left out here: they add the image's own layout changes, tested below.)"""
+    workload = get_workload("attention-block")
+    tasks = extract_tasks(workload, llvm_target, lower_model(workload.mod, llvm_target, LoweringOptions(channels_last=False)))
+    movers = [t.name for t in tasks if not _reduces(t)]
+    assert len(movers) == 1 and "add" in movers[0], movers  # the residual add: convolutions take no producers
+    assert len(tasks) <= 10
+    softmax = [t for t in tasks if "softmax" in t.name]
+    assert len(softmax) == 1 and "safe_softmax" in softmax[0].name  # the -inf row check is in the softmax kernel
+    assert not [t.name for t in tasks if "where" in t.name or "equal" in t.name]
+
+
+def test_convolutions_run_channels_last_with_one_transpose_at_the_input(llvm_target):
+    """NCHW models get NHWC convolutions on a CPU; the transposes between them cancel, and only the
+    image's own (NCHW in) is left as a kernel that moves data."""
+    tasks = extract_tasks(get_workload("tiny-resnet"), llvm_target)
+    movers = [t for t in tasks if not _reduces(t)]
+    assert len(movers) == 1 and "transpose" in movers[0].name, [t.name for t in movers]
+    convolution = next(t for t in tasks if "conv2d" in t.name)
+    data = convolution.mod["main"].params[0]
+    assert [int(d) for d in data.shape][-1] in (3, 16)  # channels last (3 in, 16 after the stem)
+
+
+def test_a_broadcast_weight_is_not_materialised(llvm_target):
+    """MultiheadAttention's input projection imports as a batched GEMV against 256 copies of its
+    64x192 weight (3.1M floats once folded); no kernel argument should exceed the attention scores."""
+    tasks = extract_tasks(get_workload("attention-block"), llvm_target)
+    biggest = max(int(np.prod([int(d) for d in p.shape])) for t in tasks for p in t.mod["main"].params)
+    assert biggest <= 4 * 256 * 256
+
+
+def _activations_module():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 256), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            s = bb.emit(relax.op.nn.softmax(x, axis=-1))
+            g = bb.emit(relax.op.nn.gelu(x))
+            sig = bb.emit(relax.op.sigmoid(x))
+            silu = bb.emit(relax.op.nn.silu(x))
+            out = bb.emit_output(relax.op.add(relax.op.add(s, g), relax.op.add(sig, silu)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("fast_math", [True, False])
+def test_fast_math_replaces_libm_calls_and_stays_accurate(fast_math, llvm_target):
+    mod = _activations_module()
+    lowered = lower_model(mod, llvm_target, LoweringOptions(fast_math=fast_math))
+    scripts = "".join(f.script() for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    libm_calls = [call for call in ("T.exp(", "T.erf(", "T.sigmoid(") if call in scripts]
+    assert (libm_calls == []) == fast_math, libm_calls
+    x = (np.random.default_rng(0).standard_normal((4, 256)) * 4).astype("float32")
+    got, _ = _run(lowered, llvm_target, [x])
+    t = torch.from_numpy(x.astype(np.float64))
+    expected = (torch.softmax(t, -1) + torch.nn.functional.gelu(t) + torch.sigmoid(t) + torch.nn.functional.silu(t)).numpy()
+    assert _relative_error(got, expected) < 1e-5
+
+
+def _two_matmuls_module(shared_op):
+    """x -> shared_op -> two matmuls, each read by the output."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((32, 64), "float32"))
+    rng = np.random.default_rng(0)
+    w1, w2 = (relax.const(rng.standard_normal((32, 16)).astype("float32")) for _ in range(2))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            shared = bb.emit(shared_op(x))
+            out = bb.emit_output(relax.op.add(relax.op.matmul(shared, w1), relax.op.matmul(shared, w2)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _task_names(mod, target):
+    lowered = lower_model(mod, target)
+    return [t.task_name for t in ms.relax_integration.extract_tasks(lowered, target)], lowered
+
+
+def test_a_transpose_read_by_two_matmuls_is_copied_into_both(llvm_target):
+    mod = _two_matmuls_module(lambda x: relax.op.permute_dims(x))
+    names, lowered = _task_names(mod, llvm_target)
+    assert not [n for n in names if "transpose" in n and "matmul" not in n], names
+    x = np.random.default_rng(1).standard_normal((32, 64)).astype("float32")
+    got, _ = _run(lowered, llvm_target, [x])
+    reference, _ = _run(lower_model(mod, llvm_target, LoweringOptions(fuse_layout=False)), llvm_target, [x])
+    np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_arithmetic_read_by_two_kernels_stays_a_kernel_of_its_own(llvm_target):
+    mod = _two_matmuls_module(lambda x: relax.op.permute_dims(relax.op.multiply(x, relax.const(2.0, "float32"))))
+    names, _ = _task_names(mod, llvm_target)
+    assert any("multiply" in n and "matmul" not in n for n in names), names
+
+
+def test_an_activation_behind_a_reshape_becomes_the_matmul_epilogue(llvm_target):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 32), "float32"))
+    w = relax.const(np.random.default_rng(0).standard_normal((32, 48)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.reshape(relax.op.matmul(x, w), (1, 8, 8, 48)))
+            out = bb.emit_output(relax.op.nn.gelu(y))
+        bb.emit_func_output(out)
+    names, _ = _task_names(bb.get(), llvm_target)
+    assert [n for n in names if "gelu" in n] == [n for n in names if "matmul" in n] != [], names
+
+
+def test_tuned_weight_layouts_are_transformed_once_at_compile_time(llvm_target):
+    """MetaSchedule's schedules for CPU convolutions read their weights in a layout of their own;
+    compile transforms the constant weights, so no layout transform runs per call."""
+    workload = get_workload("tiny-resnet")
+    lowered = lower_workload(workload, llvm_target)
+    database = ms.database.MemoryDatabase()
+    rewritten = 0
+    for task in extract_tasks(workload, llvm_target, lowered):
+        context = msc.make_context(task.mod, llvm_target, seed=1)
+        spaces, postprocs = msc.design_spaces(context), msc.postprocessors(context)
+        sch = next(s for seed in range(1, 50) if (s := msc.sample(task.mod, spaces[0], seed, postprocs)) is not None)
+        rewritten += "layout_rewrite" in sch.mod.script()
+        record = database.commit_workload(task.mod)
+        database.commit_tuning_record(ms.database.TuningRecord(sch.trace, record, [1.0], llvm_target, None))
+    assert rewritten >= 5  # the convolutions and the classifier's matmul
+    x = np.random.default_rng(0).standard_normal(workload.inputs[0].shape).astype("float32")
+    got, executable = _run(lowered, llvm_target, [x], database)
+    assert "weight_prepack" not in executable.as_text()  # (the tuned kernels are called *_prepacked)
+    assert _relative_error(got, workload.reference(x)) < 1e-5

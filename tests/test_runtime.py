@@ -1,0 +1,85 @@
+"""The compiled model as a callable (tuner.runtime): numpy and torch in and out, without copies
+where the memory allows, and loadable in another process without tuning again."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tuner
+from tuner import TunerError
+
+torch = pytest.importorskip("torch")
+
+
+def _input(seed=0, aligned=True):
+    data = np.random.default_rng(seed).standard_normal((16, 64)).astype("float32")
+    if aligned:
+        return data
+    storage = np.zeros(16 * 64 + 1, "float32")[1:]  # 4 bytes past an aligned start
+    storage[:] = data.ravel()
+    return storage.reshape(16, 64)
+
+
+def test_numpy_in_numpy_out_and_torch_in_torch_out(tuned_mlp):
+    model = tuned_mlp.compiled()
+    x = _input()
+    out = model(x)
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_allclose(out, tuned_mlp.reference(x), rtol=1e-4, atol=1e-4)
+    out_torch = model(torch.from_numpy(x))
+    assert isinstance(out_torch, torch.Tensor)
+    np.testing.assert_allclose(out_torch.numpy(), out, rtol=1e-6)
+    np.testing.assert_allclose(tuned_mlp.run(x), out, rtol=1e-6)  # the simple door, same model
+
+
+def test_aligned_inputs_are_passed_without_a_copy_and_others_are_copied(tuned_mlp):
+    model = tuned_mlp.compiled()
+    aligned = torch.from_numpy(_input()).clone()  # torch allocates 64-byte aligned (numpy does not)
+    assert aligned.data_ptr() % 64 == 0
+    assert torch.from_dlpack(model._argument(0, aligned)).data_ptr() == aligned.data_ptr()
+    misaligned = _input(aligned=False)
+    assert misaligned.ctypes.data % 64 != 0
+    assert np.from_dlpack(model._argument(0, misaligned)).ctypes.data != misaligned.ctypes.data
+    np.testing.assert_allclose(model(misaligned), tuned_mlp.reference(misaligned), rtol=1e-4, atol=1e-4)
+
+
+def test_an_output_survives_later_calls(tuned_mlp):
+    model = tuned_mlp.compiled()
+    first = model(_input(0))
+    kept = first.copy()
+    for seed in range(1, 4):
+        model(_input(seed))
+    np.testing.assert_array_equal(first, kept)
+
+
+def test_a_wrong_input_is_refused_with_the_shape_it_needs(tuned_mlp):
+    model = tuned_mlp.compiled()
+    with pytest.raises(TunerError, match=r"must be float32\[16, 64\], got float64\[16, 64\]"):
+        model(np.zeros((16, 64)))
+    with pytest.raises(TunerError, match="takes 1 input"):
+        model(_input(), _input())
+
+
+def test_an_exported_model_runs_in_another_process_without_tuning(tuned_mlp, tmp_path):
+    library = tuned_mlp.export(tmp_path / "mlp.so")
+    assert (tmp_path / "mlp.json").exists()
+    x = _input(7)
+    np.save(tmp_path / "x.npy", x)
+    script = (
+        "import numpy as np, tuner; "
+        f"m = tuner.load({str(library)!r}); "
+        f"np.save({str(tmp_path / 'y.npy')!r}, m(np.load({str(tmp_path / 'x.npy')!r})))"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), tuned_mlp.run(x), rtol=1e-6)
+
+
+def test_loading_a_library_without_its_description_says_how_to_export(tuned_mlp, tmp_path):
+    bare = tmp_path / "bare.so"
+    bare.write_bytes(tuned_mlp.artifact_path.read_bytes())
+    with pytest.raises(TunerError, match="TuneResult.export"):
+        tuner.load(bare)
+    with pytest.raises(TunerError, match="no compiled model"):
+        tuner.load(tmp_path / "missing.so")

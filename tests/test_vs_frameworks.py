@@ -1,0 +1,48 @@
+"""experiments/vs_frameworks.py keeps working: its quick run tunes tiny-resnet and one operator,
+times them beside PyTorch and ONNX Runtime, checks their outputs and writes its tables."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_quick_run_times_every_runtime_and_writes_its_tables(tmp_path):
+    subprocess.run([sys.executable, "experiments/vs_frameworks.py", "--quick", "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=900)
+    models = {row["workload"]: row for row in _rows(tmp_path / "vs_frameworks.csv")}
+    assert set(models) == {"tiny-resnet", "op-softmax-bert"}
+    for row in models.values():
+        for runtime in ("tuned (ms)", "TVM untuned (ms)", "PyTorch eager (ms)", "ONNX Runtime (ms)"):
+            assert float(row[runtime]) > 0, (runtime, row)
+        assert float(row["tuned error"]) < 1e-3  # checked against PyTorch's output
+        assert float(row["tuned / best"]) > 0
+    kernels = _rows(tmp_path / "kernels.csv")
+    assert {k["workload"] for k in kernels} == set(models)
+    convolutions = [k for k in kernels if "conv2d" in k["kernel"]]
+    assert convolutions and all(k["PyTorch op (us)"] != "-" for k in convolutions)  # matched to aten::conv2d by FLOPs
+    assert all(0 < float(k["% of roofline"].rstrip("%")) for k in kernels)
+    summary = (tmp_path / "vs_frameworks.md").read_text()
+    assert "Machine limits" in summary and "Geometric mean" in summary
+    assert (tmp_path / "vs_frameworks.png").stat().st_size > 0
+
+
+def test_the_roofline_bound_is_the_slower_of_compute_and_memory():
+    sys.path.insert(0, str(ROOT))
+    from experiments.machine_limits import MachineLimits
+
+    limits = MachineLimits(threads=2, fma_gflops=200.0, numpy_sgemm_gflops=250.0, torch_sgemm_gflops=None, copy_gbs=10.0)
+    assert limits.peak_gflops == 250.0
+    assert limits.bound_seconds(flops=250e9, bytes_moved=1e9) == pytest.approx(1.0)  # compute-bound
+    assert limits.bound_seconds(flops=1e9, bytes_moved=20e9) == pytest.approx(2.0)  # memory-bound

@@ -1,0 +1,83 @@
+"""Inference-grade lowering of a Relax model into the fused kernels that are tuned and compiled.
+
+One pipeline, used by task extraction and by compile, so that tuned kernels are the ones compile
+looks up:
+
+1. inference rewrites on the imported graph: eval-mode batch norms folded into the convolutions
+   before them (and the rest decomposed into element-wise arithmetic), constants folded, the
+   importers' slow forms replaced (``rewrites``), and, with ``fast_math``, exp/erf/tanh/sigmoid/
+   softmax computed by vectorisable approximations instead of one libm call per element; on a
+   CPU, convolutions computed channels-last (``channels_last``);
+2. TVM's legalization and operator fusion (element-wise epilogues such as bias, activation and
+   residual add fuse into the convolution or matmul that produces them);
+3. layout-only kernels pulled into the kernels that consume them (``layout_fusion``), pure
+   reshapes turned into views;
+4. the model's weights marked layout-free, so that MetaSchedule may choose their layout: compile
+   then transforms the constants once (``measure.build_job``), not on every call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import tvm
+from tvm import relax
+from tvm.relax import pipeline as relax_pipeline
+
+from .channels_last import ChannelsLastConvolutions
+from .layout_free import KeepLayoutFreeWeightsOfReductions
+from .layout_fusion import FuseLayoutIntoConsumers
+from .rewrites import SimplifyImportedGraph
+
+__all__ = ["FuseLayoutIntoConsumers", "LoweringOptions", "SimplifyImportedGraph", "lower_model"]
+
+
+@dataclass(frozen=True)
+class LoweringOptions:
+    """How a model is lowered; stored with the tuning database, as its kernels depend on it."""
+
+    fold_batch_norm: bool = True
+    fast_math: bool = True  # float32 exp/erf/tanh/sigmoid/softmax as polynomial approximations
+    fuse_layout: bool = True
+    layout_free_weights: bool = True
+    channels_last: bool | None = None  # convolutions in NHWC; None: on CPUs, where it is faster
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def inference_passes(options: LoweringOptions, target: tvm.target.Target | None = None) -> list[tvm.transform.Pass]:
+    passes = []
+    if options.fold_batch_norm:
+        passes += [relax.transform.FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference()]
+    # before constants are folded: a broadcast of a weight, once folded, is a constant of its own
+    passes.append(SimplifyImportedGraph(fast_math=options.fast_math))
+    channels_last = options.channels_last if options.channels_last is not None else (target is not None and target.kind.name == "llvm")
+    if channels_last:
+        passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions()]  # biases must be constants to move past
+    if options.fast_math:
+        passes.append(relax.transform.FastMathTransform())
+    return [*passes, relax.transform.RemoveRedundantReshape(), relax.transform.FoldConstant(), relax.transform.CanonicalizeBindings()]
+
+
+def fusion_passes(target: tvm.target.Target, options: LoweringOptions) -> list[tvm.transform.Pass]:
+    passes = [
+        *relax_pipeline.library_dispatch_passes(target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+    ]
+    if options.fuse_layout:
+        passes.append(FuseLayoutIntoConsumers())
+    passes += [relax.transform.FuseTIR(), relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination(["main"])]
+    if options.layout_free_weights:
+        passes += [relax.transform.AttachAttrLayoutFreeBuffers(), KeepLayoutFreeWeightsOfReductions()]
+    return passes
+
+
+def lower_model(mod: tvm.IRModule, target: tvm.target.Target, options: LoweringOptions | None = None) -> tvm.IRModule:
+    """``mod`` (an imported model, weights bound as constants) as fused TIR kernels called from Relax."""
+    options = options or LoweringOptions()
+    with target:
+        return tvm.transform.Sequential([*inference_passes(options, target), *fusion_passes(target, options)])(mod)

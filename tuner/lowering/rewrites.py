@@ -1,0 +1,283 @@
+"""Graph rewrites on imported Relax models, before legalization: forms the importers produce that
+legalize into slow or unfusable kernels, replaced by equivalent ones that tune well."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax, te, topi
+from tvm.ir.module import IRModule
+from tvm.relax import Call, Expr, PyExprMutator, expr_functor
+
+
+def _shape(expr: Expr) -> tuple[int, ...] | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    values = ty.shape.values
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in values):
+        return None
+    return tuple(int(d) for d in values)
+
+
+def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
+    exp = topi.fast_exp(topi.negative(x))
+    return te.compute(x.shape, lambda *i: tvm.tirx.const(1.0, x.dtype) / (tvm.tirx.const(1.0, x.dtype) + exp(*i)), name="fast_sigmoid")
+
+
+def _fast_silu(x: te.Tensor) -> te.Tensor:
+    return topi.multiply(x, _fast_sigmoid(x))
+
+
+def _fast_gelu(x: te.Tensor) -> te.Tensor:
+    """0.5 x (1 + erf(x / sqrt 2)), torch's exact GELU, with TOPI's polynomial erf."""
+    erf = topi.fast_erf(topi.multiply(x, tvm.tirx.const(0.7071067811865476, x.dtype)))
+    return te.compute(x.shape, lambda *i: x(*i) * tvm.tirx.const(0.5, x.dtype) * (tvm.tirx.const(1.0, x.dtype) + erf(*i)), name="fast_gelu")
+
+
+def _softmax(x: te.Tensor, fast: bool, safe: bool) -> te.Tensor:
+    """Softmax over the last axis as one kernel: the row's maximum, its exponentials, their sum,
+    the quotient. The exponentials are stored once (MetaSchedule may not inline them into both
+    their readers, which computed each exp twice). ``safe``: a row of -inf gives 0, as PyTorch's
+    ``_safe_softmax`` does (scaled_dot_product_attention uses it); such a row is the one whose
+    maximum is -inf, so the softmax's own maximum decides."""
+    *outer, length = x.shape
+    k, j = te.reduce_axis((0, length), name="k"), te.reduce_axis((0, length), name="j")
+    row_max = te.compute(outer, lambda *i: te.max(x(*i, k), axis=k), name="row_max")
+    shifted = te.compute(x.shape, lambda *i: x(*i) - row_max(*i[:-1]), name="shifted")
+    exp = topi.fast_exp(shifted) if fast else topi.exp(shifted)
+    stored = te.compute(x.shape, lambda *i: exp(*i), name="exp", attrs={"meta_schedule.inline_rule": "disable"})
+    total = te.compute(outer, lambda *i: te.sum(stored(*i, j), axis=j), name="row_sum")
+    if not safe:
+        return te.compute(x.shape, lambda *i: stored(*i) / total(*i[:-1]), name="softmax")
+    zero, minus_inf = tvm.tirx.const(0.0, x.dtype), tvm.tirx.const(float("-inf"), x.dtype)
+    return te.compute(x.shape, lambda *i: tvm.tirx.Select(row_max(*i[:-1]) == minus_inf, zero, stored(*i) / total(*i[:-1])), name="safe_softmax")
+
+
+# float32 activations whose legalized forms call libm once per element (LLVM does not vectorise
+# those calls), with vectorisable replacements
+_FAST_FORMS = {"relax.sigmoid": _fast_sigmoid, "relax.nn.silu": _fast_silu, "relax.nn.gelu": _fast_gelu}
+_UNARY_ELEMENTWISE = {
+    *_FAST_FORMS,
+    *(f"relax.{op}" for op in ("exp", "erf", "tanh", "negative", "sqrt", "rsqrt", "abs", "clip", "nn.relu", "nn.gelu_tanh", "nn.relu6")),
+}
+_BINARY_ELEMENTWISE = {f"relax.{op}" for op in ("add", "subtract", "multiply", "divide")}
+
+
+@expr_functor.mutator
+class _Rewriter(PyExprMutator):
+    def __init__(self, mod: IRModule, fast_math: bool):
+        super().__init__(mod)
+        self.fast_math = fast_math
+
+    def _bound_call(self, expr: Expr, op_name: str) -> Call | None:
+        """The call ``expr`` is bound to, if it is a call of ``op_name``."""
+        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+        if isinstance(value, Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == op_name:
+            return value
+        return None
+
+    def visit_call_(self, call: Call) -> Expr:
+        call = super().visit_call_(call)
+        if not isinstance(call, Call) or not isinstance(call.op, tvm.ir.Op):
+            return call
+        name = call.op.name
+        if name == "relax.matmul":
+            return self._matmul_without_broadcasts(call)
+        if name == "relax.take":
+            return self._take_as_slice(call)
+        if name == "relax.power":
+            return self._square_as_product(call)
+        if name == "relax.broadcast_to":
+            return self._broadcast(call)
+        if name == "relax.where":
+            return self._safe_softmax(call)
+        if name in _UNARY_ELEMENTWISE or name in _BINARY_ELEMENTWISE:
+            return self._elementwise(call)
+        return call
+
+    def _elementwise(self, call: Call) -> Expr:
+        """An element-wise op moved above a reshape of its input (a reshape between a matmul and its
+        activation or residual add keeps FuseOps from making those the matmul's epilogue), and given
+        its fast form."""
+        sunk = self._without_reshape(call)
+        if sunk is None:
+            return self._fast_form(call)
+        inner, shape = sunk
+        return relax.op.reshape(self.builder_.emit(self._fast_form(self.builder_.normalize(inner))), shape)
+
+    def _fast_form(self, call: Call) -> Expr:
+        form = _FAST_FORMS.get(call.op.name)
+        if form is None or not self.fast_math or not _is_float32(call):
+            return call
+        return self.builder_.call_te(form, call.args[0], primfunc_name_hint=form.__name__.lstrip("_"))
+
+    def _without_reshape(self, call: Call) -> tuple[Call, Expr] | None:
+        """(the op applied before the reshape of an operand, the reshape's shape), where equivalent.
+
+        A unary op commutes with a reshape. A binary op does when the other operand has the
+        reshaped shape itself (it is reshaped back instead: a view), or is a constant that varies
+        along the last dimension only and the reshape keeps that dimension."""
+        if call.op.name in _UNARY_ELEMENTWISE:
+            reshape = self._bound_call(call.args[0], "relax.reshape")
+            if reshape is None:
+                return None
+            return relax.Call(call.op, [reshape.args[0], *call.args[1:]], call.attrs, call.ty_args), reshape.args[1]
+        for index in (0, 1):
+            reshape = self._bound_call(call.args[index], "relax.reshape")
+            if reshape is None:
+                continue
+            other = self._operand_before(reshape, call.args[1 - index])
+            if other is not None:
+                args = [reshape.args[0], other] if index == 0 else [other, reshape.args[0]]
+                return relax.Call(call.op, args, call.attrs, call.ty_args), reshape.args[1]
+        return None
+
+    def _operand_before(self, reshape: Call, other: Expr) -> Expr | None:
+        """``other`` as it combines with the reshape's input, or None if it cannot."""
+        before, after, shape = _shape(reshape.args[0]), _shape(reshape), _shape(other)
+        if None in (before, after, shape) or not before or not after:
+            return None
+        if shape == after:
+            return relax.op.reshape(other, before)
+        if not isinstance(other, tvm.ir.expr.Constant) or before[-1] != after[-1] or len(shape) > len(after):
+            return None
+        if any(d != 1 for d in shape[:-1]) or (shape and shape[-1] not in (1, after[-1])):
+            return None
+        return relax.op.reshape(other, [shape[-1]]) if shape else other
+
+    def _matmul_without_broadcasts(self, call: Call) -> Expr:
+        """matmul broadcasts batch dimensions itself: a ``broadcast_to`` of an operand that only adds
+        batch dimensions materialises copies (torch's MultiheadAttention imports its input projection
+        as a batched GEMV against 256 copies of the weight, a 12 MB constant once folded)."""
+        out_shape = _shape(call)
+        if out_shape is None:
+            return call
+        args = list(call.args)
+        for index, arg in enumerate(args):
+            broadcast = self._bound_call(arg, "relax.broadcast_to")
+            if broadcast is None:
+                continue
+            source, target_shape = _shape(broadcast.args[0]), _shape(arg)
+            if source is None or target_shape is None or len(source) < 2 or source[-2:] != target_shape[-2:]:
+                continue
+            candidate = [*args[:index], broadcast.args[0], *args[index + 1 :]]
+            rewritten = relax.op.matmul(candidate[0], candidate[1], out_dtype=call.attrs.out_dtype)
+            if _shape(self.builder_.normalize(rewritten)) == out_shape:
+                args = candidate
+        if all(a.same_as(b) for a, b in zip(args, call.args)):
+            return call
+        return relax.op.matmul(args[0], args[1], out_dtype=call.attrs.out_dtype)
+
+    def _take_as_slice(self, call: Call) -> Expr:
+        """``take`` with one constant index is a slice; as a gather it is opaque to fusion."""
+        indices = call.args[1]
+        shape = _shape(call.args[0])
+        if not isinstance(indices, tvm.ir.expr.Constant) or tuple(indices.value.shape) != () or shape is None or call.attrs.axis is None:
+            return call
+        axis = int(call.attrs.axis) % len(shape)
+        index = int(indices.value.numpy()) % shape[axis]
+        sliced = relax.op.strided_slice(call.args[0], axes=[axis], begin=[index], end=[index + 1])
+        return relax.op.squeeze(sliced, axis=[axis])
+
+    def _safe_softmax(self, call: Call) -> Expr:
+        """``where(all(x == -inf, axis=-1), 0, softmax(x))`` (how torch.export writes the softmax of
+        scaled_dot_product_attention): three kernels and two passes over the scores, as one."""
+        condition, zeros, softmax = call.args
+        softmax = self._bound_call(softmax, "relax.nn.softmax")
+        if softmax is None or int(softmax.attrs.axis) not in (-1, len(_shape(softmax) or ()) - 1) or not self._is_zeros(zeros):
+            return call
+        scores = softmax.args[0]
+        if not self._all_minus_inf(condition, scores):
+            return call
+        fast = self.fast_math and _is_float32(softmax)
+        return self.builder_.call_te(_softmax, scores, fast, True, primfunc_name_hint="safe_softmax")
+
+    def _is_zeros(self, expr: Expr) -> bool:
+        if isinstance(expr, tvm.ir.expr.Constant):  # a full_like that FoldConstant materialised
+            return not np.any(expr.value.numpy())
+        if self._bound_call(expr, "relax.zeros_like") is not None:
+            return True
+        full = self._bound_call(expr, "relax.full_like")
+        if full is None:
+            return False
+        fill = full.args[1]
+        return isinstance(fill, tvm.ir.expr.Constant) and float(fill.value.numpy()) == 0.0
+
+    def _all_minus_inf(self, condition: Expr, scores: Expr) -> bool:
+        """Whether ``condition`` is not(any(not(scores == -inf))) along the last axis, keeping dims."""
+        chain = ["relax.logical_not", "relax.max", "relax.logical_not", "relax.equal"]
+        expr = condition
+        for op_name in chain:
+            expr = self._skip_casts(expr)
+            call = self._bound_call(expr, op_name)
+            if call is None:
+                return False
+            if op_name == "relax.max" and (not call.attrs.keepdims or [int(a) for a in call.attrs.axis] not in ([-1], [len(_shape(scores) or ()) - 1])):
+                return False
+            if op_name == "relax.equal":
+                bound = call.args[1]
+                return call.args[0].same_as(scores) and isinstance(bound, tvm.ir.expr.Constant) and float(bound.value.numpy()) == float("-inf")
+            expr = call.args[0]
+        return False
+
+    def _skip_casts(self, expr: Expr) -> Expr:
+        while (cast := self._bound_call(expr, "relax.astype")) is not None:
+            expr = cast.args[0]
+        return expr
+
+    def _square_as_product(self, call: Call) -> Expr:
+        """``x ** 2`` as ``x * x``: a multiply, instead of one libm pow call per element."""
+        exponent = call.args[1]
+        if isinstance(exponent, tvm.ir.expr.Constant) and tuple(exponent.value.shape) == () and float(exponent.value.numpy()) == 2.0:
+            return relax.op.multiply(call.args[0], call.args[0])
+        return call
+
+    def _broadcast(self, call: Call) -> Expr:
+        """A broadcast to the shape its input already has (the importers emit them around batched
+        matmuls) is that input."""
+        shape = _shape(call.args[0])
+        return call.args[0] if shape is not None and shape == _shape(call) else call
+
+
+def _is_float32(call: Call) -> bool:
+    ty = call.ty
+    return isinstance(ty, relax.TensorType) and ty.dtype == "float32"
+
+
+@expr_functor.mutator
+class _SoftmaxRewriter(PyExprMutator):
+    """Every softmax over the last axis left (the safe ones are already rewritten) as ``_softmax``."""
+
+    def __init__(self, mod: IRModule, fast_math: bool):
+        super().__init__(mod)
+        self.fast_math = fast_math
+
+    def visit_call_(self, call: Call) -> Expr:
+        call = super().visit_call_(call)
+        if not isinstance(call, Call) or not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.softmax":
+            return call
+        shape = _shape(call)
+        if shape is None or int(call.attrs.axis) not in (-1, len(shape) - 1):
+            return call
+        return self.builder_.call_te(_softmax, call.args[0], self.fast_math and _is_float32(call), False, primfunc_name_hint="softmax")
+
+
+@tvm.transform.module_pass(opt_level=0, name="SimplifyImportedGraph")
+class SimplifyImportedGraph:
+    """Rewrites ``matmul(broadcast_to(x), broadcast_to(w))`` to ``matmul(x, w)``, ``take`` at a
+    constant index to a slice, element-wise ops on a reshape to the reshape of the op, and softmax
+    (PyTorch's safe one too) to one kernel that computes each exponential once; with
+    ``fast_math``, float32 exponentials, sigmoid, SiLU and GELU get vectorisable forms."""
+
+    def __init__(self, fast_math: bool = True):
+        self.fast_math = fast_math
+
+    def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
+        for mutator in (_Rewriter, _SoftmaxRewriter):
+            rewriter = mutator(mod, self.fast_math)
+            for gv, func in mod.functions_items():
+                if isinstance(func, relax.Function):
+                    rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+            mod = rewriter.builder_.get()
+        return mod
