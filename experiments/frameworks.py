@@ -83,8 +83,15 @@ def onnx_runtime(module: Any, example: Any, threads: int, directory: Path) -> Co
 
         path = directory / "model.onnx"
         if not path.exists():
-            with torch.no_grad():
-                torch.onnx.export(module, (example,), str(path), input_names=["input"], output_names=["output"], dynamo=False, opset_version=17)
+            # MultiheadAttention's fused inference path (aten::_native_multi_head_attention) has no
+            # ONNX export: export its composed form
+            fastpath = torch.backends.mha.get_fastpath_enabled()
+            torch.backends.mha.set_fastpath_enabled(False)
+            try:
+                with torch.no_grad():
+                    torch.onnx.export(module, (example,), str(path), input_names=["input"], output_names=["output"], dynamo=False, opset_version=17)
+            finally:
+                torch.backends.mha.set_fastpath_enabled(fastpath)
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL

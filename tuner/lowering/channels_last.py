@@ -21,6 +21,8 @@ from tvm import relax
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
+from .rewrites import static_shape
+
 TO_NHWC = [0, 2, 3, 1]
 TO_NCHW = [0, 3, 1, 2]
 _UNARY = {f"relax.{op}" for op in ("nn.relu", "nn.relu6", "clip", "sigmoid", "nn.silu", "nn.gelu", "nn.gelu_tanh", "tanh", "exp", "negative", "astype")}
@@ -31,13 +33,6 @@ _POOLS = {"relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_p
 def _axes(call: Call) -> list[int] | None:
     axes = call.attrs.axes
     return None if axes is None else [int(a) for a in axes]
-
-
-def _shape(expr: Expr) -> tuple[int, ...] | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values):
-        return None
-    return tuple(int(d) for d in ty.shape.values)
 
 
 @expr_functor.mutator
@@ -83,7 +78,7 @@ class _ChannelsLast(PyExprMutator):
 
     def _conv2d(self, call: Call) -> Expr:
         attrs = call.attrs
-        if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW") or _shape(call) is None:
+        if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW") or static_shape(call) is None:
             return call
         data, weight = call.args
         source = self._nchw_source(data)
@@ -126,7 +121,7 @@ class _ChannelsLast(PyExprMutator):
             if source is not None:
                 operands.append(source)
                 continue
-            converted = self._as_channels_last(operand, _shape(call))
+            converted = self._as_channels_last(operand, static_shape(call))
             if converted is None:
                 return call
             operands.append(converted)
@@ -135,7 +130,7 @@ class _ChannelsLast(PyExprMutator):
     def _as_channels_last(self, operand: Expr, out_shape: tuple[int, ...] | None) -> Expr | None:
         """The other operand of a binary op, as it combines with an NHWC tensor: a constant (a bias,
         a folded norm's scale) transposed, or a tensor of the output's own shape transposed."""
-        shape = _shape(operand)
+        shape = static_shape(operand)
         if shape is None or out_shape is None or len(out_shape) != 4:
             return None
         if isinstance(operand, tvm.ir.expr.Constant):

@@ -202,7 +202,7 @@ def _emit_unit(unit: _Unit, name: str) -> relax.Function:
 
 
 def _unit_name(unit: _Unit) -> str:
-    """The consumer's name: the kernel is still its matmul, convolution or reduction."""
+    """The consumer's name: the kernel is still its matmul or reduction."""
     return "fused_layout_" + unit.name.removeprefix("fused_")
 
 

@@ -10,7 +10,8 @@ from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 
-def _shape(expr: Expr) -> tuple[int, ...] | None:
+def static_shape(expr: Expr) -> tuple[int, ...] | None:
+    """The shape of a tensor expression, if every dimension is a known integer."""
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
@@ -135,7 +136,7 @@ class _Rewriter(PyExprMutator):
 
     def _operand_before(self, reshape: Call, other: Expr) -> Expr | None:
         """``other`` as it combines with the reshape's input, or None if it cannot."""
-        before, after, shape = _shape(reshape.args[0]), _shape(reshape), _shape(other)
+        before, after, shape = static_shape(reshape.args[0]), static_shape(reshape), static_shape(other)
         if None in (before, after, shape) or not before or not after:
             return None
         if shape == after:
@@ -150,7 +151,7 @@ class _Rewriter(PyExprMutator):
         """matmul broadcasts batch dimensions itself: a ``broadcast_to`` of an operand that only adds
         batch dimensions materialises copies (torch's MultiheadAttention imports its input projection
         as a batched GEMV against 256 copies of the weight, a 12 MB constant once folded)."""
-        out_shape = _shape(call)
+        out_shape = static_shape(call)
         if out_shape is None:
             return call
         args = list(call.args)
@@ -158,12 +159,12 @@ class _Rewriter(PyExprMutator):
             broadcast = self._bound_call(arg, "relax.broadcast_to")
             if broadcast is None:
                 continue
-            source, target_shape = _shape(broadcast.args[0]), _shape(arg)
+            source, target_shape = static_shape(broadcast.args[0]), static_shape(arg)
             if source is None or target_shape is None or len(source) < 2 or source[-2:] != target_shape[-2:]:
                 continue
             candidate = [*args[:index], broadcast.args[0], *args[index + 1 :]]
             rewritten = relax.op.matmul(candidate[0], candidate[1], out_dtype=call.attrs.out_dtype)
-            if _shape(self.builder_.normalize(rewritten)) == out_shape:
+            if static_shape(self.builder_.normalize(rewritten)) == out_shape:
                 args = candidate
         if all(a.same_as(b) for a, b in zip(args, call.args)):
             return call
@@ -172,7 +173,7 @@ class _Rewriter(PyExprMutator):
     def _take_as_slice(self, call: Call) -> Expr:
         """``take`` with one constant index is a slice; as a gather it is opaque to fusion."""
         indices = call.args[1]
-        shape = _shape(call.args[0])
+        shape = static_shape(call.args[0])
         if not isinstance(indices, tvm.ir.expr.Constant) or tuple(indices.value.shape) != () or shape is None or call.attrs.axis is None:
             return call
         axis = int(call.attrs.axis) % len(shape)
@@ -185,7 +186,7 @@ class _Rewriter(PyExprMutator):
         scaled_dot_product_attention): three kernels and two passes over the scores, as one."""
         condition, zeros, softmax = call.args
         softmax = self._bound_call(softmax, "relax.nn.softmax")
-        if softmax is None or int(softmax.attrs.axis) not in (-1, len(_shape(softmax) or ()) - 1) or not self._is_zeros(zeros):
+        if softmax is None or int(softmax.attrs.axis) not in (-1, len(static_shape(softmax) or ()) - 1) or not self._is_zeros(zeros):
             return call
         scores = softmax.args[0]
         if not self._all_minus_inf(condition, scores):
@@ -213,7 +214,7 @@ class _Rewriter(PyExprMutator):
             call = self._bound_call(expr, op_name)
             if call is None:
                 return False
-            if op_name == "relax.max" and (not call.attrs.keepdims or [int(a) for a in call.attrs.axis] not in ([-1], [len(_shape(scores) or ()) - 1])):
+            if op_name == "relax.max" and (not call.attrs.keepdims or [int(a) for a in call.attrs.axis] not in ([-1], [len(static_shape(scores) or ()) - 1])):
                 return False
             if op_name == "relax.equal":
                 bound = call.args[1]
@@ -236,8 +237,8 @@ class _Rewriter(PyExprMutator):
     def _broadcast(self, call: Call) -> Expr:
         """A broadcast to the shape its input already has (the importers emit them around batched
         matmuls) is that input."""
-        shape = _shape(call.args[0])
-        return call.args[0] if shape is not None and shape == _shape(call) else call
+        shape = static_shape(call.args[0])
+        return call.args[0] if shape is not None and shape == static_shape(call) else call
 
 
 def _is_float32(call: Call) -> bool:
@@ -257,7 +258,7 @@ class _SoftmaxRewriter(PyExprMutator):
         call = super().visit_call_(call)
         if not isinstance(call, Call) or not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.softmax":
             return call
-        shape = _shape(call)
+        shape = static_shape(call)
         if shape is None or int(call.attrs.axis) not in (-1, len(shape) - 1):
             return call
         return self.builder_.call_te(_softmax, call.args[0], self.fast_math and _is_float32(call), False, primfunc_name_hint="softmax")
