@@ -72,6 +72,24 @@ def test_convolutions_run_channels_last_with_one_transpose_at_the_input(llvm_tar
     assert [int(d) for d in data.shape][-1] in (3, 16)  # channels last (3 in, 16 after the stem)
 
 
+def test_output_channels_are_padded_to_whole_vectors_where_that_costs_little(llvm_target):
+    """A channels-last convolution vectorises along its output channels: 120 of them become 128
+    (zero weights, the result sliced back); 24 would need a third more work and stay 24."""
+    rng = np.random.default_rng(0)
+    modules = {channels: torch.nn.Conv2d(16, channels, 3, padding=1).eval() for channels in (120, 24)}
+    for channels, module in modules.items():
+        workload = load_workload(module, [(1, 16, 8, 8)])
+        lowered = lower_workload(workload, llvm_target)
+        (conv,) = [t for t in extract_tasks(workload, llvm_target, lowered) if "conv2d" in t.name]
+        weight_channels = max(int(p.shape[-1]) for p in conv.mod["main"].params if len(p.shape) == 4 and int(p.shape[0]) == 3)
+        assert weight_channels == {120: 128, 24: 24}[channels]
+        x = rng.standard_normal((1, 16, 8, 8)).astype("float32")
+        got, _ = _run(lowered, llvm_target, [x])
+        with torch.no_grad():
+            expected = module(torch.from_numpy(x)).numpy().astype(np.float64)
+        assert got.shape == expected.shape and _relative_error(got, expected) < 1e-5
+
+
 def test_a_broadcast_weight_is_not_materialised(llvm_target):
     """MultiheadAttention's input projection imports as a batched GEMV against 256 copies of its
     64x192 weight (3.1M floats once folded); no kernel argument should exceed the attention scores."""
