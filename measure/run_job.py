@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -95,9 +95,12 @@ class _Prepared:
     dev: tvm.runtime.Device
     tensors: list
     kind: str
+    artifact: str
 
 
 _prepared: _Prepared | None = None  # a measuring worker serves one request at a time
+# Set only when faults are injected on purpose (measure.faults): spoils a kernel's outputs after it ran.
+corrupt_outputs: Callable[[str, list], None] | None = None
 
 
 def prepare_kernel(artifact: str, args: Sequence[ArgSpec], device_kind: str) -> dict:
@@ -107,7 +110,7 @@ def prepare_kernel(artifact: str, args: Sequence[ArgSpec], device_kind: str) -> 
     start = time.perf_counter()
     dev = device(device_kind)
     mod = tvm.runtime.load_module(artifact)
-    _prepared = _Prepared(mod, dev, _to_device(random_arrays(args), dev), device_kind)
+    _prepared = _Prepared(mod, dev, _to_device(random_arrays(args), dev), device_kind, artifact)
     dev.sync()
     return {"seconds": time.perf_counter() - start}
 
@@ -132,6 +135,8 @@ def time_prepared(timing: dict) -> dict:
             return mod.time_evaluator(mod.entry_name, dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms, **flush)
 
         outcome = _time(_with_tvm_evaluator(make_evaluator, prepared.tensors), config)
+    if corrupt_outputs is not None:
+        corrupt_outputs(prepared.artifact, prepared.tensors)
     outcome["nonfinite"] = [i for i, t in enumerate(prepared.tensors) if not np.all(np.isfinite(t.numpy().astype(np.float64)))]
     return outcome
 
@@ -191,6 +196,8 @@ def run_kernel(artifact: str, arrays: Sequence[np.ndarray], device_kind: str) ->
     tensors = _to_device(arrays, dev)
     mod[mod.entry_name](*tensors)
     dev.sync()
+    if corrupt_outputs is not None:
+        corrupt_outputs(artifact, tensors)
     return [t.numpy() for t in tensors]
 
 
@@ -230,6 +237,8 @@ def compare_outputs(
         tensors = _to_device(arrays, dev)
         mod[mod.entry_name](*tensors)
         dev.sync()
+        if corrupt_outputs is not None and artifact == candidate:
+            corrupt_outputs(artifact, tensors)
         results.append([t.numpy() for t in tensors])
     worst, where = 0.0, ""
     for index, (expected, got) in enumerate(zip(*results)):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -17,6 +19,15 @@ from .cuda_errors import cuda_error_line
 from .worker import receive_message, send_message
 
 RUN_DEVICE_ENV = "TENSOR_TUNER_RUN_DEVICE"  # a measuring worker's device ("cpu" or "cuda"), prepared at start-up
+
+
+_STORAGE_ERRORS = ("No space left on device", "Read-only file system", "Disk quota exceeded")
+
+
+def _storage_line(lines: list[str]) -> str | None:
+    """The line saying the disk is full or read-only (a linker's, say): the tuner must see that it
+    was the work dir, not the candidate, that failed."""
+    return next((line for line in lines if any(e in line for e in _STORAGE_ERRORS)), None)
 
 
 def describe_error(err: BaseException) -> str:
@@ -27,7 +38,7 @@ def describe_error(err: BaseException) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     meaningful = [line for line in lines if not line.startswith(("File ", "at ", "0:", "1:", "2:", "3:")) and "Traceback" not in line]
     # A CUDA error is named on its own line, often followed by the kernel's source: keep that line.
-    message = cuda_error_line(text) or (meaningful[-1] if meaningful else "")
+    message = cuda_error_line(text) or _storage_line(lines) or (meaningful[-1] if meaningful else "")
     frames = traceback.extract_tb(err.__traceback__)
     if frames and frames[-1].filename.endswith((".cc", ".h")):
         function = frames[-1].name.split("(")[0].split()[-1]
@@ -60,14 +71,43 @@ def _load_handlers(role: str) -> dict:
     raise ValueError(f"unknown worker role {role!r}")
 
 
+def _die_with_parent(poll_seconds: float = 0.5) -> None:
+    """Workers run in a session of their own (a timeout kills a worker's whole process group), so
+    nothing kills them with a tuner that was SIGKILLed, and a busy one (a hanging candidate) never
+    reads the closed pipe: a thread watches for the parent to go and takes the group down then.
+    (Not PR_SET_PDEATHSIG: it fires when the spawning *thread* ends, and workers are restarted from
+    short-lived pool threads.)"""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _with_injected_faults(role: str, handlers: dict) -> dict:
+    from .faults import FAULTS_ENV, inject, plan_from_env
+
+    plan = plan_from_env()
+    if plan is None:
+        return handlers
+    print(f"{FAULTS_ENV}: injecting {', '.join(plan.kinds)} into {plan.rate:.0%} of candidates", flush=True)
+    return inject(role, handlers, plan)
+
+
 def main(argv: list[str]) -> int:
     request_fd, reply_fd, role = int(argv[1]), int(argv[2]), argv[3]
+    _die_with_parent()
     faulthandler.enable()
     # tvm_ffi imports torch whenever it is installed (2-3 s); workers never need it.
     sys.modules.setdefault("torch", None)
     started = time.monotonic()
     try:
         handlers = _load_handlers(role)
+        if os.environ.get("TENSOR_TUNER_INJECT_FAULTS"):
+            handlers = _with_injected_faults(role, handlers)
     except Exception as err:  # report any start-up failure to the parent rather than dying silently
         traceback.print_exc()
         send_message(reply_fd, ("failed", describe_error(err)))

@@ -14,3 +14,19 @@ def save_det_model(path: Path) -> Path:
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
+
+
+def save_relu_model(path: Path, batch: int | str = "n") -> Path:
+    """Relu over a (batch, 3, 8, 8) float input; a string batch leaves that dimension symbolic."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    shape = [batch, 3, 8, 8]
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path

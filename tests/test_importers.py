@@ -90,7 +90,7 @@ def test_unsupported_torch_operator_is_named():
 
 
 def test_example_inputs_that_do_not_fit_the_module():
-    with pytest.raises(WorkloadError, match=r"example inputs \[\(2, 7\)\] do not fit"):
+    with pytest.raises(WorkloadError, match=r"example inputs \[\(2, 7, 'float32'\)\] do not fit"):
         load_workload(SmallNet(), example_inputs=[(2, 7)])
 
 

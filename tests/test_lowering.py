@@ -193,3 +193,33 @@ def test_tuned_weight_layouts_are_transformed_once_at_compile_time(llvm_target):
     got, executable = _run(lowered, llvm_target, [x], database)
     assert "weight_prepack" not in executable.as_text()  # (the tuned kernels are called *_prepacked)
     assert _relative_error(got, workload.reference(x)) < 1e-5
+
+
+def test_a_residual_reshaped_around_a_matmul_keeps_the_matmul_schedulable(llvm_target):
+    """BERT's residual add: the activation (1, 128, 64) reshaped to (128, 64) for the matmul's
+    epilogue. As a TE reshape it reads ``p0[0, (j // 64 + i) % 128, j % 64]``, which MetaSchedule
+    does not inline, and the matmul's design space then fails to generate; as a squeeze it does."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuner import metaschedule as msc
+
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.linear(x.reshape(128, 64)).reshape(1, 128, 64) + x
+
+    module = Residual().eval()
+    workload = load_workload(module, [(1, 128, 64)])
+    lowered = lower_workload(workload, llvm_target)
+    (matmul,) = [t for t in extract_tasks(workload, llvm_target, lowered) if "matmul" in t.name]
+    assert "T.int64(128)) %" not in matmul.mod.script() and "% T.int64(128)" not in matmul.mod.script()
+    context = ms.TuneContext(mod=matmul.mod, target=llvm_target, space_generator="post-order-apply", search_strategy="evolutionary")
+    assert msc.design_spaces(context)
+    x = np.random.default_rng(0).standard_normal((1, 128, 64)).astype("float32")
+    got, _ = _run(lowered, llvm_target, [x])
+    with torch.no_grad():
+        expected = module(torch.from_numpy(x)).numpy().astype(np.float64)
+    assert _relative_error(got, expected) < 1e-5

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sqlite3
+import sys
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,27 +16,24 @@ import tvm
 from costmodel import CostModel, TrimmerFilter
 from measure import DeviceUnavailable, EngineConfig, MeasureEngine
 from measure.cluster import ClusterEngine, ClusterLost, ClusterOptions, ClusterUnavailable
-from workloads import Workload, load_workload
+from workloads import Workload
 
-from .compile import best_schedules, compile_workload, time_workload
+from .compile import UNTUNED_TIMING, best_schedules, compile_workload, time_workload
 from .database import TuningDatabase
 from .errors import NoDeviceError, TunerError
 from .loop import LoopConfig, TuningLoop
 from . import metaschedule as msc
 from .metaschedule import schedule_from_json
-from .objectives import Objectives
+from .objectives import Objectives, check_measurable
 from .progress import Progress
 from .result import TaskResult, TuneResult
 from .scheduler import check_scheduler
 from .targets import require_device, resolve_target
 from .lowering import LoweringOptions
-from .tasks import Task, extract_tasks, lower_workload
+from .tasks import Task, extract_tasks, load_model, lower_workload
 from .transfer import read_model_sources, read_sources, transfer, warm_start
+from .workdir import ARTIFACT_FILE, COST_MODEL_FILE, DATABASE_FILE, STORAGE_FIXES, UNTUNED_FILE, WorkDirLock, prepare_work_dir, storage_problem
 
-DATABASE_FILE = "tuning.db"
-ARTIFACT_FILE = "model.so"
-UNTUNED_FILE = "untuned.so"  # the same lowering with TVM's default schedules: what tuning is measured against
-COST_MODEL_FILE = "cost_model.ubj"
 
 
 def tune(
@@ -94,86 +94,102 @@ def tune(
     check_scheduler(scheduler)
     sources = read_sources(transfer_from or [], DATABASE_FILE, COST_MODEL_FILE)
     model_sources = read_model_sources(cost_model_from or [], DATABASE_FILE, COST_MODEL_FILE)
-    workload = load_workload(model, example_inputs, batch=batch, dtype=dtype)
+    workload = load_model(model, example_inputs, batch=batch, dtype=dtype)
     if cluster is None:
         require_device(target)  # on a cluster the devices are the cluster's
     tvm_target = resolve_target(target)
+    if tvm_target.kind.name != "cuda":  # no energy counters on a CPU: refuse an energy budget before anything starts
+        for scope, objective in (("for the run", objectives), ("per task", task_stop or Objectives())):
+            check_measurable(objective, False, scope)
     work_dir = prepare_work_dir(work_dir, workload.name, tvm_target)
     report = Progress(enabled=progress)
-    db = TuningDatabase(work_dir / DATABASE_FILE)
-    engine = make_engine(tvm_target, work_dir, build_workers, cluster)
+    with ExitStack() as held:
+        held.enter_context(WorkDirLock(work_dir))
+        db = TuningDatabase(work_dir / DATABASE_FILE)
+        held.callback(db.close)
+        engine = make_engine(tvm_target, work_dir, build_workers, cluster)
+        held.callback(engine.close)
+        try:
+            start_engine(engine, report)  # local workers import TVM while the tasks and search spaces are prepared
+            lowering = lowering or LoweringOptions()
+            lowered = lower_workload(workload, tvm_target, lowering)
+            tasks = extract_tasks(workload, tvm_target, lowered)
+            if trials_per_task is not None:
+                objectives = replace(objectives, trials=trials_per_task * len(tasks))
+            _record_job(db, workload, tvm_target, tasks, lowering)
+            cost_model = CostModel(seed=seed)
+            config = LoopConfig(batch_size=batch_size, verify=verify, scheduler=scheduler, trimmer=trimmer if isinstance(trimmer, TrimmerFilter) else TrimmerFilter(enabled=trimmer))
+            loop = TuningLoop(tasks, tvm_target, db, engine, cost_model, seed, config, report)
+            tuning_started = time.monotonic()
+            if model_sources:
+                db.set_meta("cost_model_from", {"samples": warm_start(cost_model, model_sources, loop.runs[0].search.features.width, report, strict=True, prefix="model")})
+            if sources:
+                db.set_meta("transfer", transfer(sources, loop.runs, cost_model, tvm_target, report))
+            transfer_seconds = time.monotonic() - tuning_started
+            stop_reason = loop.run(objectives, task_stop)
+            report.line("re-measuring the best candidates and checking their results")
+            loop.finalize()
+            cost_model.save(work_dir / COST_MODEL_FILE)
+            report.line("compiling the tuned and the untuned program")
+            compiling = time.monotonic()
+            artifact = compile_workload(engine, workload, lowered, best_schedules(db, tasks, tvm_target), work_dir / ARTIFACT_FILE)
+            untuned = compile_workload(engine, workload, lowered, [], work_dir / UNTUNED_FILE)
+            latency_after = time_workload(engine, workload, artifact)
+            latency_before = time_workload(engine, workload, untuned, UNTUNED_TIMING)
+            seconds = {"start-up": tuning_started - started, **({"transfer": transfer_seconds} if sources else {}), **loop.phase_seconds, "compile and time": time.monotonic() - compiling}
+            result = TuneResult(
+                model=workload.name,
+                kind=workload.kind,
+                target=str(tvm_target),
+                work_dir=work_dir,
+                database_path=db.path,
+                artifact_path=artifact,
+                inputs=workload.inputs,
+                tasks=[_task_result(run) for run in loop.runs],
+                latency_before=latency_before,
+                latency_after=latency_after,
+                trials=loop.trials_done,
+                wall_seconds=time.monotonic() - started,
+                seconds=seconds,
+                stop_reason=stop_reason,
+                filtered=loop.ledger.as_dict(),
+            )
+            result.description.save(artifact)
+            db.set_meta(
+                "result",
+                {
+                    "latency_before": latency_before,
+                    "latency_after": latency_after,
+                    "trials": loop.trials_done,
+                    "seconds": seconds,
+                    "stop_reason": stop_reason,
+                    "scheduler": scheduler,
+                },
+            )
+            report.line(result.summary())
+            return result
+        except DeviceUnavailable as err:
+            raise NoDeviceError(f"cannot measure on {tvm_target.kind.name}: {err}") from None
+        except ClusterLost as err:
+            raise TunerError(
+                f"the Ray cluster went away ({err}); the {len(db.records(str(tvm_target)))} measurements taken are committed in {db.path}: "
+                "run the same command again to resume, on a new cluster or on this machine"
+            ) from None
+        except (sqlite3.OperationalError, OSError) as err:
+            problem = storage_problem(err)
+            if problem is None:
+                raise
+            raise TunerError(f"{problem}: {_saved(db)}; {STORAGE_FIXES[problem]}, then run the same command again to resume") from None
+        except KeyboardInterrupt as interrupt:
+            print(f"tuner: {interrupt or 'interrupted'}; {_saved(db)}: run the same command again to resume", file=sys.stderr, flush=True)
+            raise
+
+
+def _saved(db: TuningDatabase) -> str:
     try:
-        start_engine(engine, report)  # local workers import TVM while the tasks and search spaces are prepared
-        lowering = lowering or LoweringOptions()
-        lowered = lower_workload(workload, tvm_target, lowering)
-        tasks = extract_tasks(workload, tvm_target, lowered)
-        if trials_per_task is not None:
-            objectives = replace(objectives, trials=trials_per_task * len(tasks))
-        _record_job(db, workload, tvm_target, tasks, lowering)
-        cost_model = CostModel(seed=seed)
-        config = LoopConfig(batch_size=batch_size, verify=verify, scheduler=scheduler, trimmer=trimmer if isinstance(trimmer, TrimmerFilter) else TrimmerFilter(enabled=trimmer))
-        loop = TuningLoop(tasks, tvm_target, db, engine, cost_model, seed, config, report)
-        tuning_started = time.monotonic()
-        if model_sources:
-            db.set_meta("cost_model_from", {"samples": warm_start(cost_model, model_sources, loop.runs[0].search.features.width, report, strict=True, prefix="model")})
-        if sources:
-            db.set_meta("transfer", transfer(sources, loop.runs, cost_model, tvm_target, report))
-        transfer_seconds = time.monotonic() - tuning_started
-        stop_reason = loop.run(objectives, task_stop)
-        report.line("re-measuring the best candidates and checking their results")
-        loop.finalize()
-        cost_model.save(work_dir / COST_MODEL_FILE)
-        report.line("compiling the tuned and the untuned program")
-        compiling = time.monotonic()
-        artifact = compile_workload(engine, workload, lowered, best_schedules(db, tasks, tvm_target), work_dir / ARTIFACT_FILE)
-        untuned = compile_workload(engine, workload, lowered, [], work_dir / UNTUNED_FILE)
-        latency_after = time_workload(engine, workload, artifact)
-        latency_before = time_workload(engine, workload, untuned)
-        seconds = {"start-up": tuning_started - started, **({"transfer": transfer_seconds} if sources else {}), **loop.phase_seconds, "compile and time": time.monotonic() - compiling}
-        result = TuneResult(
-            model=workload.name,
-            kind=workload.kind,
-            target=str(tvm_target),
-            work_dir=work_dir,
-            database_path=db.path,
-            artifact_path=artifact,
-            inputs=workload.inputs,
-            tasks=[_task_result(run) for run in loop.runs],
-            latency_before=latency_before,
-            latency_after=latency_after,
-            trials=loop.trials_done,
-            wall_seconds=time.monotonic() - started,
-            seconds=seconds,
-            stop_reason=stop_reason,
-            filtered=loop.ledger.as_dict(),
-        )
-        result.description.save(artifact)
-        db.set_meta(
-            "result",
-            {
-                "latency_before": latency_before,
-                "latency_after": latency_after,
-                "trials": loop.trials_done,
-                "seconds": seconds,
-                "stop_reason": stop_reason,
-                "scheduler": scheduler,
-            },
-        )
-        report.line(result.summary())
-        return result
-    except DeviceUnavailable as err:
-        raise NoDeviceError(f"cannot measure on {tvm_target.kind.name}: {err}") from None
-    except ClusterLost as err:
-        raise TunerError(
-            f"the Ray cluster went away ({err}); the {len(db.records(str(tvm_target)))} measurements taken are committed in {db.path}: "
-            "run the same command again to resume, on a new cluster or on this machine"
-        ) from None
-    except KeyboardInterrupt:
-        report.line(f"interrupted; every measurement so far is saved in {db.path}: run again with the same work dir to resume")
-        raise
-    finally:
-        engine.close()
-        db.close()
+        return f"every measurement before it is committed in {db.path} ({db.count_records()} in all)"
+    except sqlite3.Error:
+        return f"every measurement before it is committed in {db.path}"
 
 
 def make_engine(target: tvm.target.Target, work_dir: Path, build_workers: int | None, cluster: str | None) -> MeasureEngine | ClusterEngine:
@@ -191,7 +207,6 @@ def start_engine(engine: MeasureEngine | ClusterEngine, report: Progress) -> Non
     if isinstance(engine, MeasureEngine):
         engine.start()
         return
-    report.line(f"connecting to the Ray cluster at {engine.options.address}")
     try:
         engine.start()
     except ClusterUnavailable as err:
@@ -201,7 +216,7 @@ def start_engine(engine: MeasureEngine | ClusterEngine, report: Progress) -> Non
         ) from None
     nodes, measurers = engine.description["nodes"], engine.description["measurers"]
     devices = ", ".join(sorted({m["device"] for m in measurers if m["device"]}))
-    report.line(f"cluster: {len(nodes)} node(s), {sum(n['cpus'] for n in nodes):.0f} CPUs; {len(measurers)} measuring actor(s) on {devices}")
+    report.line(f"cluster at {engine.options.address}: {len(nodes)} node(s), {sum(n['cpus'] for n in nodes):.0f} CPUs; {len(measurers)} measuring actor(s) on {devices}")
 
 
 def run_objectives(trials: Any, stop: Objectives | None) -> Objectives:
@@ -214,19 +229,6 @@ def run_objectives(trials: Any, stop: Objectives | None) -> Objectives:
     if objectives.empty:
         raise TunerError("nothing would end this run: give trials, or a time, energy, money or no-improvement objective in stop")
     return objectives
-
-
-def prepare_work_dir(work_dir: str | Path | None, name: str, target: tvm.target.Target) -> Path:
-    """Create the work dir if needed and make sure it can be written to."""
-    path = Path(work_dir) if work_dir is not None else Path("tuner-runs") / f"{name}-{target.kind.name}"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise TunerError(f"cannot write to work dir {str(path)!r} ({err.strerror or err}): choose a directory you can write to") from None
-    return path
 
 
 def _record_job(db: TuningDatabase, workload: Workload, target: tvm.target.Target, tasks: list[Task], lowering: LoweringOptions) -> None:

@@ -11,15 +11,14 @@ from typing import Any
 import tvm
 
 from measure import EngineConfig, MeasureEngine
-from workloads import load_workload
 
-from .api import DATABASE_FILE
+from .workdir import DATABASE_FILE
 from .compile import best_schedules, compile_workload
 from .database import TuningDatabase
 from .errors import TunerError
 from .targets import resolve_target
 from .lowering import LoweringOptions
-from .tasks import extract_tasks, lower_workload
+from .tasks import extract_tasks, load_model, lower_workload
 
 
 def apply(
@@ -38,19 +37,25 @@ def apply(
     db_path = work_dir / DATABASE_FILE
     if not db_path.exists():
         raise TunerError(f"{work_dir} holds no tuning database ({DATABASE_FILE}): run `tuner tune MODEL --work-dir {work_dir}` first")
-    db = TuningDatabase(db_path)
+    db = TuningDatabase(db_path, read_only=True)
     try:
         job = db.get_meta("job")
         if target is None and job is None:
             raise TunerError(f"{db_path} does not say which target it was tuned for: pass --target")
         tvm_target = resolve_target(target if target is not None else json.loads(job["target"]))
-        workload = load_workload(model, example_inputs, batch=batch, dtype=dtype)
+        workload = load_model(model, example_inputs, batch=batch, dtype=dtype)
         lowering = LoweringOptions(**(job or {}).get("lowering", {}))  # as the work dir was tuned
         lowered = lower_workload(workload, tvm_target, lowering)
         tasks = extract_tasks(workload, tvm_target, lowered)
         schedules = best_schedules(db, tasks, tvm_target)
     finally:
         db.close()
+    if not schedules:
+        tuned_for = (job or {}).get("model", "another model")
+        raise TunerError(
+            f"{work_dir} holds no tuned schedule for any of the {len(tasks)} kernels of {workload.name} (it was tuned for {tuned_for}): "
+            f"apply it to {tuned_for}, or tune {workload.name} first"
+        )
     print(f"tuner: {len(schedules)} of {len(tasks)} kernels have tuned schedules in {work_dir}", file=sys.stderr)
     engine = MeasureEngine(tvm_target, work_dir, EngineConfig(build_workers=1))
     try:

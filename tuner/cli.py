@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -18,6 +19,21 @@ _DESCRIPTION = """Auto-tune deep-learning tensor programs with Apache TVM.
   tuner workloads       list the built-in models and operators
   tuner doctor          check this machine: TVM, CUDA, GPUs, NVML, compilers, Ray, CPU
 """
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line and a pointer to --help instead of the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"tuner: error: {message} (see `{self.prog} --help`)\n")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is: the run stops, with its measurements saved."""
+
+
+def _terminate(signum: int, frame) -> None:
+    raise Terminated("stopped by SIGTERM")
 
 
 def _positive(kind: type, what: str):
@@ -91,7 +107,7 @@ def objectives_from_args(args: argparse.Namespace):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tuner", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="tuner", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     tune = commands.add_parser(
@@ -182,13 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         return _COMMANDS[args.command](args)
     except (TunerError, WorkloadError) as err:
         print(f"tuner: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as interrupt:
+        return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
 
 
 def _tune(args: argparse.Namespace) -> int:

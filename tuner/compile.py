@@ -14,6 +14,9 @@ from .database import TuningDatabase
 from .tasks import Task
 
 _MODEL_TIMING = TimingConfig(min_repeats=5, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.1)
+# TVM's default schedules can take minutes per call on a large model (a Llama layer: about 4): one
+# warm-up and as many samples as half a second affords, at least one.
+UNTUNED_TIMING = TimingConfig(min_repeats=1, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.0)
 
 
 def best_schedules(db: TuningDatabase, tasks: list[Task], target: tvm.target.Target) -> list[tuple[tvm.IRModule, str]]:

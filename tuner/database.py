@@ -107,6 +107,11 @@ class TuningDatabase:
         return (row[0] if row else None), tables
 
     def _foreign(self, schema: str | None, tables: set[str], fix: str) -> DatabaseError:
+        if schema and schema.startswith(SCHEMA.split("/")[0] + "/"):
+            return DatabaseError(
+                f"{self.path} was written by a newer tensor-tuner (schema {schema}; this one reads {SCHEMA}); it was left untouched: "
+                "upgrade tensor-tuner to use it, or choose another work dir"
+            )
         found = schema or "tables " + (", ".join(sorted(tables)) or "none")
         return DatabaseError(f"{self.path} is a SQLite file of something else ({found}), not a {SCHEMA} database; it was left untouched: {fix}")
 
@@ -142,10 +147,16 @@ class TuningDatabase:
 
     # -- workloads ------------------------------------------------------------------------------
     def find_workload(self, mod: tvm.IRModule) -> int | None:
+        """The workload ``mod`` is: structurally equal, and with the same block names (the records'
+        traces name blocks: a lowering that renamed them makes a new workload)."""
         shash = msc.structural_key(mod)
+        names = None
         for (workload_id,) in self._conn.execute("SELECT id FROM workloads WHERE shash=?", (shash,)):
-            if tvm_ffi.structural_equal(self.workload_mod(workload_id), mod):
-                return workload_id
+            stored = self.workload_mod(workload_id)
+            if tvm_ffi.structural_equal(stored, mod):
+                names = names if names is not None else msc.block_names(mod)
+                if msc.block_names(stored) == names:
+                    return workload_id
         return None
 
     def workload_id(self, mod: tvm.IRModule, name: str | None = None) -> int:
@@ -229,8 +240,8 @@ class TuningDatabase:
         rows = self._conn.execute("SELECT candidate FROM records WHERE workload_id=? AND target=?", (workload_id, target))
         return {row[0] for row in rows}
 
-    def count(self, workload_id: int, target: str) -> int:
-        (n,) = self._conn.execute("SELECT COUNT(*) FROM records WHERE workload_id=? AND target=?", (workload_id, target)).fetchone()
+    def count_records(self) -> int:
+        (n,) = self._conn.execute("SELECT COUNT(*) FROM records").fetchone()
         return n
 
     def best(self, workload_id: int, target: str, k: int = 1) -> list[Record]:

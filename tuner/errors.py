@@ -15,8 +15,13 @@ class NoDeviceError(TunerError):
     """The target's device is not present, so candidates cannot be measured here."""
 
 
+class ModelError(TunerError, WorkloadError):
+    """The model cannot be loaded or used as given (raised by tune() and apply() for what
+    ``workloads`` refuses; still a WorkloadError for code that catches that)."""
+
+
 class DatabaseError(TunerError):
     """The work dir's database is unreadable or belongs to something else."""
 
 
-__all__ = ["DatabaseError", "NoDeviceError", "TargetError", "TunerError", "WorkloadError"]
+__all__ = ["DatabaseError", "ModelError", "NoDeviceError", "TargetError", "TunerError", "WorkloadError"]

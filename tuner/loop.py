@@ -20,6 +20,7 @@ from . import metaschedule as msc
 from .database import Record, TuningDatabase
 from .errors import TunerError
 from .progress import Progress
+from .workdir import stop_on_storage_failure
 from .objectives import Objectives, Spending, check_measurable, met
 from .scheduler import TaskProgress, make_scheduler, task_kind
 from .search import Candidate, SearchConfig, TaskSearch
@@ -261,6 +262,8 @@ class TuningLoop:
         joules = None
         for result in self.engine.measure([MeasureInput(c.key, c.mod) for c in candidates], group=run.group):
             candidate = by_key[result.key]
+            if not result.ok:
+                stop_on_storage_failure(result.error)
             self.db.commit(
                 run.workload_id,
                 self.target_key,

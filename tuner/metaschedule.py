@@ -7,6 +7,7 @@ release touches this file rather than the search loop.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -201,6 +202,12 @@ def schedule_from_json(mod: tvm.IRModule, trace_json: str) -> Schedule:
 def structural_key(mod: tvm.IRModule) -> str:
     """The identity of a (scheduled) module: equal programs get equal keys in every process."""
     return f"{tvm_ffi.structural_hash(mod) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def block_names(mod: tvm.IRModule) -> list[str]:
+    """The names of a module's blocks in program order. Structural equality ignores them, but a
+    schedule's trace finds its blocks by name, so a trace fits only a module whose names match."""
+    return re.findall(r'T\.sblock\("([^"]*)"', mod.script())
 
 
 def measure_candidate(sch: Schedule) -> ms.MeasureCandidate:

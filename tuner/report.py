@@ -15,6 +15,7 @@ from .database import Record, TuningDatabase
 from .errors import TunerError
 from .progress import filter_summary, format_latency, format_phases, format_seconds
 from .targets import describe_target
+from .workdir import DATABASE_FILE
 
 
 @dataclass
@@ -52,10 +53,10 @@ def job_curve(db: TuningDatabase) -> Curve:
 def write_report(work_dir: str | Path, output_dir: str | Path | None = None) -> tuple[Path, Path]:
     """Write report.md and report.png for a work dir; returns their paths."""
     work_dir = Path(work_dir)
-    db_path = work_dir / "tuning.db"
+    db_path = work_dir / DATABASE_FILE
     if not db_path.exists():
-        raise TunerError(f"{work_dir} holds no tuning database (tuning.db): run `tuner tune ... --work-dir {work_dir}` first")
-    db = TuningDatabase(db_path)
+        raise TunerError(f"{work_dir} holds no tuning database ({DATABASE_FILE}): run `tuner tune ... --work-dir {work_dir}` first")
+    db = TuningDatabase(db_path, read_only=True)
     try:
         job = db.get_meta("job")
         if job is None:

@@ -93,10 +93,10 @@ class TaskSearch:
 
     def restore(self, measured: list[tuple[str, str, float | None]]) -> None:
         """Take in candidates (key, trace JSON, latency or None) measured by earlier runs of this work dir."""
-        schedules = _parallel(lambda item: msc.schedule_from_json(self.mod, item[1]), measured)
-        candidates = [Candidate(key, sch) for (key, _, _), sch in zip(measured, schedules)]
-        self.feature_rows(candidates)  # one batched extraction
-        for candidate, (_, _, latency) in zip(candidates, measured):
+        schedules = _parallel(lambda item: _replayed_or_none(self.mod, item[1]), measured)
+        kept = [(Candidate(key, sch), latency) for (key, _, latency), sch in zip(measured, schedules) if sch is not None]
+        self.feature_rows([candidate for candidate, _ in kept])  # one batched extraction
+        for candidate, latency in kept:
             self.observe(candidate, latency)
 
     # -- proposing -----------------------------------------------------------------------------
@@ -259,6 +259,15 @@ class TaskSearch:
 # TVM releases the GIL in schedule replay and postprocessing, so threads use every core.
 _THREADS = os.cpu_count() or 1
 _POOL: ThreadPoolExecutor | None = None
+
+
+def _replayed_or_none(mod, trace_json: str):
+    """A stored trace replayed on ``mod``; None where it no longer fits it (TVM's schedule
+    primitives refuse it): such a record stays in the database but cannot seed the search."""
+    try:
+        return msc.schedule_from_json(mod, trace_json)
+    except RuntimeError:  # tvm's ScheduleError and InternalError both are
+        return None
 
 
 def _parallel(fn, items: list) -> list:

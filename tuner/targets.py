@@ -7,6 +7,7 @@ LLVM emits SSE only and the same schedule runs several times slower.
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from typing import Any
@@ -105,16 +106,46 @@ def _config_of(target: Target) -> dict[str, Any]:
     return json.loads(str(target))
 
 
+# The GPU architectures TVM 0.27 compiles for (NVCC/NVRTC names).
+CUDA_ARCHS = ("sm_70", "sm_72", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_101", "sm_103", "sm_120", "sm_121")
+
+
+def _closest(name: str, known: list[str] | tuple[str, ...]) -> str:
+    match = difflib.get_close_matches(name, known, n=1, cutoff=0.0)
+    return f"did you mean {match[0]!r}?" if match else ""
+
+
+def _check_mcpu(config: dict[str, Any]) -> None:
+    """LLVM silently falls back to a generic CPU for a name it does not know: refuse it instead."""
+    mcpu = config.get("mcpu")
+    if not isinstance(mcpu, str):
+        return
+    codegen = tvm.target.codegen
+    triple = config.get("mtriple") or codegen.llvm_get_system_triple()
+    if codegen.llvm_is_valid_cpu(mcpu, triple):
+        return
+    known = list(codegen.llvm_get_cpu_archlist(Target({"kind": "llvm", "mtriple": triple})))
+    raise TargetError(f"unknown CPU -mcpu={mcpu} for {triple}: {_closest(mcpu, known)} (`llc -mcpu=help` lists them; leave -mcpu out for this machine's CPU)")
+
+
+def _check_arch(config: dict[str, Any]) -> None:
+    arch = config.get("arch")
+    if arch is not None and arch not in CUDA_ARCHS:
+        raise TargetError(f"unknown GPU architecture -arch={arch}: {_closest(str(arch), CUDA_ARCHS)} (known: {', '.join(CUDA_ARCHS)})")
+
+
 def _complete_llvm(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config)
     if "mtriple" not in config and "mcpu" not in config:
         config["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
+    _check_mcpu(config)
     config.setdefault("num-cores", physical_cores())
     return config
 
 
 def _complete_cuda(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config)
+    _check_arch(config)
     runtime_problem()  # loads TVM's CUDA runtime if `import tvm` could not (a CUDA runtime from a wheel)
     device = tvm.cuda(0)
     if device.exist:
@@ -163,6 +194,8 @@ def require_device(spec: str | dict | Target) -> None:
 
     if target_kind(spec) != "cuda":
         return
+    if isinstance(spec, (str, dict)) and not (isinstance(spec, str) and spec.lstrip().startswith("{")):
+        _check_arch(_parse_string(spec.strip()) if isinstance(spec, str) else spec)  # a typo is named before the GPU is missed
     problem = runtime_problem()
     if problem is None and tvm.cuda(0).exist:
         return

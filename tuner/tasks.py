@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from workloads import Workload
+from workloads import Workload, WorkloadError, load_workload
 
 from . import metaschedule as msc
+from .errors import ModelError
 from .lowering import LoweringOptions, lower_model
 
 
@@ -23,6 +24,16 @@ class Task:
     @property
     def weighted_flops(self) -> float:
         return self.weight * self.flops
+
+
+def load_model(model, example_inputs=None, *, batch: int | None = None, dtype: str | None = None) -> Workload:
+    """``workloads.load_workload``, its refusals raised as the tuner's ``ModelError``."""
+    try:
+        return load_workload(model, example_inputs, batch=batch, dtype=dtype)
+    except ModelError:
+        raise
+    except WorkloadError as err:
+        raise ModelError(str(err)) from None
 
 
 def lower_workload(workload: Workload, target: tvm.target.Target, options: LoweringOptions | None = None) -> tvm.IRModule:

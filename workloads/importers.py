@@ -104,10 +104,13 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation notices
         try:
-            exported = torch.export.export(module.eval(), examples)
+            with torch.no_grad():
+                module.eval()(*examples)  # torch.export traces with fake tensors and lets a wrong dtype through
+            exported = torch.export.export(module, examples)
         except Exception as err:  # torch raises many types here; they all mean the inputs do not fit the module
             raise WorkloadError(
-                f"example inputs {[tuple(x.shape) for x in examples]} do not fit torch module {name}: {_first_line(err)}"
+                f"example inputs {[(*x.shape, str(x.dtype).removeprefix('torch.')) for x in examples]} do not fit torch module {name}: "
+                f"{_first_line(err)}"
             ) from None
     try:
         mod = from_exported_program(exported, unwrap_unit_return_tuple=True)
@@ -139,6 +142,8 @@ def from_onnx(path: Path, example_inputs: Sequence[Any] | None = None, name: str
     for index, graph_input in enumerate(graph_inputs):
         dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in graph_input.type.tensor_type.shape.dim]
         shape = tuple(_shape_of(overrides[index])) if overrides else dims
+        if overrides:
+            _check_fits_onnx_input(f"ONNX input {graph_input.name!r} of {path.name}", dims, overrides[index], _onnx_dtypes(onnx, [graph_input])[graph_input.name])
         check_static(f"ONNX input {graph_input.name!r} of {path.name}", shape, hint="give its shape with example_inputs")
         shapes[graph_input.name] = list(shape)
     from tvm.relax.frontend.onnx import from_onnx as relax_from_onnx
@@ -149,6 +154,18 @@ def from_onnx(path: Path, example_inputs: Sequence[Any] | None = None, name: str
         ops = str(err).split(":", 1)[-1].strip().splitlines()[0]
         raise WorkloadError(f"{path.name} uses ONNX operators TVM's importer does not support: {ops}") from None
     return from_ir_module(mod, name)
+
+
+def _check_fits_onnx_input(what: str, declared: Sequence[Any], example: Any, dtype: str) -> None:
+    """An example input may fill in the dimensions the file leaves symbolic, not change the others."""
+    shape = tuple(_shape_of(example))
+    fixed = [d if isinstance(d, int) and d > 0 else None for d in declared]
+    if len(shape) != len(fixed) or any(d is not None and d != s for d, s in zip(fixed, shape)):
+        shown = tuple(d if d is not None else "?" for d in fixed)
+        raise WorkloadError(f"{what} has shape {shown} but the example input has shape {shape}: give a shape that fits it")
+    given = getattr(example, "dtype", None)
+    if given is not None and str(given).removeprefix("torch.") != dtype:
+        raise WorkloadError(f"{what} takes {dtype} but the example input is {str(given).removeprefix('torch.')}: pass {dtype} data or a shape")
 
 
 def _onnx_dtypes(onnx: Any, graph_inputs: Sequence[Any]) -> dict[str, str]:

@@ -93,6 +93,8 @@ class _Rewriter(PyExprMutator):
             return self._broadcast(call)
         if name == "relax.where":
             return self._safe_softmax(call)
+        if name == "relax.reshape":
+            return _first(self._reshape(call.args[0], static_shape(call)), call)
         if name in _UNARY_ELEMENTWISE or name in _BINARY_ELEMENTWISE:
             return self._elementwise(call)
         return call
@@ -105,7 +107,8 @@ class _Rewriter(PyExprMutator):
         if sunk is None:
             return self._fast_form(call)
         inner, shape = sunk
-        return relax.op.reshape(self.builder_.emit(self._fast_form(self.builder_.normalize(inner))), shape)
+        result = self.builder_.emit(self._fast_form(self.builder_.normalize(inner)))
+        return _first(self._reshape(result, static_shape(call)), relax.op.reshape(result, shape))
 
     def _fast_form(self, call: Call) -> Expr:
         form = _FAST_FORMS.get(call.op.name)
@@ -140,12 +143,28 @@ class _Rewriter(PyExprMutator):
         if None in (before, after, shape) or not before or not after:
             return None
         if shape == after:
-            return relax.op.reshape(other, before)
+            return _first(self._reshape(other, before), relax.op.reshape(other, before))
         if not isinstance(other, tvm.ir.expr.Constant) or before[-1] != after[-1] or len(shape) > len(after):
             return None
         if any(d != 1 for d in shape[:-1]) or (shape and shape[-1] not in (1, after[-1])):
             return None
         return relax.op.reshape(other, [shape[-1]]) if shape else other
+
+    def _reshape(self, data: Expr, after: tuple[int, ...] | None) -> Expr | None:
+        """A reshape that only drops or inserts size-1 dimensions, as squeeze and expand_dims (None
+        for any other). TE's reshape reads through the flat offset (``(j // 768 + i) % 128``), which
+        MetaSchedule cannot prove injective: it is never inlined, and a matmul whose epilogue reads
+        it cannot take that epilogue (its design space fails to generate)."""
+        before = static_shape(data)
+        if before is None or after is None or [d for d in before if d != 1] != [d for d in after if d != 1]:
+            return None
+        if before == after:
+            return data
+        squeezed = [i for i, d in enumerate(before) if d == 1]
+        if squeezed:
+            data = self.builder_.emit(relax.op.squeeze(data, squeezed))
+        inserted = [i for i, d in enumerate(after) if d == 1]
+        return relax.op.expand_dims(data, inserted) if inserted else data
 
     def _matmul_without_broadcasts(self, call: Call) -> Expr:
         """matmul broadcasts batch dimensions itself: a ``broadcast_to`` of an operand that only adds
@@ -239,6 +258,10 @@ class _Rewriter(PyExprMutator):
         matmuls) is that input."""
         shape = static_shape(call.args[0])
         return call.args[0] if shape is not None and shape == static_shape(call) else call
+
+
+def _first(preferred: Expr | None, fallback: Expr) -> Expr:
+    return preferred if preferred is not None else fallback
 
 
 def _is_float32(call: Call) -> bool:
