@@ -1,8 +1,8 @@
 """Real failures injected into a share of candidates, to prove that tuning survives them.
 
 Switched on by ``TENSOR_TUNER_INJECT_FAULTS`` in the environment of the tuner (its workers inherit
-it): ``RATE`` (a fraction of candidates, every kind of fault) or ``KIND,KIND:RATE``. Unset, nothing
-here is imported by the workers and the production path is unchanged. Which candidate fails and how
+it): ``RATE`` (a fraction of candidates, every kind of fault) or ``KIND,KIND:RATE``. Unset, the
+workers' handlers are left as they are: the production path is unchanged. Which candidate fails and how
 is decided by the name of its artifact, so its build and its measurement agree.
 
 The faults are real where they happen: a build worker that kills itself with SIGSEGV mid-build

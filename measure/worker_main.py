@@ -16,6 +16,7 @@ import time
 import traceback
 
 from .cuda_errors import cuda_error_line
+from .faults import FAULTS_ENV, inject, plan_from_env
 from .worker import receive_message, send_message
 
 RUN_DEVICE_ENV = "TENSOR_TUNER_RUN_DEVICE"  # a measuring worker's device ("cpu" or "cuda"), prepared at start-up
@@ -88,8 +89,6 @@ def _die_with_parent(poll_seconds: float = 0.5) -> None:
 
 
 def _with_injected_faults(role: str, handlers: dict) -> dict:
-    from .faults import FAULTS_ENV, inject, plan_from_env
-
     plan = plan_from_env()
     if plan is None:
         return handlers
@@ -106,8 +105,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     try:
         handlers = _load_handlers(role)
-        if os.environ.get("TENSOR_TUNER_INJECT_FAULTS"):
-            handlers = _with_injected_faults(role, handlers)
+        handlers = _with_injected_faults(role, handlers)
     except Exception as err:  # report any start-up failure to the parent rather than dying silently
         traceback.print_exc()
         send_message(reply_fd, ("failed", describe_error(err)))

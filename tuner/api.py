@@ -32,7 +32,7 @@ from .targets import require_device, resolve_target
 from .lowering import LoweringOptions
 from .tasks import Task, extract_tasks, load_model, lower_workload
 from .transfer import read_model_sources, read_sources, transfer, warm_start
-from .workdir import ARTIFACT_FILE, COST_MODEL_FILE, DATABASE_FILE, STORAGE_FIXES, UNTUNED_FILE, WorkDirLock, prepare_work_dir, storage_problem
+from .workdir import ARTIFACT_FILE, COST_MODEL_FILE, DATABASE_FILE, STORAGE_FAILURES, UNTUNED_FILE, WorkDirLock, prepare_work_dir, storage_errno
 
 
 
@@ -176,10 +176,11 @@ def tune(
                 "run the same command again to resume, on a new cluster or on this machine"
             ) from None
         except (sqlite3.OperationalError, OSError) as err:
-            problem = storage_problem(err)
-            if problem is None:
+            code = storage_errno(err)
+            if code is None:
                 raise
-            raise TunerError(f"{problem}: {_saved(db)}; {STORAGE_FIXES[problem]}, then run the same command again to resume") from None
+            problem, fix = STORAGE_FAILURES[code]
+            raise TunerError(f"{problem}: {_saved(db)}; {fix}, then run the same command again to resume") from None
         except KeyboardInterrupt as interrupt:
             print(f"tuner: {interrupt or 'interrupted'}; {_saved(db)}: run the same command again to resume", file=sys.stderr, flush=True)
             raise

@@ -194,8 +194,11 @@ def require_device(spec: str | dict | Target) -> None:
 
     if target_kind(spec) != "cuda":
         return
-    if isinstance(spec, (str, dict)) and not (isinstance(spec, str) and spec.lstrip().startswith("{")):
-        _check_arch(_parse_string(spec.strip()) if isinstance(spec, str) else spec)  # a typo is named before the GPU is missed
+    # a typo in -arch is named before the missing GPU (a target's JSON text is for resolve_target to refuse)
+    if isinstance(spec, dict):
+        _check_arch(spec)
+    elif isinstance(spec, str) and not spec.lstrip().startswith("{"):
+        _check_arch(_parse_string(spec.strip()))
     problem = runtime_problem()
     if problem is None and tvm.cuda(0).exist:
         return

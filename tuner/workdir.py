@@ -37,29 +37,30 @@ def prepare_work_dir(work_dir: str | Path | None, name: str, target: Target) -> 
     return path
 
 
-STORAGE_FIXES = {
-    "the work dir's disk is full": "free some space (or move the work dir elsewhere)",
-    "the work dir became read-only": "make it writable again",
+# errno of a failure of the work dir's storage -> (what happened, what to do)
+STORAGE_FAILURES = {
+    errno.ENOSPC: ("the work dir's disk is full", "free some space (or move the work dir elsewhere)"),
+    errno.EROFS: ("the work dir became read-only", "make it writable again"),
 }
 
 
-def storage_problem(err: BaseException | str) -> str | None:
-    """Which of the work dir's storage failures ``err`` (or an error line) is, if it is one."""
+def storage_errno(err: BaseException | str) -> int | None:
+    """ENOSPC or EROFS when ``err`` (or an error line) is the work dir's storage failing, else None."""
     text = str(err).lower()
-    if getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or any(e in text for e in ("disk is full", "no space left", "quota exceeded")):
-        return "the work dir's disk is full"
-    if getattr(err, "errno", None) == errno.EROFS or "readonly database" in text or "read-only file system" in text:
-        return "the work dir became read-only"
+    code = getattr(err, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT) or any(e in text for e in ("disk is full", "no space left", "quota exceeded")):
+        return errno.ENOSPC
+    if code == errno.EROFS or "readonly database" in text or "read-only file system" in text:
+        return errno.EROFS
     return None
-
 
 
 def stop_on_storage_failure(error: str | None) -> None:
     """A candidate that failed because the work dir can no longer be written (its artifact could
     not be saved) is not the candidate's failure: end the run before it is recorded as one."""
-    problem = storage_problem(error or "")
-    if problem is not None:
-        raise OSError(errno.ENOSPC if "full" in problem else errno.EROFS, error)
+    code = storage_errno(error or "")
+    if code is not None:
+        raise OSError(code, error)
 
 
 class WorkDirBusy(TunerError):

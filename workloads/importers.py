@@ -138,18 +138,18 @@ def from_onnx(path: Path, example_inputs: Sequence[Any] | None = None, name: str
     overrides = list(_as_sequence(example_inputs)) if example_inputs is not None else []
     if overrides and len(overrides) != len(graph_inputs):
         raise WorkloadError(f"{path} has {len(graph_inputs)} inputs but {len(overrides)} example inputs were given")
-    shapes = {}
+    shapes, dtypes = {}, _onnx_dtypes(onnx, graph_inputs)
     for index, graph_input in enumerate(graph_inputs):
         dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in graph_input.type.tensor_type.shape.dim]
         shape = tuple(_shape_of(overrides[index])) if overrides else dims
         if overrides:
-            _check_fits_onnx_input(f"ONNX input {graph_input.name!r} of {path.name}", dims, overrides[index], _onnx_dtypes(onnx, [graph_input])[graph_input.name])
+            _check_fits_onnx_input(f"ONNX input {graph_input.name!r} of {path.name}", dims, overrides[index], dtypes[graph_input.name])
         check_static(f"ONNX input {graph_input.name!r} of {path.name}", shape, hint="give its shape with example_inputs")
         shapes[graph_input.name] = list(shape)
     from tvm.relax.frontend.onnx import from_onnx as relax_from_onnx
 
     try:
-        mod = relax_from_onnx(model, shape_dict=shapes, dtype_dict=_onnx_dtypes(onnx, graph_inputs))
+        mod = relax_from_onnx(model, shape_dict=shapes, dtype_dict=dtypes)
     except tvm.error.OpNotImplemented as err:
         ops = str(err).split(":", 1)[-1].strip().splitlines()[0]
         raise WorkloadError(f"{path.name} uses ONNX operators TVM's importer does not support: {ops}") from None
