@@ -1,7 +1,8 @@
 """Tuned models against what a user runs today: for each zoo model and a set of operators, tune with
 a stated budget, then time side by side in one process, on the same input with the same threads,
-the tuned model, TVM untuned, PyTorch eager, torch.compile and ONNX Runtime, with every output
-checked against PyTorch's. Per kernel: its latency, FLOPs and bytes, its fraction of this machine's
+the tuned model, PyTorch eager, torch.compile and ONNX Runtime, with every output checked against
+PyTorch's; TVM untuned is the latency tune() measured before tuning (often 10-1000x slower: timing it
+again here would take longer than the rest for the big models). Per kernel: its latency, FLOPs and bytes, its fraction of this machine's
 measured limits (experiments/machine_limits.py) and the time of the matching PyTorch operator.
 
     .venv/bin/python experiments/vs_frameworks.py                      # the whole zoo and the operators
@@ -43,8 +44,6 @@ def _module_and_example(name: str):
 # -- tuning, one fresh process per workload --------------------------------------------------------
 def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int) -> dict:
     from tuner import tune
-    from tuner.api import UNTUNED_FILE
-    from tuner.runtime import ModelDescription
     from workloads.models import MODELS
 
     if name in {spec.name for spec in MODELS}:
@@ -53,11 +52,9 @@ def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int) -> dic
         module, example = _module_and_example(name)
         model, inputs = module, [example]
     result = tune(model, target="llvm", example_inputs=inputs, trials_per_task=trials_per_task, work_dir=work_dir, seed=seed)
-    untuned = work_dir / UNTUNED_FILE
-    ModelDescription(result.model, result.kind, result.target, result.inputs).save(untuned)
     return {
         "artifact": str(result.artifact_path),
-        "untuned": str(untuned),
+        "untuned_latency": result.latency_before,
         "trials": result.trials,
         "tuning_seconds": sum(v for k, v in result.seconds.items() if k != "compile and time"),
         "tasks": [
@@ -79,7 +76,6 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
     description = ModelDescription.read(Path(tuned["artifact"]))
     contenders = [
         fw.tvm_model("tuned", Path(tuned["artifact"]), description, example),
-        fw.tvm_model("TVM untuned", Path(tuned["untuned"]), description, example),
         fw.torch_eager(module, example),
         *([] if quick else [fw.torch_compiled(module, example)]),
         fw.onnx_runtime(module, example, threads, run_dir),
@@ -87,9 +83,7 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
     eager = next(c for c in contenders if c.name == "PyTorch eager")
     reference = fw.reference_output(eager)
     errors = {c.name: fw.relative_error(c.call(), reference) for c in contenders if c.call is not None}
-    slow = [c for c in contenders if c.name == "TVM untuned"]
-    fw.time_interleaved([c for c in contenders if c not in slow], rounds=2 if quick else 5, seconds_per_round=0.1 if quick else 0.4)
-    fw.time_interleaved(slow, rounds=1, seconds_per_round=0.1 if quick else 1.0, max_calls=3)  # often 10-100x slower: a few calls say enough
+    fw.time_interleaved(contenders, rounds=2 if quick else 5, seconds_per_round=0.1 if quick else 0.4)
     return {
         "latency": {c.name: c.median for c in contenders},
         "missing": {c.name: c.missing for c in contenders if c.missing},
@@ -135,7 +129,7 @@ def model_row(name: str, tuned: dict, timed: dict) -> dict:
         "trials": tuned["trials"],
         "tuning (s)": f"{tuned['tuning_seconds']:.0f}",
         "tuned (ms)": _ms(latency.get("tuned")),
-        "TVM untuned (ms)": _ms(latency.get("TVM untuned")),
+        "TVM untuned (ms)": _ms(tuned.get("untuned_latency")),
         **{f"{f} (ms)": _ms(latency.get(f)) for f in FRAMEWORKS},
         "tuned / best": f"{ratio:.2f}" if ratio else "-",
         "tuned error": f"{timed['errors'].get('tuned', float('nan')):.1e}",
