@@ -7,4 +7,14 @@ from .quality import RankQuality, kendall_tau, rank_quality
 from .selection import TopKWithExploration
 from .trimmer import FilterDecision, FilterLedger, TrimmerFilter
 
-__all__ = ["CandidateFeatures", "CostModel", "FilterDecision", "FilterLedger", "RankQuality", "TopKWithExploration", "TrimmerFilter", "kendall_tau", "rank_quality"]
+__all__ = [
+    "CandidateFeatures",
+    "CostModel",
+    "FilterDecision",
+    "FilterLedger",
+    "RankQuality",
+    "TopKWithExploration",
+    "TrimmerFilter",
+    "kendall_tau",
+    "rank_quality",
+]

@@ -32,7 +32,13 @@ class CostModel:
     """Predicts a score per candidate (higher is faster) from its features."""
 
     def __init__(
-        self, seed: int = 1, rounds: int = 40, ensemble: int = 4, min_samples: int = 8, refit_growth: float = 0.1, threads: int | None = None
+        self,
+        seed: int = 1,
+        rounds: int = 40,
+        ensemble: int = 4,
+        min_samples: int = 8,
+        refit_growth: float = 0.1,
+        threads: int | None = None,
     ):
         self.seed = seed
         self.refit_growth = refit_growth
@@ -88,7 +94,8 @@ class CostModel:
         self._trained_on = self._own_samples
         data = xgb.DMatrix(x, label=y)
         self._boosters = [
-            xgb.train({**self.params, "seed": self.seed + member}, data, num_boost_round=self.rounds) for member in range(self.ensemble)
+            xgb.train({**self.params, "seed": self.seed + member}, data, num_boost_round=self.rounds)
+            for member in range(self.ensemble)
         ]
         return True
 
@@ -97,7 +104,9 @@ class CostModel:
         mean, spread = self.predict_spread(features, rng)
         return mean - spread
 
-    def predict_spread(self, features: np.ndarray, rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def predict_spread(
+        self, features: np.ndarray, rng: np.random.Generator | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The ensemble's mean predicted log-speed and its spread (standard deviation) per candidate;
         random means and no spread while the model is untrained."""
         if len(features) == 0:
@@ -171,19 +180,29 @@ class CostModel:
         return np.concatenate(rows), np.concatenate(labels)
 
 
-def read_training_data(model_path: Path | str, width: int | None = None) -> list[tuple[str, np.ndarray, list[float | None]]]:
+def read_training_data(
+    model_path: Path | str, width: int | None = None
+) -> list[tuple[str, np.ndarray, list[float | None]]]:
     """The training data ``CostModel.save(model_path)`` wrote: (group, features, latencies with None
     for a failure) per task group. ``width``: the features per sample expected, if known."""
     data_path = training_data_path(model_path)
     if not data_path.exists():
-        raise FileNotFoundError(f"{data_path} does not exist: the model at {model_path} was saved without its training data")
+        raise FileNotFoundError(
+            f"{data_path} does not exist: the model at {model_path} was saved without its training data"
+        )
     with np.load(data_path) as data:
         groups, sizes, features, latencies = (data[k] for k in ("groups", "sizes", "features", "latencies"))
     if len(latencies) and width is not None and features.shape[1] != width:
-        raise ValueError(f"{data_path} holds {features.shape[1]} features per sample, not {width}: it was saved by another version")
+        raise ValueError(
+            f"{data_path} holds {features.shape[1]} features per sample, not {width}: it was saved by another version"
+        )
     ends = np.cumsum(sizes)
     return [
-        (str(group), features[end - size : end], [None if np.isinf(lat) else float(lat) for lat in latencies[end - size : end]])
+        (
+            str(group),
+            features[end - size : end],
+            [None if np.isinf(lat) else float(lat) for lat in latencies[end - size : end]],
+        )
         for group, size, end in zip(groups, sizes.astype(int), ends)
     ]
 

@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-
 MIN_RESULTS = 4  # fewer successes in a batch say nothing about ranking
 
 

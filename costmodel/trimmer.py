@@ -66,11 +66,17 @@ class TrimmerFilter:
         if not 0 <= self.max_drop < 1:
             raise ValueError(f"max_drop must be in [0, 1), got {self.max_drop}")
         if not self.poor_ratio > 1:
-            raise ValueError(f"poor_ratio must be above 1 (a candidate that many times slower than the best is poor), got {self.poor_ratio}")
+            raise ValueError(
+                f"poor_ratio must be above 1 (a candidate that many times slower than the best is poor), got {self.poor_ratio}"
+            )
         if not 0 <= self.spare_fresh <= 1:
-            raise ValueError(f"spare_fresh must be in [0, 1] (the share of fresh samples always measured), got {self.spare_fresh}")
+            raise ValueError(
+                f"spare_fresh must be in [0, 1] (the share of fresh samples always measured), got {self.spare_fresh}"
+            )
         if self.spare_fresh_when_stalled < 0:
-            raise ValueError(f"spare_fresh_when_stalled counts batches without improvement (0 = never), got {self.spare_fresh_when_stalled}")
+            raise ValueError(
+                f"spare_fresh_when_stalled counts batches without improvement (0 = never), got {self.spare_fresh_when_stalled}"
+            )
         if not 0 < self.exploration <= 1:
             raise ValueError(f"exploration must be in (0, 1], got {self.exploration}")
 
@@ -82,12 +88,15 @@ class TrimmerFilter:
     def state(self) -> dict[str, list]:
         """The judged batches the trust comes from, per task, as JSON-ready lists: a resumed run
         takes them back with ``restore`` instead of trusting its model from scratch."""
-        return {group: [[scores, latencies] for scores, latencies in batches] for group, batches in self._recent.items()}
+        return {
+            group: [[scores, latencies] for scores, latencies in batches] for group, batches in self._recent.items()
+        }
 
     def restore(self, state: dict[str, list]) -> None:
         """Take back the judged batches ``state`` gave (replacing any this filter holds)."""
         self._recent = {
-            group: deque(((list(scores), list(latencies)) for scores, latencies in batches), maxlen=self.window) for group, batches in state.items()
+            group: deque(((list(scores), list(latencies)) for scores, latencies in batches), maxlen=self.window)
+            for group, batches in state.items()
         }
 
     def rank_quality(self, group: str) -> float | None:
@@ -95,7 +104,9 @@ class TrimmerFilter:
         batches = self._recent.get(group)
         if not batches:
             return None
-        return rank_quality([s for scores, _ in batches for s in scores], [lat for _, lats in batches for lat in lats]).tau
+        return rank_quality(
+            [s for scores, _ in batches for s in scores], [lat for _, lats in batches for lat in lats]
+        ).tau
 
     def trust(self, group: str) -> float:
         """0 (filter nothing) to 1 (the full ``poor_ratio``), from the task's pooled rank quality."""
@@ -130,7 +141,9 @@ class TrimmerFilter:
         everything = list(range(len(scores)))
         trust = self.trust(group)
         stalled = 0 < self.spare_fresh_when_stalled <= batches_without_improvement
-        spared = self._spared(scores, fresh, 1.0 if stalled else self.spare_fresh) | {i for i, flag in enumerate(unjudged) if flag}
+        spared = self._spared(scores, fresh, 1.0 if stalled else self.spare_fresh) | {
+            i for i, flag in enumerate(unjudged) if flag
+        }
         judged = [i for i in everything if i not in spared]
         if trust <= 0 or len(judged) < 2:
             return FilterDecision(everything, [], [], trust, None)

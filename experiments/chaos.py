@@ -49,7 +49,12 @@ class Tuner:
         """What the tuner was doing, from the last progress line it printed."""
         lines = self.stderr_path.read_text(errors="replace").splitlines()
         last = lines[-1] if lines else ""
-        for marker, phase in (("compiling", "compile"), ("re-measuring", "final re-measure"), ("trials", "search and measure"), ("tuning on", "start-up")):
+        for marker, phase in (
+            ("compiling", "compile"),
+            ("re-measuring", "final re-measure"),
+            ("trials", "search and measure"),
+            ("tuning on", "start-up"),
+        ):
             if marker in last:
                 return phase
         return "start-up"
@@ -58,9 +63,20 @@ class Tuner:
 def start_tuner(args: list[str], cwd: Path, env: dict[str, str] | None = None, log_name: str = "tuner.stderr") -> Tuner:
     tag = uuid.uuid4().hex
     stderr_path = cwd / log_name
-    environment = {**os.environ, **(env or {}), TAG_ENV: tag, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    environment = {
+        **os.environ,
+        **(env or {}),
+        TAG_ENV: tag,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     with open(stderr_path, "w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "tuner.cli", "tune", *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr, env=environment)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tuner.cli", "tune", *args],
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=environment,
+        )
     return Tuner(process, tag, stderr_path)
 
 
@@ -104,7 +120,9 @@ def read_database(path: Path) -> DatabaseState:
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
         intact = conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        rows = conn.execute("SELECT workload_id, candidate, trace, status, latency, samples, elapsed FROM records").fetchall()
+        rows = conn.execute(
+            "SELECT workload_id, candidate, trace, status, latency, samples, elapsed FROM records"
+        ).fetchall()
     except sqlite3.Error:
         return DatabaseState(0, intact=False)
     finally:
@@ -160,7 +178,9 @@ _FAILURE_WORDS = {
 }
 
 
-def kill_cycle(work_dir: Path, args: list[str], trials: int, kills_wanted: int, rng: random.Random, expected_seconds: float) -> dict:
+def kill_cycle(
+    work_dir: Path, args: list[str], trials: int, kills_wanted: int, rng: random.Random, expected_seconds: float
+) -> dict:
     """Kill the same command at random instants until ``kills_wanted`` kills or it finishes; then
     let it finish. Returns what was checked."""
     kills, phases, lost, orphans = 0, Counter(), 0, 0
@@ -238,7 +258,9 @@ def main() -> None:
     cycles = []
     while sum(c["kills"] for c in cycles) < options.kills:
         left = options.kills - sum(c["kills"] for c in cycles)
-        cycle = kill_cycle(fresh(f"killed-{len(cycles)}"), args, options.trials, min(left, 8), rng, reference["seconds"])
+        cycle = kill_cycle(
+            fresh(f"killed-{len(cycles)}"), args, options.trials, min(left, 8), rng, reference["seconds"]
+        )
         cycles.append(cycle)
         print(f"cycle {len(cycles)}: {json.dumps(cycle)}", flush=True)
     print(f"faults: {options.fault_rate:.0%} of candidates fail", flush=True)

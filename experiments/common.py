@@ -34,7 +34,9 @@ def run_step(script: Path, args: Sequence[str], log: Path) -> dict:
     """Run ``script --step ...`` in a fresh Python process; it prints one JSON line last."""
     started = time.monotonic()
     with open(log, "w") as out:
-        proc = subprocess.run([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=out, text=True, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=out, text=True, cwd=ROOT
+        )
     if proc.returncode != 0:
         raise RuntimeError(f"{script.name} {' '.join(args)} failed (exit {proc.returncode}); see {log}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -42,7 +44,9 @@ def run_step(script: Path, args: Sequence[str], log: Path) -> dict:
     return result
 
 
-def time_side_by_side(artifacts: dict[str, str], kind: str, args: list, device: str, log: Path, processes: int = 3) -> dict[str, float]:
+def time_side_by_side(
+    artifacts: dict[str, str], kind: str, args: list, device: str, log: Path, processes: int = 3
+) -> dict[str, float]:
     """Time two artifacts ("ours" and "stock") in ``processes`` fresh processes, alternating
     between them within each. On a shared machine the speed of a whole process varies by ~10%,
     so the ratio is taken within each process and the median over processes is reported."""
@@ -50,14 +54,18 @@ def time_side_by_side(artifacts: dict[str, str], kind: str, args: list, device: 
     per_process = []
     for _ in range(processes):
         with open(log, "a") as err:
-            out = subprocess.run([sys.executable, __file__, request], stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, request], stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT, check=True
+            )
         per_process.append(json.loads(out.stdout.strip().splitlines()[-1]))
     result = {name: statistics.median(p[name] for p in per_process) for name in artifacts}
     result["ratio"] = statistics.median(p["ours"] / p["stock"] for p in per_process)
     return result
 
 
-def time_artifacts_interleaved(artifacts: dict[str, str], kind: str, args: list, device: str, rounds: int = 8) -> dict[str, float]:
+def time_artifacts_interleaved(
+    artifacts: dict[str, str], kind: str, args: list, device: str, rounds: int = 8
+) -> dict[str, float]:
     """Median seconds per run of each artifact, timed in alternating rounds in one process so
     that drift of the machine affects all of them alike."""
     import tvm
@@ -105,7 +113,9 @@ def sample_candidates(name: str, target, count: int, seed: int) -> list:
     from tuner.search import TaskSearch
     from workloads import get_workload
 
-    search = TaskSearch(get_workload(name).mod, target, seed=seed, cost_model=CostModel(), features=CandidateFeatures(), group=name)
+    search = TaskSearch(
+        get_workload(name).mod, target, seed=seed, cost_model=CostModel(), features=CandidateFeatures(), group=name
+    )
     return [MeasureInput(f"{name}/{c.key}", c.mod) for c in search.propose(count)]
 
 

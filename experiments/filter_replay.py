@@ -34,7 +34,9 @@ SHARES = (0.25, 0.5, 0.75)
 RATIOS = (1.5, 2.0, 3.0)
 
 
-def replay_run(work_dir: Path, batch: int, score: str, warm_from: list[Path] = ()) -> tuple[list[dict], list, dict[int, float]]:
+def replay_run(
+    work_dir: Path, batch: int, score: str, warm_from: list[Path] = ()
+) -> tuple[list[dict], list, dict[int, float]]:
     """The run's records in measurement order, its tasks' weights (launches per inference; 1 for a
     work dir without a job description) and its batches: runs of consecutive records of one task,
     at most ``batch`` long. For each batch of a task that has a working candidate before it: its
@@ -58,7 +60,11 @@ def replay_run(work_dir: Path, batch: int, score: str, warm_from: list[Path] = (
         db.close()
     weights = {t["workload_id"]: t["weight"] for t in job["tasks"]} if job else dict.fromkeys(mods, 1)
     target = tvm.target.Target(records[0].target)
-    warm = [(f"warm{index}:{group}", x, y) for index, path in enumerate(warm_from) for group, x, y in read_training_data(path)]
+    warm = [
+        (f"warm{index}:{group}", x, y)
+        for index, path in enumerate(warm_from)
+        for group, x, y in read_training_data(path)
+    ]
     rows = {} if score == "oracle" else _feature_rows(records, mods, target)  # a perfect model needs no features
 
     batches = []
@@ -136,7 +142,13 @@ def what_dropping_loses(batches: list[dict], records: list, weights: dict[int, f
             if min((lat for i, lat in enumerate(lats) if i not in drop), default=np.inf) > batch_best:
                 lost += 1
     curve = model_latency_curve([r for r in records if r.id not in dropped], weights)
-    return {"dropped": len(dropped), "improving_batches": improving, "improvement_lost": lost, "end_vs_unfiltered": curve[-1] / model_latency_curve(records, weights)[-1], "curve": curve}
+    return {
+        "dropped": len(dropped),
+        "improving_batches": improving,
+        "improvement_lost": lost,
+        "end_vs_unfiltered": curve[-1] / model_latency_curve(records, weights)[-1],
+        "curve": curve,
+    }
 
 
 def model_latency_curve(records: list, weights: dict[int, float]) -> list[float]:
@@ -162,7 +174,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("work_dirs", nargs="+", type=Path)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--warm-from", nargs="*", type=Path, default=[], help="saved cost models (WORK_DIR/cost_model.ubj) every replayed model also learns from")
+    parser.add_argument(
+        "--warm-from",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="saved cost models (WORK_DIR/cost_model.ubj) every replayed model also learns from",
+    )
     parser.add_argument("--score", choices=["mean", "optimistic", "pessimistic", "oracle"], default="optimistic")
     args = parser.parse_args()
     table = []
@@ -170,7 +188,9 @@ def main() -> None:
     for work_dir in args.work_dirs:
         per_run[work_dir] = replay_run(work_dir, args.batch, args.score, args.warm_from)
         print(f"replayed {work_dir.name}", file=sys.stderr, flush=True)
-    unfiltered = geometric_mean_curve(padded([model_latency_curve(records, weights) for _, records, weights in per_run.values()]))
+    unfiltered = geometric_mean_curve(
+        padded([model_latency_curve(records, weights) for _, records, weights in per_run.values()])
+    )
     target = unfiltered[-1]
     print(f"unfiltered: target {target * 1e3:.4f} ms reached at measurement {trials_to_reach(unfiltered, target)}")
     measured = sum(len(records) for _, records, _ in per_run.values())
@@ -186,7 +206,9 @@ def main() -> None:
                 "saved": f"{sum(r['dropped'] for r in results) / measured:.0%}",
                 "improving_batches": sum(r["improving_batches"] for r in results),
                 "improvement_lost": sum(r["improvement_lost"] for r in results),
-                "end_vs_unfiltered_geomean": round(float(np.exp(statistics.fmean(np.log(r["end_vs_unfiltered"]) for r in results))), 3),
+                "end_vs_unfiltered_geomean": round(
+                    float(np.exp(statistics.fmean(np.log(r["end_vs_unfiltered"]) for r in results))), 3
+                ),
                 "end_worse_than_2pct": sum(r["end_vs_unfiltered"] > 1.02 for r in results),
                 "measurements_to_target": trials_to_reach(filtered_curve, target),
             }

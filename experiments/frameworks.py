@@ -89,7 +89,15 @@ def onnx_runtime(module: Any, example: Any, threads: int, directory: Path) -> Co
             torch.backends.mha.set_fastpath_enabled(False)
             try:
                 with torch.no_grad():
-                    torch.onnx.export(module, (example,), str(path), input_names=["input"], output_names=["output"], dynamo=False, opset_version=17)
+                    torch.onnx.export(
+                        module,
+                        (example,),
+                        str(path),
+                        input_names=["input"],
+                        output_names=["output"],
+                        dynamo=False,
+                        opset_version=17,
+                    )
             finally:
                 torch.backends.mha.set_fastpath_enabled(fastpath)
         options = onnxruntime.SessionOptions()
@@ -120,7 +128,9 @@ def tvm_model(name: str, library: Path, description: Any, example: Any) -> Conte
 _QUIET_SECONDS = 0.05
 
 
-def time_interleaved(contenders: list[Contender], rounds: int = 5, seconds_per_round: float = 0.4, max_calls: int = 200) -> None:
+def time_interleaved(
+    contenders: list[Contender], rounds: int = 5, seconds_per_round: float = 0.4, max_calls: int = 200
+) -> None:
     """Fill each contender's ``samples``: in each round every contender is called in turn (after
     a pause for the previous one's threads to go idle, and one untimed call) until it has run
     ``seconds_per_round`` (at least once), so that drift of a shared machine reaches them all alike."""

@@ -61,7 +61,9 @@ class Plan:
 
 
 PLANS = {
-    ("cuda", False): Plan("matmul-1024", "matmul-1024", 64, "matmul-1024", 64, 1 << 21, 2.0, (1024, 4096), "float16", 64),
+    ("cuda", False): Plan(
+        "matmul-1024", "matmul-1024", 64, "matmul-1024", 64, 1 << 21, 2.0, (1024, 4096), "float16", 64
+    ),
     ("cuda", True): Plan("matmul-512", "matmul-512", 16, "matmul-512", 16, 1 << 20, 1.0, (1024,), "float16", 16),
     ("llvm", False): Plan("matmul-512", "matmul-512", 64, "matmul-512", 32, 1 << 16, 0.0, (256,), "float32", 32),
     ("llvm", True): Plan("matmul-128", "matmul-128", 8, "matmul-128", 8, 1 << 14, 0.0, (64,), "float32", 8),
@@ -105,7 +107,9 @@ def step_one_kernel(ctx: Context) -> StepResult:
     workload = get_workload(ctx.plan.kernel)
     args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
     artifact = ctx.engine.compile_program(ctx.out / "work" / "kernel.so", mod=workload.mod, kind="tir", schedules=[])
-    binaries = [f"{b.kind} {b.arch} {','.join(b.kernels)}" for b in gpu_binaries(artifact)] if ctx.device == "cuda" else []
+    binaries = (
+        [f"{b.kind} {b.arch} {','.join(b.kernels)}" for b in gpu_binaries(artifact)] if ctx.device == "cuda" else []
+    )
     samples = ctx.engine.time_program(artifact, "tir", args)
     arrays = random_arrays(args, seed=7)
     outputs = ctx.engine.run_kernel(artifact, arrays)
@@ -114,7 +118,17 @@ def step_one_kernel(ctx: Context) -> StepResult:
     latency = statistics.median(samples)
     ok = error < 1e-3 and (ctx.device != "cuda" or bool(binaries))
     summary = f"{workload.name}: {latency * 1e3:.3f} ms ({len(samples)} samples), max relative error against NumPy {error:.1e}"
-    return StepResult(ok, summary, {"latency_s": latency, "samples": samples, "max_rel_error": error, "gpu_binaries": binaries, "engine_log": ctx.engine.notes})
+    return StepResult(
+        ok,
+        summary,
+        {
+            "latency_s": latency,
+            "samples": samples,
+            "max_rel_error": error,
+            "gpu_binaries": binaries,
+            "engine_log": ctx.engine.notes,
+        },
+    )
 
 
 def step_tune(ctx: Context) -> StepResult:
@@ -122,7 +136,9 @@ def step_tune(ctx: Context) -> StepResult:
 
     work_dir = ctx.out / "work" / "tune"
     shutil.rmtree(work_dir, ignore_errors=True)
-    result = tune(ctx.plan.tune_workload, target=ctx.target, trials=ctx.plan.tune_trials, work_dir=work_dir, progress=False)
+    result = tune(
+        ctx.plan.tune_workload, target=ctx.target, trials=ctx.plan.tune_trials, work_dir=work_dir, progress=False
+    )
     task = result.tasks[0]
     decisions = [json.loads(line) for line in (work_dir / "logs" / "dop.jsonl").read_text().splitlines()]
     dops = [d["dop"] for d in decisions]
@@ -162,14 +178,24 @@ def step_engine(ctx: Context) -> StepResult:
     if len(keys) < 2:
         return StepResult(False, f"only {len(keys)} of {len(inputs)} candidates measured in both passes")
     accuracy = compare(serial, parallel, keys)
-    busy = {name: sum(results[k].timed_seconds for k in keys) / wall for name, results, wall in (("serial", serial, serial_wall), ("engine", parallel, parallel_wall))}
+    busy = {
+        name: sum(results[k].timed_seconds for k in keys) / wall
+        for name, results, wall in (("serial", serial, serial_wall), ("engine", parallel, parallel_wall))
+    }
     dops = [d.dop for d in engine.dop_decisions]
     summary = (
         f"{len(keys)} candidates: serial {len(keys) / serial_wall:.1f}/s, engine {len(keys) / parallel_wall:.1f}/s; "
         f"error median {accuracy['median_error']:.1%} worst {accuracy['worst_error']:.1%}; same top-1 {accuracy['same_top1']}; "
         f"device busy {busy['serial']:.0%} serial, {busy['engine']:.0%} engine; DOP {dops}"
     )
-    details = {"candidates": len(keys), "serial_per_s": len(keys) / serial_wall, "engine_per_s": len(keys) / parallel_wall, **accuracy, "device_busy": busy, "dops": dops}
+    details = {
+        "candidates": len(keys),
+        "serial_per_s": len(keys) / serial_wall,
+        "engine_per_s": len(keys) / parallel_wall,
+        **accuracy,
+        "device_busy": busy,
+        "dops": dops,
+    }
     return StepResult(bool(accuracy["same_top1"]), summary, details)
 
 
@@ -180,11 +206,17 @@ def step_flush(ctx: Context) -> StepResult:
     artifact = ctx.engine.compile_program(ctx.out / "work" / "add.so", mod=mod, kind="tir", schedules=[])
     timings = {}
     for name, flush in (("cold", True), ("warm", False)):
-        timings[name] = statistics.median(ctx.engine.time_program(artifact, "tir", args, TimingConfig(flush_cache=flush, min_repeats=10, max_repeats=30)))
+        timings[name] = statistics.median(
+            ctx.engine.time_program(
+                artifact, "tir", args, TimingConfig(flush_cache=flush, min_repeats=10, max_repeats=30)
+            )
+        )
     megabytes = 3 * ctx.plan.l2_elements * 4 / 2**20
     summary = f"add of {megabytes:.1f} MB in all: cold {timings['cold'] * 1e6:.1f} us, warm {timings['warm'] * 1e6:.1f} us ({timings['cold'] / timings['warm']:.2f}x)"
     details: dict = {"buffers_mb": megabytes, "cold_s": timings["cold"], "warm_s": timings["warm"]}
-    if ctx.device == "cuda":  # how much of a tiny kernel's cold time TVM's way of timing adds: the launch's host-side delay
+    if (
+        ctx.device == "cuda"
+    ):  # how much of a tiny kernel's cold time TVM's way of timing adds: the launch's host-side delay
         tiny, tiny_args = _elementwise(256)
         tiny_artifact = ctx.engine.compile_program(ctx.out / "work" / "tiny.so", mod=tiny, kind="tir", schedules=[])
         delay = ctx.engine.cold_timings(tiny_artifact, tiny_args)
@@ -202,24 +234,50 @@ def step_faults(ctx: Context) -> StepResult:
     from measure import MeasureInput, Status
 
     if ctx.device == "cuda":
-        cases = [("illegal address", faulty.gpu_out_of_bounds(), ("IllegalAddress", "ILLEGAL_ADDRESS", "illegal memory access"), True),
-                 ("out of resources", faulty.gpu_out_of_resources(), ("OUT_OF_RESOURCES", "OutOfResources"), False)]
+        cases = [
+            (
+                "illegal address",
+                faulty.gpu_out_of_bounds(),
+                ("IllegalAddress", "ILLEGAL_ADDRESS", "illegal memory access"),
+                True,
+            ),
+            ("out of resources", faulty.gpu_out_of_resources(), ("OUT_OF_RESOURCES", "OutOfResources"), False),
+        ]
         good = faulty.gpu_copy()
     else:
-        cases = [("segfault", faulty.crashing(), ("SIGSEGV",), True), ("impossible allocation", faulty.out_of_memory(), ("memory",), False)]
+        cases = [
+            ("segfault", faulty.crashing(), ("SIGSEGV",), True),
+            ("impossible allocation", faulty.out_of_memory(), ("memory",), False),
+        ]
         good = faulty.copy()
     engine = ctx.engine
-    built = {b.key: b for b in engine.build([MeasureInput(name, mod) for name, mod, _, _ in cases] + [MeasureInput("good", good)])}
+    built = {
+        b.key: b
+        for b in engine.build([MeasureInput(name, mod) for name, mod, _, _ in cases] + [MeasureInput("good", good)])
+    }
     rows, ok = [], True
     for name, _, reasons, replaced in cases:
         restarts = engine.worker_restarts
         (result,) = engine.measure_built([copies([built[name]], "fault")[0]], serial=True)
         (after,) = engine.measure_built(copies([built["good"]], name.replace(" ", "-")), serial=True)
-        recorded = result.status in (Status.RUN_ERROR, Status.RUN_CRASH) and any(r in (result.error or "") for r in reasons)
+        recorded = result.status in (Status.RUN_ERROR, Status.RUN_CRASH) and any(
+            r in (result.error or "") for r in reasons
+        )
         was_replaced = engine.worker_restarts > restarts
         ok &= recorded and after.ok and (was_replaced or not replaced)
-        rows.append({"candidate": name, "status": result.status, "error": result.error, "worker_replaced": was_replaced, "next_measured": after.ok})
-    summary = "; ".join(f"{r['candidate']}: {r['status']} ({(r['error'] or '')[:70]}), replaced {r['worker_replaced']}, next ok {r['next_measured']}" for r in rows)
+        rows.append(
+            {
+                "candidate": name,
+                "status": result.status,
+                "error": result.error,
+                "worker_replaced": was_replaced,
+                "next_measured": after.ok,
+            }
+        )
+    summary = "; ".join(
+        f"{r['candidate']}: {r['status']} ({(r['error'] or '')[:70]}), replaced {r['worker_replaced']}, next ok {r['next_measured']}"
+        for r in rows
+    )
     return StepResult(ok, summary, {"cases": rows})
 
 
@@ -237,7 +295,14 @@ def step_nvml(ctx: Context) -> StepResult:
     workload = get_workload(ctx.plan.kernel)
     args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
     artifact = ctx.engine.compile_program(ctx.out / "work" / "energy.so", mod=workload.mod, kind="tir", schedules=[])
-    busy = TimingConfig(flush_cache=False, min_repeats=5, max_repeats=1000, precision=0.0, budget_seconds=ctx.plan.nvml_seconds, min_sample_seconds=0.05)
+    busy = TimingConfig(
+        flush_cache=False,
+        min_repeats=5,
+        max_repeats=1000,
+        precision=0.0,
+        budget_seconds=ctx.plan.nvml_seconds,
+        min_sample_seconds=0.05,
+    )
     before, started = monitor.sample(), time.monotonic()
     samples = ctx.engine.time_program(artifact, "tir", args, busy)
     after, wall = monitor.sample(), time.monotonic() - started
@@ -272,10 +337,16 @@ def step_gemms(ctx: Context) -> StepResult:
         shutil.rmtree(work_dir, ignore_errors=True)
         # Checked against NumPy below: tune()'s own check runs the unscheduled kernel on the CPU,
         # minutes for 4096^3.
-        result = tune(func, target=ctx.target, trials=ctx.plan.gemm_trials, work_dir=work_dir, verify=False, progress=False)
+        result = tune(
+            func, target=ctx.target, trials=ctx.plan.gemm_trials, work_dir=work_dir, verify=False, progress=False
+        )
         args = [[spec.dtype, list(spec.shape)] for spec in result.inputs]
-        with MeasureEngine(ctx.target, work_dir / "warm", EngineConfig(build_workers=0)) as engine:  # timed warm, as torch is
-            ours = statistics.median(engine.time_program(result.artifact_path, "tir", args, TimingConfig(flush_cache=False, min_repeats=10)))
+        with MeasureEngine(
+            ctx.target, work_dir / "warm", EngineConfig(build_workers=0)
+        ) as engine:  # timed warm, as torch is
+            ours = statistics.median(
+                engine.time_program(result.artifact_path, "tir", args, TimingConfig(flush_cache=False, min_repeats=10))
+            )
             arrays = random_arrays(args, seed=5)
             got = engine.run_kernel(result.artifact_path, arrays)[-1].astype(np.float32)
         expected = arrays[0].astype(np.float32) @ arrays[1].astype(np.float32)
@@ -283,10 +354,29 @@ def step_gemms(ctx: Context) -> StepResult:
         torch_s = _torch_matmul_seconds(size, ctx.plan.gemm_dtype, ctx.device)
         flops = 2 * size**3
         ok &= error < 1e-2
-        rows.append({"size": size, "dtype": ctx.plan.gemm_dtype, "tensor_core_rules": tensor_cores, "trials": result.trials, "ours_s": ours, "ours_tflops": flops / ours / 1e12,
-                     "torch_s": torch_s, "torch_tflops": flops / torch_s / 1e12 if torch_s else None, "max_rel_error": error, "tune_wall_s": result.wall_seconds})
+        rows.append(
+            {
+                "size": size,
+                "dtype": ctx.plan.gemm_dtype,
+                "tensor_core_rules": tensor_cores,
+                "trials": result.trials,
+                "ours_s": ours,
+                "ours_tflops": flops / ours / 1e12,
+                "torch_s": torch_s,
+                "torch_tflops": flops / torch_s / 1e12 if torch_s else None,
+                "max_rel_error": error,
+                "tune_wall_s": result.wall_seconds,
+            }
+        )
     summary = "; ".join(
-        f"{r['size']}^3 {r['dtype']}: ours {r['ours_tflops']:.2f} TFLOP/s" + (f", torch {r['torch_tflops']:.2f}" if r["torch_tflops"] else ", torch with CUDA not here" if ctx.device == "cuda" else "")
+        f"{r['size']}^3 {r['dtype']}: ours {r['ours_tflops']:.2f} TFLOP/s"
+        + (
+            f", torch {r['torch_tflops']:.2f}"
+            if r["torch_tflops"]
+            else ", torch with CUDA not here"
+            if ctx.device == "cuda"
+            else ""
+        )
         + f" (tensor-core rules {r['tensor_core_rules']}, error against NumPy {r['max_rel_error']:.1e})"
         for r in rows
     )
@@ -325,7 +415,10 @@ def _device_mapping() -> list[dict]:
 
     pynvml.nvmlInit()
     try:
-        uuids = [_text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(pynvml.nvmlDeviceGetCount())]
+        uuids = [
+            _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(pynvml.nvmlDeviceGetCount())
+        ]
     finally:
         pynvml.nvmlShutdown()
     probe = "from measure.nvml import NvmlMonitor; m = NvmlMonitor(); print(m.index)"
@@ -334,9 +427,13 @@ def _device_mapping() -> list[dict]:
         for visible in (str(index), uuid):
             path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PYTHONPATH": path}
-            out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+            out = subprocess.run(
+                [sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+            )
             got = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr.strip()[-200:]
-            rows.append({"CUDA_VISIBLE_DEVICES": visible, "expected": index, "nvml_index": int(got) if got.isdigit() else got})
+            rows.append(
+                {"CUDA_VISIBLE_DEVICES": visible, "expected": index, "nvml_index": int(got) if got.isdigit() else got}
+            )
     return rows
 
 
@@ -380,11 +477,21 @@ def run_step(number: int, name: str, step: Callable[[Context], StepResult], ctx:
     except Exception as err:  # noqa: BLE001 - a failing step is a finding; the others still run
         traceback.print_exc()
         lines = [line for line in str(err).splitlines() if line.strip()]
-        result = StepResult(False, f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300], {"traceback": traceback.format_exc()})
+        result = StepResult(
+            False, f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300], {"traceback": traceback.format_exc()}
+        )
     seconds = time.monotonic() - started
     verdict = {True: "PASS", False: "FAIL", None: "n/a"}[result.ok]
     print(f"[{number}/8] {verdict} in {seconds:.0f} s: {result.summary}", file=sys.stderr, flush=True)
-    return {"step": number, "name": name, "ok": result.ok, "verdict": verdict, "seconds": seconds, "summary": result.summary, "details": result.details}
+    return {
+        "step": number,
+        "name": name,
+        "ok": result.ok,
+        "verdict": verdict,
+        "seconds": seconds,
+        "summary": result.summary,
+        "details": result.details,
+    }
 
 
 def environment(ctx: Context) -> dict:
@@ -392,26 +499,50 @@ def environment(ctx: Context) -> dict:
 
     from tuner.targets import describe_target
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     gpu = ctx.engine.gpu_name() if ctx.engine is not None else None
-    return {"host": platform.node(), "target": describe_target(ctx.target), "gpu": gpu, "tvm": tvm.__version__, "commit": commit, "python": platform.python_version()}
+    return {
+        "host": platform.node(),
+        "target": describe_target(ctx.target),
+        "gpu": gpu,
+        "tvm": tvm.__version__,
+        "commit": commit,
+        "python": platform.python_version(),
+    }
 
 
 def write_outputs(out: Path, env: dict, steps: list[dict], wall: float) -> str:
-    rows = [{"step": s["step"], "check": s["name"], "verdict": s["verdict"], "seconds": f"{s['seconds']:.0f}", "result": s["summary"].replace("|", "/")} for s in steps]
+    rows = [
+        {
+            "step": s["step"],
+            "check": s["name"],
+            "verdict": s["verdict"],
+            "seconds": f"{s['seconds']:.0f}",
+            "result": s["summary"].replace("|", "/"),
+        }
+        for s in steps
+    ]
     table = markdown_table(rows, ["step", "check", "verdict", "seconds", "result"])
     passed = sum(s["ok"] is True for s in steps)
     header = f"GPU validation on {env['target']} ({env['gpu'] or 'no GPU'}), {env['host']}, commit {env['commit']}, TVM {env['tvm']}: {passed} of {len(steps)} steps passed in {wall:.0f} s."
     (out / "gpu_validation.md").write_text(header + "\n\n" + table + "\n")
-    (out / "gpu_validation.json").write_text(json.dumps({"environment": env, "wall_s": wall, "steps": steps}, indent=1, default=str))
+    (out / "gpu_validation.json").write_text(
+        json.dumps({"environment": env, "wall_s": wall, "steps": steps}, indent=1, default=str)
+    )
     return header + "\n\n" + table
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="cuda", help="'cuda' (the GPU here), 'cuda -arch=sm_90', 'llvm', ... (default: cuda)")
+    parser.add_argument(
+        "--target", default="cuda", help="'cuda' (the GPU here), 'cuda -arch=sm_90', 'llvm', ... (default: cuda)"
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes and budgets (CI runs --target llvm --quick)")
-    parser.add_argument("--steps", type=lambda text: {int(s) for s in text.split(",")}, help="only these steps, e.g. 1,2,6")
+    parser.add_argument(
+        "--steps", type=lambda text: {int(s) for s in text.split(",")}, help="only these steps, e.g. 1,2,6"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "gpu_validation")
     args = parser.parse_args(argv)
 

@@ -89,7 +89,21 @@ class MachineLimits:
 def _compile_kernels(directory: Path) -> ctypes.CDLL:
     source, library = directory / "limits.c", directory / "limits.so"
     source.write_text(_KERNELS)
-    subprocess.run(["gcc", "-O2", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            "-march=native",
+            "-ffp-contract=fast",
+            "-fopenmp",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(library),
+            str(source),
+        ],
+        check=True,
+    )
     lib = ctypes.CDLL(str(library))
     lib.fma_flops.restype = lib.copy_bytes.restype = ctypes.c_double
     lib.fma_flops.argtypes = [ctypes.c_long, ctypes.c_int]

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.common import markdown_table, sample_candidates, write_csv  # noqa: E402
-from measure import EngineConfig, MeasureEngine, MeasureInput, TimingConfig  # noqa: E402
+from measure import EngineConfig, MeasureEngine, TimingConfig  # noqa: E402
 from measure.dop import DopController  # noqa: E402
 from measure.types import BuildResult, MeasureResult  # noqa: E402
 
@@ -44,7 +44,9 @@ def copies(builds: list[BuildResult], tag: str) -> list[BuildResult]:
     return out
 
 
-def timed_pass(engine: MeasureEngine, builds: list[BuildResult], serial: bool) -> tuple[dict[str, MeasureResult], float]:
+def timed_pass(
+    engine: MeasureEngine, builds: list[BuildResult], serial: bool
+) -> tuple[dict[str, MeasureResult], float]:
     started = time.monotonic()
     results = {r.key: r for r in engine.measure_built(builds, serial=serial)}
     return results, time.monotonic() - started
@@ -75,7 +77,14 @@ def compare(reference: dict[str, MeasureResult], other: dict[str, MeasureResult]
     }
 
 
-def row(label: str, keys: list[str], results: dict[str, MeasureResult], wall: float | None, serial_wall: float, accuracy: dict | None) -> dict:
+def row(
+    label: str,
+    keys: list[str],
+    results: dict[str, MeasureResult],
+    wall: float | None,
+    serial_wall: float,
+    accuracy: dict | None,
+) -> dict:
     """One line of the table; ``wall`` None for a subset of a pass (its accuracy only)."""
     timed = sum(results[k].timed_seconds for k in keys)
     accuracy = accuracy or {}
@@ -108,7 +117,13 @@ def plot_decisions(decisions: list[dict], path: Path) -> None:
     ax.set_ylabel("candidates timed at once")
     errors = ax.twinx()
     checked = [d for d in decisions if d["max_error"] is not None]
-    errors.plot([d["batch"] for d in checked], [100 * d["max_error"] for d in checked], "o", color="tab:red", label="worst error")
+    errors.plot(
+        [d["batch"] for d in checked],
+        [100 * d["max_error"] for d in checked],
+        "o",
+        color="tab:red",
+        label="worst error",
+    )
     errors.set_ylabel("worst error of the serial checks (%)")
     fig.legend(loc="upper right")
     fig.tight_layout()
@@ -122,8 +137,15 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=40, help="per workload")
     parser.add_argument("--max-dop", type=int, default=None)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--max-repeats", type=int, default=None, help="samples per candidate at most (default: the engine's)")
-    parser.add_argument("--flush", choices=["auto", "on", "off"], default="auto", help="flush caches before each sample (auto: on a GPU only)")
+    parser.add_argument(
+        "--max-repeats", type=int, default=None, help="samples per candidate at most (default: the engine's)"
+    )
+    parser.add_argument(
+        "--flush",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="flush caches before each sample (auto: on a GPU only)",
+    )
     parser.add_argument("--out", type=Path, default=Path("experiments/results/measurement_engine"))
     args = parser.parse_args()
 
@@ -134,7 +156,11 @@ def main() -> None:
     work = args.out / "work"
     shutil.rmtree(work, ignore_errors=True)
     timing = TimingConfig()
-    timing = replace(timing, flush_cache={"auto": None, "on": True, "off": False}[args.flush], max_repeats=args.max_repeats or timing.max_repeats)
+    timing = replace(
+        timing,
+        flush_cache={"auto": None, "on": True, "off": False}[args.flush],
+        max_repeats=args.max_repeats or timing.max_repeats,
+    )
     config = EngineConfig(max_dop=args.max_dop, timing=timing)
     with MeasureEngine(target, work, config) as engine:
         inputs = [c for name in WORKLOADS for c in sample_candidates(name, target, args.candidates, args.seed)]
@@ -142,7 +168,10 @@ def main() -> None:
         started = time.monotonic()
         builds = [b for b in engine.build(inputs) if b.ok]
         build_wall = time.monotonic() - started
-        print(f"built {len(builds)} in {build_wall:.1f} s; timing serially (twice) and with the engine ...", file=sys.stderr)
+        print(
+            f"built {len(builds)} in {build_wall:.1f} s; timing serially (twice) and with the engine ...",
+            file=sys.stderr,
+        )
         serial, serial_wall = timed_pass(engine, copies(builds, "a"), serial=True)
         again, again_wall = timed_pass(engine, copies(builds, "a2"), serial=True)
         engine.dop = DopController(engine.dop.max_dop, config.dop_error_threshold, config.dop_check_fraction)
@@ -152,7 +181,9 @@ def main() -> None:
         started = time.monotonic()
         end_to_end = sum(r.ok for r in engine.measure(inputs))
         end_to_end_wall = time.monotonic() - started
-    keys = sorted(k for k in serial if serial[k].ok and again.get(k) and again[k].ok and parallel.get(k) and parallel[k].ok)
+    keys = sorted(
+        k for k in serial if serial[k].ok and again.get(k) and again[k].ok and parallel.get(k) and parallel[k].ok
+    )
     rows = [
         row("(a) serial", keys, serial, serial_wall, serial_wall, None),
         row("(a') serial again", keys, again, again_wall, serial_wall, compare(serial, again, keys)),
@@ -160,7 +191,9 @@ def main() -> None:
     ]
     for name in WORKLOADS:
         subset = [k for k in keys if k.startswith(name + "/")]
-        rows.append(row(f"(b) engine, {name} only", subset, parallel, None, serial_wall, compare(serial, parallel, subset)))
+        rows.append(
+            row(f"(b) engine, {name} only", subset, parallel, None, serial_wall, compare(serial, parallel, subset))
+        )
     columns = list(rows[0])
     table = markdown_table(rows, columns)
     dops = [d["dop"] for d in decisions]

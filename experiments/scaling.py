@@ -85,7 +85,14 @@ def main() -> None:
     for workers in args.workers or worker_counts(os.cpu_count() or 1):
         local = local_builds(target, inputs, workers, scratch / f"local-{workers}")
         ray = ray_builds(target, inputs, workers, scratch / f"ray-{workers}", gpus)
-        rows.append({"stage": "build", "workers": workers, "local cand/s": rate(len(inputs), local), "ray cand/s": rate(len(inputs), ray)})
+        rows.append(
+            {
+                "stage": "build",
+                "workers": workers,
+                "local cand/s": rate(len(inputs), local),
+                "ray cand/s": rate(len(inputs), ray),
+            }
+        )
         print(rows[-1], flush=True)
     for row in rows:
         row["local speed-up"] = round(row["local cand/s"] / rows[0]["local cand/s"], 2)

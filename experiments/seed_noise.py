@@ -41,7 +41,9 @@ def scored(reference: Sequence[float], other: Sequence[float], at: float, shared
     return share[0] if share else None
 
 
-def chance_spread(curves: Sequence[Sequence[float]], set_size: int, at: float, shared: int = 0, draws: int = 2000, seed: int = 0) -> dict[str, float]:
+def chance_spread(
+    curves: Sequence[Sequence[float]], set_size: int, at: float, shared: int = 0, draws: int = 2000, seed: int = 0
+) -> dict[str, float]:
     """The 10% and 90% quantiles of ``scored`` between two sets of ``set_size`` of ``curves`` (best-latency curves
     of runs of one variant) drawn with replacement."""
     rng = random.Random(seed)
@@ -68,18 +70,27 @@ def describe(spread: dict[str, float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", type=Path, help="a folder of experiments/trimmer.py output; its *-filter-off-seed* runs are used")
+    parser.add_argument(
+        "runs", type=Path, help="a folder of experiments/trimmer.py output; its *-filter-off-seed* runs are used"
+    )
     parser.add_argument("--sets", type=int, nargs="+", default=[4, 8, 16], help="seeds per set")
     parser.add_argument("--shared", type=int, default=0, help="measurements the runs shared before they parted")
     args = parser.parse_args()
     work_dirs = sorted(d for d in args.runs.glob("*-filter-off-seed*") if d.is_dir())
     if len(work_dirs) < 2:
-        parser.error(f"{args.runs} holds {len(work_dirs)} runs without the filter (*-filter-off-seed*); at least 2 are needed")
+        parser.error(
+            f"{args.runs} holds {len(work_dirs)} runs without the filter (*-filter-off-seed*); at least 2 are needed"
+        )
     trials = min(_measured(d) for d in work_dirs)
     curves = [run_curve(d, trials)["latency"] for d in work_dirs]
-    print(f"{len(curves)} runs without the filter, {trials} measurements each; 'saved' between two sets that differ only by seed (10-90%):")
+    print(
+        f"{len(curves)} runs without the filter, {trials} measurements each; 'saved' between two sets that differ only by seed (10-90%):"
+    )
     for size in args.sets:
-        cells = [f"target at {name}: {describe(chance_spread(curves, size, at, args.shared))}" for name, at in TARGETS.items()]
+        cells = [
+            f"target at {name}: {describe(chance_spread(curves, size, at, args.shared))}"
+            for name, at in TARGETS.items()
+        ]
         print(f"  sets of {size:>2}: " + ";  ".join(cells))
 
 

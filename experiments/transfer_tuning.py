@@ -45,7 +45,15 @@ def tune_step(spec: str, target: str, trials: int, work_dir: Path, seed: int, tr
     from tuner.report import job_curve
 
     name, batch = parse_workload(spec)
-    result = tune(name, target=target, trials=trials, work_dir=work_dir, batch=batch, seed=seed, transfer_from=transfer_from or None)
+    result = tune(
+        name,
+        target=target,
+        trials=trials,
+        work_dir=work_dir,
+        batch=batch,
+        seed=seed,
+        transfer_from=transfer_from or None,
+    )
     db = TuningDatabase(result.database_path, read_only=True)
     try:
         curve = job_curve(db)
@@ -120,10 +128,24 @@ def run(args: argparse.Namespace) -> None:
         work_dir = out / f"{label}-seed{args.seed}"  # work dirs and logs are left out of git
         shutil.rmtree(work_dir, ignore_errors=True)
         trials = per_task * tasks[parse_workload(spec)[0]]
-        step = ["--step", spec, "--target", args.target, "--trials", str(trials), "--work-dir", str(work_dir), "--seed", str(args.seed)]
+        step = [
+            "--step",
+            spec,
+            "--target",
+            args.target,
+            "--trials",
+            str(trials),
+            "--work-dir",
+            str(work_dir),
+            "--seed",
+            str(args.seed),
+        ]
         if transfer_from is not None:
             step += ["--transfer-from", str(transfer_from)]
-        print(f"[{label}] tuning {spec}: {trials} trials{f' from {transfer_from}' if transfer_from else ''} ...", flush=True)
+        print(
+            f"[{label}] tuning {spec}: {trials} trials{f' from {transfer_from}' if transfer_from else ''} ...",
+            flush=True,
+        )
         runs[label] = run_step(Path(__file__), step, out / f"{label}.log")
         print(f"[{label}] {runs[label]['process_seconds']:.0f} s", flush=True)
         if transfer_from is None:
@@ -134,7 +156,10 @@ def run(args: argparse.Namespace) -> None:
     for target, source in pairs:
         if source not in stock_dirs:
             earlier = out / f"source-{_slug(source)}-seed{args.seed}"
-            if args.reuse_sources and _finished_trials(earlier) == args.source_trials * tasks[parse_workload(source)[0]]:
+            if (
+                args.reuse_sources
+                and _finished_trials(earlier) == args.source_trials * tasks[parse_workload(source)[0]]
+            ):
                 print(f"[source-{_slug(source)}] reusing the finished run in {earlier}", flush=True)
                 stock_dirs[source] = earlier
             else:
@@ -178,7 +203,9 @@ def _markdown(rows: list[dict], args: argparse.Namespace) -> str:
         "so far; seconds are tuning seconds (the transfer run's include its replays and cost-model warm start; the source's "
         "tuning is not counted). `speedup` = stock's seconds to reach the transfer run's latency / the transfer run's seconds "
         "(`>` where stock never reached it: a lower bound); the goal, after the paper, is 5x or more. `compiled_ms`: the tuned "
-        "model as compiled and timed at the end of each run (separate processes); `wall_s`: each run's process, start to end.\n\n" + markdown_table(rows, columns) + "\n\n![latency against tuning time](transfer_tuning.png)\n"
+        "model as compiled and timed at the end of each run (separate processes); `wall_s`: each run's process, start to end.\n\n"
+        + markdown_table(rows, columns)
+        + "\n\n![latency against tuning time](transfer_tuning.png)\n"
     )
 
 
@@ -191,7 +218,10 @@ def _plot(rows: list[dict], runs: dict[str, dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 4), squeeze=False)
     for ax, row in zip(axes[0], rows):
         target, source = row["target"], row["source"]
-        for label, name in ((f"{_slug(target)}-stock", "no transfer"), (f"{_slug(target)}-from-{_slug(source)}", f"from {source}")):
+        for label, name in (
+            (f"{_slug(target)}-stock", "no transfer"),
+            (f"{_slug(target)}-from-{_slug(source)}", f"from {source}"),
+        ):
             curve = runs[label]["curve"]
             ax.step(curve["elapsed"], [v * 1e3 for v in curve["latency"]], where="post", label=name)
         ax.set_title(f"{target} from {source}")
@@ -206,14 +236,31 @@ def _plot(rows: list[dict], runs: dict[str, dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", nargs="+", default=None, metavar="TARGET:SOURCE", help=f"default: {' '.join(DEFAULT_PAIRS)}")
+    parser.add_argument(
+        "--pairs", nargs="+", default=None, metavar="TARGET:SOURCE", help=f"default: {' '.join(DEFAULT_PAIRS)}"
+    )
     parser.add_argument("--target", default="llvm")
-    parser.add_argument("--trials", type=int, default=None, help="trials per task of each target run (default: 24; 8 with --quick)")
-    parser.add_argument("--source-trials", type=int, default=None, help="trials per task of each source run (default: 24; 8 with --quick)")
+    parser.add_argument(
+        "--trials", type=int, default=None, help="trials per task of each target run (default: 24; 8 with --quick)"
+    )
+    parser.add_argument(
+        "--source-trials",
+        type=int,
+        default=None,
+        help="trials per task of each source run (default: 24; 8 with --quick)",
+    )
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--reuse-sources", action="store_true", help="reuse a source's finished run from an earlier call with the same --out, seed and --source-trials")
-    parser.add_argument("--quick", action="store_true", help="a smoke run of a few minutes: tiny-resnet from tiny-resnet at batch 4")
-    parser.add_argument("--out", default=None, help="default: experiments/results/transfer_tuning (its quick/ with --quick)")
+    parser.add_argument(
+        "--reuse-sources",
+        action="store_true",
+        help="reuse a source's finished run from an earlier call with the same --out, seed and --source-trials",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run of a few minutes: tiny-resnet from tiny-resnet at batch 4"
+    )
+    parser.add_argument(
+        "--out", default=None, help="default: experiments/results/transfer_tuning (its quick/ with --quick)"
+    )
     parser.add_argument("--step", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--transfer-from", action="append", default=[], help=argparse.SUPPRESS)

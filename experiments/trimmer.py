@@ -42,7 +42,14 @@ TOLERANCE = 0.02  # "reached the target" = within 2% of it
 
 
 def tune_step(
-    workload_name: str, target_spec: str, trials: int, work_dir: Path, seed: int, trimmer: bool, filter_options: dict, cost_model_from: list[Path]
+    workload_name: str,
+    target_spec: str,
+    trials: int,
+    work_dir: Path,
+    seed: int,
+    trimmer: bool,
+    filter_options: dict,
+    cost_model_from: list[Path],
 ) -> dict:
     started = time.monotonic()
     from costmodel import TrimmerFilter
@@ -52,7 +59,12 @@ def tune_step(
         workload_name, target=target_spec, trials=trials, work_dir=work_dir, seed=seed,
         trimmer=TrimmerFilter(**filter_options) if trimmer else False, cost_model_from=cost_model_from,
     )  # fmt: skip
-    return {"seconds": time.monotonic() - started, "artifact": str(result.artifact_path), "trials": result.trials, "filtered": result.filtered}
+    return {
+        "seconds": time.monotonic() - started,
+        "artifact": str(result.artifact_path),
+        "trials": result.trials,
+        "filtered": result.filtered,
+    }
 
 
 def run_curve(work_dir: Path, trials: int) -> dict[str, list[float]]:
@@ -69,7 +81,7 @@ def run_curve(work_dir: Path, trials: int) -> dict[str, list[float]]:
     latency, elapsed = [math.inf] * trials, [0.0] * trials
     for n, seconds, value in zip(curve.trials, curve.elapsed, curve.latency):
         if n <= trials:
-            latency[n - 1:] = [value] * (trials - n + 1)
+            latency[n - 1 :] = [value] * (trials - n + 1)
             elapsed[n - 1] = seconds
     for i in range(1, trials):  # a failed measurement adds no curve point: carry the clock forward
         elapsed[i] = max(elapsed[i], elapsed[i - 1])
@@ -83,7 +95,10 @@ def trials_to_reach(latency: list[float], target: float) -> int | None:
 
 def geometric_mean_curve(curves: list[list[float]]) -> list[float]:
     """Per measurement, the geometric mean over runs (inf until every run has a result)."""
-    return [math.exp(statistics.fmean(map(math.log, point))) if all(map(math.isfinite, point)) else math.inf for point in zip(*curves)]
+    return [
+        math.exp(statistics.fmean(map(math.log, point))) if all(map(math.isfinite, point)) else math.inf
+        for point in zip(*curves)
+    ]
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -98,7 +113,16 @@ def compare(args: argparse.Namespace) -> None:
             print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
     write_csv(out / "trimmer.csv", rows)
     (out / "curves.json").write_text(json.dumps({f"{name}/seed{seed}": c for (name, seed), c in curves.items()}))
-    summary = [_summary(name, [r for r in rows if r["workload"] == name], [curves[name, s] for s in args.seeds], args.trials, args.shared) for name in args.workloads]
+    summary = [
+        _summary(
+            name,
+            [r for r in rows if r["workload"] == name],
+            [curves[name, s] for s in args.seeds],
+            args.trials,
+            args.shared,
+        )
+        for name in args.workloads
+    ]
     _plot(summary, out / "trimmer.png")
     for row in summary:
         del row["curves"]
@@ -114,7 +138,8 @@ def compare(args: argparse.Namespace) -> None:
         "curve without the filter is at 3/4 of the budget (its end is nearly flat, which makes the first measure noisy); "
         "`final_latency_ratio`: the compiled results at equal budget timed "
         "side by side (median over 3 processes of the ratio within each, averaged over seeds), filter on / off.\n\n"
-        + table + "\n\n![averaged best latency against measurements](trimmer.png)\n\nPer seed, each against its own run "
+        + table
+        + "\n\n![averaged best latency against measurements](trimmer.png)\n\nPer seed, each against its own run "
         "without the filter:\n\n" + markdown_table(rows, list(rows[0])) + "\n"
     )
     print("\n" + table)
@@ -138,7 +163,13 @@ def _compare_one(workload, seed: int, args: argparse.Namespace, target, out: Pat
     on_trials = trials_to_reach(curves["on"]["latency"], target_latency)
     device = "cuda" if target.kind.name == "cuda" else "cpu"
     args_spec = [[s.dtype, list(s.shape)] for s in workload.inputs]
-    timed = time_side_by_side({"ours": runs["on"]["artifact"], "stock": runs["off"]["artifact"]}, workload.kind, args_spec, device, out / f"{name}-timing.log")
+    timed = time_side_by_side(
+        {"ours": runs["on"]["artifact"], "stock": runs["off"]["artifact"]},
+        workload.kind,
+        args_spec,
+        device,
+        out / f"{name}-timing.log",
+    )
     filtered = runs["on"]["filtered"]
     row = {
         "workload": name,
@@ -156,7 +187,9 @@ def _compare_one(workload, seed: int, args: argparse.Namespace, target, out: Pat
     return row, curves
 
 
-def _tune_variant(name: str, variant: str, trials: int, work_dir: Path, start_from: Path | None, seed: int, args: argparse.Namespace) -> dict:
+def _tune_variant(
+    name: str, variant: str, trials: int, work_dir: Path, start_from: Path | None, seed: int, args: argparse.Namespace
+) -> dict:
     """Tune ``name`` with the filter ``variant`` ("on"/"off") to ``trials`` in a fresh process, in
     ``work_dir`` started afresh or, with ``start_from``, from a copy of that work dir (both variants
     then resume from the same measured candidates); its log is ``work_dir`` + ".log"."""
@@ -164,8 +197,22 @@ def _tune_variant(name: str, variant: str, trials: int, work_dir: Path, start_fr
     if start_from:
         shutil.copytree(start_from, work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    step = ["--step", variant, name, "--target", args.target, "--trials", str(trials), "--work-dir", str(work_dir), "--seed", str(seed)]
-    step += ["--filter", args.filter] + [option for d in args.cost_model_from for option in ("--cost-model-from", str(d))]
+    step = [
+        "--step",
+        variant,
+        name,
+        "--target",
+        args.target,
+        "--trials",
+        str(trials),
+        "--work-dir",
+        str(work_dir),
+        "--seed",
+        str(seed),
+    ]
+    step += ["--filter", args.filter] + [
+        option for d in args.cost_model_from for option in ("--cost-model-from", str(d))
+    ]
     return run_step(Path(__file__), step, work_dir.with_name(work_dir.name + ".log"))
 
 
@@ -258,9 +305,25 @@ def main() -> None:
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--trials", type=int, default=128)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
-    parser.add_argument("--shared", type=int, default=0, help="measurements both variants of a seed share (tuned once, without the filter) before they part")
-    parser.add_argument("--filter", default="{}", help='the filter\'s settings, as JSON keyword arguments of costmodel.TrimmerFilter, e.g. \'{"poor_ratio": 1.5}\' (default: its defaults)')
-    parser.add_argument("--cost-model-from", type=Path, action="append", default=[], metavar="DIR", help="warm-start both variants' cost models from the run in DIR (repeatable)")
+    parser.add_argument(
+        "--shared",
+        type=int,
+        default=0,
+        help="measurements both variants of a seed share (tuned once, without the filter) before they part",
+    )
+    parser.add_argument(
+        "--filter",
+        default="{}",
+        help="the filter's settings, as JSON keyword arguments of costmodel.TrimmerFilter, e.g. '{\"poor_ratio\": 1.5}' (default: its defaults)",
+    )
+    parser.add_argument(
+        "--cost-model-from",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="warm-start both variants' cost models from the run in DIR (repeatable)",
+    )
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--out", default="experiments/results/trimmer")
     parser.add_argument("--step", nargs=1, help=argparse.SUPPRESS)
@@ -268,7 +331,20 @@ def main() -> None:
     args, rest = parser.parse_known_args()
     if args.step:
         on = args.step[0] == "on"
-        print(json.dumps(tune_step(rest[0], args.target, args.trials, args.work_dir, args.seed, on, json.loads(args.filter), args.cost_model_from)))
+        print(
+            json.dumps(
+                tune_step(
+                    rest[0],
+                    args.target,
+                    args.trials,
+                    args.work_dir,
+                    args.seed,
+                    on,
+                    json.loads(args.filter),
+                    args.cost_model_from,
+                )
+            )
+        )
     else:
         compare(args)
 

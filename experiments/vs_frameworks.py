@@ -26,7 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.common import markdown_table, prepare_comparison, run_step, write_csv  # noqa: E402
 
-ZOO = ["attention-block", "resnet18", "squeezenet1.1", "mobilenetv2", "resnet50", "convnext-t", "bert-base", "llama3-8b-layer"]
+ZOO = [
+    "attention-block",
+    "resnet18",
+    "squeezenet1.1",
+    "mobilenetv2",
+    "resnet50",
+    "convnext-t",
+    "bert-base",
+    "llama3-8b-layer",
+]
 FRAMEWORKS = ["PyTorch eager", "torch.compile", "ONNX Runtime"]
 GEMM_KINDS = ("conv2d", "matmul", "dense")
 TOLERANCE = 1e-3  # relative to the output's largest magnitude
@@ -51,14 +60,23 @@ def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int) -> dic
     else:
         module, example = _module_and_example(name)
         model, inputs = module, [example]
-    result = tune(model, target="llvm", example_inputs=inputs, trials_per_task=trials_per_task, work_dir=work_dir, seed=seed)
+    result = tune(
+        model, target="llvm", example_inputs=inputs, trials_per_task=trials_per_task, work_dir=work_dir, seed=seed
+    )
     return {
         "artifact": str(result.artifact_path),
         "untuned_latency": result.latency_before,
         "trials": result.trials,
         "tuning_seconds": sum(v for k, v in result.seconds.items() if k != "compile and time"),
         "tasks": [
-            {"name": t.name, "launches": t.weight, "flops": t.flops, "bytes": t.bytes, "latency": t.best_latency, "trials": t.trials}
+            {
+                "name": t.name,
+                "launches": t.weight,
+                "flops": t.flops,
+                "bytes": t.bytes,
+                "latency": t.best_latency,
+                "trials": t.trials,
+            }
             for t in result.tasks
         ],
     }
@@ -158,7 +176,9 @@ def kernel_rows(name: str, tuned: dict, timed: dict, limits) -> list[dict]:
                 "GB/s": f"{t['bytes'] / latency / 1e9:.2f}",
                 "% of peak": f"{t['flops'] / latency / 1e9 / limits.peak_gflops:.0%}",
                 "% of roofline": f"{bound / latency:.0%}",
-                "bound by": "compute" if t["flops"] / (limits.peak_gflops * 1e9) >= t["bytes"] / (limits.copy_gbs * 1e9) else "memory",
+                "bound by": "compute"
+                if t["flops"] / (limits.peak_gflops * 1e9) >= t["bytes"] / (limits.copy_gbs * 1e9)
+                else "memory",
                 "PyTorch op (us)": f"{torch_time * 1e6:.1f}" if torch_time else "-",
                 "_gemm": _is_gemm(t["name"]),
                 "_peak_fraction": t["flops"] / latency / 1e9 / limits.peak_gflops,
@@ -188,14 +208,23 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
         f"Budget: {trials_per_task} trials per task (allocated by the gradient scheduler). Latencies are medians of interleaved calls in one process, "
         "inputs as torch tensors; `tuned error` is the largest deviation from PyTorch eager's output relative to its largest value.",
         "",
-        markdown_table(_public(models), [k for k in models[0] if not k.startswith("_")]) if models else "(no workload finished)",
+        markdown_table(_public(models), [k for k in models[0] if not k.startswith("_")])
+        if models
+        else "(no workload finished)",
         "",
     ]
     if ratios:
-        lines.append(f"Geometric mean of tuned / best framework: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} over {len(ratios)} workloads.")
+        lines.append(
+            f"Geometric mean of tuned / best framework: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} over {len(ratios)} workloads."
+        )
     if gemm:
-        lines.append(f"Convolutions and matmuls: median {statistics.median(gemm):.0%} of peak over {len(gemm)} kernels.")
-    lines.append(f"Kernels below 10% of their roofline bound: {len(low)} of {len(kernels)}" + (": " + ", ".join(f"{k['workload']}/{k['kernel']}" for k in low) if low else "."))
+        lines.append(
+            f"Convolutions and matmuls: median {statistics.median(gemm):.0%} of peak over {len(gemm)} kernels."
+        )
+    lines.append(
+        f"Kernels below 10% of their roofline bound: {len(low)} of {len(kernels)}"
+        + (": " + ", ".join(f"{k['workload']}/{k['kernel']}" for k in low) if low else ".")
+    )
     lines += ["", "Per kernel: kernels.csv.", ""]
     return "\n".join(lines)
 
@@ -230,11 +259,17 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=None, help=f"zoo models (default: {' '.join(ZOO)})")
-    parser.add_argument("--operators", nargs="*", default=None, help=f"operators (with no names: all of {' '.join(OPERATORS)})")
+    parser.add_argument(
+        "--operators", nargs="*", default=None, help=f"operators (with no names: all of {' '.join(OPERATORS)})"
+    )
     parser.add_argument("--trials-per-task", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="experiments/results/vs_frameworks")
-    parser.add_argument("--quick", action="store_true", help="tiny-resnet and one operator, 4 trials per task, short timing, no torch.compile")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny-resnet and one operator, 4 trials per task, short timing, no torch.compile",
+    )
     parser.add_argument("--tune", help=argparse.SUPPRESS)  # internal: the tuning step of one workload
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -246,7 +281,11 @@ def main() -> None:
         args.out = args.out if args.out != parser.get_default("out") else "experiments/results/vs_frameworks/quick"
     # neither given: the zoo and every operator; one given: only that; --operators without names: every operator
     models = args.models if args.models is not None else (ZOO if args.operators is None else [])
-    operators = (args.operators or list(OPERATORS)) if args.operators is not None else ([] if args.models is not None else list(OPERATORS))
+    operators = (
+        (args.operators or list(OPERATORS))
+        if args.operators is not None
+        else ([] if args.models is not None else list(OPERATORS))
+    )
     out, target = prepare_comparison(args.out, "llvm")
     threads = int(target.attrs["num-cores"])
     from experiments.machine_limits import measure
@@ -258,7 +297,20 @@ def main() -> None:
         run_dir = out / "runs" / name
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            tuned = run_step(Path(__file__), ["--tune", name, "--work-dir", str(run_dir), "--trials-per-task", str(args.trials_per_task), "--seed", str(args.seed)], run_dir / "tune.log")
+            tuned = run_step(
+                Path(__file__),
+                [
+                    "--tune",
+                    name,
+                    "--work-dir",
+                    str(run_dir),
+                    "--trials-per-task",
+                    str(args.trials_per_task),
+                    "--seed",
+                    str(args.seed),
+                ],
+                run_dir / "tune.log",
+            )
             timed = time_workload(name, tuned, threads, run_dir, args.quick)
         except Exception as err:  # noqa: BLE001 - one workload failing must not lose the others' numbers
             print(f"{name}: failed, left out of the tables: {err}", flush=True)
@@ -269,7 +321,9 @@ def main() -> None:
         all_kernels += kernel_rows(name, tuned, timed, limits)
         for framework, why in timed["missing"].items():
             print(f"{name}: {framework} unavailable: {why}", flush=True)
-        print(markdown_table(_public(model_rows[-1:]), [k for k in model_rows[-1] if not k.startswith("_")]), flush=True)
+        print(
+            markdown_table(_public(model_rows[-1:]), [k for k in model_rows[-1] if not k.startswith("_")]), flush=True
+        )
         write_csv(out / "vs_frameworks.csv", _public(model_rows))  # after every workload: nothing measured is lost
         write_csv(out / "kernels.csv", _public(all_kernels))
     (out / "limits.json").write_text(json.dumps(limits.as_dict(), indent=1) + "\n")

@@ -52,7 +52,11 @@ def stock_step(workload_name: str, target_spec: str, trials: int, work_dir: Path
         executable = build_lowered_model(lowered, target, db)
     artifact = work_dir / "stock.so"
     executable.export_library(str(artifact))
-    return {"seconds": time.monotonic() - started, "artifact": str(artifact), "trials": len(db.get_all_tuning_records())}
+    return {
+        "seconds": time.monotonic() - started,
+        "artifact": str(artifact),
+        "trials": len(db.get_all_tuning_records()),
+    }
 
 
 def ours_step(workload_name: str, target_spec: str, trials: int, work_dir: Path, seed: int) -> dict:
@@ -82,8 +86,11 @@ def compare(args: argparse.Namespace) -> None:
     (out / "vs_metaschedule.md").write_text(
         f"# Ours vs stock MetaSchedule\n\ntarget `{args.target}`, {args.trials_per_task} trials per task, seeds {args.seeds}; "
         "wall time from process start to a compiled artifact; latency of both artifacts timed side by side "
-        "(median over 3 timing processes of the ratio within each).\n\n" + table + "\n\nPer seed:\n\n"
-        + markdown_table(rows, list(rows[0])) + "\n"
+        "(median over 3 timing processes of the ratio within each).\n\n"
+        + table
+        + "\n\nPer seed:\n\n"
+        + markdown_table(rows, list(rows[0]))
+        + "\n"
     )
     _plot(summary_rows, out / "vs_metaschedule.png")
     print("\n" + table)
@@ -98,13 +105,27 @@ def _compare_one(workload, num_tasks: int, trials: int, seed: int, target_spec: 
         work_dir = out / f"{name}-{tuner_name}-seed{seed}"
         shutil.rmtree(work_dir, ignore_errors=True)
         work_dir.mkdir(parents=True)
-        step = ["--step", tuner_name, name, "--target", target_spec, "--trials", str(trials), "--work-dir", str(work_dir), "--seed", str(seed)]
+        step = [
+            "--step",
+            tuner_name,
+            name,
+            "--target",
+            target_spec,
+            "--trials",
+            str(trials),
+            "--work-dir",
+            str(work_dir),
+            "--seed",
+            str(seed),
+        ]
         print(f"[{name} seed {seed}] {tuner_name}: tuning {num_tasks} task(s), {trials} trials ...", flush=True)
         results[tuner_name] = run_step(Path(__file__), step, out / f"{name}-{tuner_name}-seed{seed}.log")
         print(f"[{name} seed {seed}] {tuner_name}: {results[tuner_name]['process_seconds']:.1f} s", flush=True)
     args_spec = [[s.dtype, list(s.shape)] for s in workload.inputs]
     device = "cuda" if target.kind.name == "cuda" else "cpu"
-    latency = time_side_by_side({k: v["artifact"] for k, v in results.items()}, workload.kind, args_spec, device, out / f"{name}-timing.log")
+    latency = time_side_by_side(
+        {k: v["artifact"] for k, v in results.items()}, workload.kind, args_spec, device, out / f"{name}-timing.log"
+    )
     stock_s, ours_s = results["stock"]["process_seconds"], results["ours"]["process_seconds"]
     return {
         "workload": name,

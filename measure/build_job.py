@@ -72,7 +72,10 @@ def load_cuda_artifact(artifact: str, kernels: list[str]) -> dict:
         raise BuildError(f"{artifact} holds no CUDA module")
     module = cuda[0]
     found = [name for name in kernels if module.implements_function(name, query_imports=False)]
-    return {"format": next((fmt for fmt in ("fatbin", "cubin", "ptx") if _holds_code_as(module, fmt)), None), "kernels": found}
+    return {
+        "format": next((fmt for fmt in ("fatbin", "cubin", "ptx") if _holds_code_as(module, fmt)), None),
+        "kernels": found,
+    }
 
 
 def _holds_code_as(module, fmt: str) -> bool:
@@ -91,7 +94,6 @@ def warm_up() -> None:
     a = te.placeholder((4,), name="a")
     b = te.compute((4,), lambda i: a[i] + 1.0, name="b")
     tvm.compile(te.create_prim_func([a, b]), target="llvm")
-
 
 
 def compile_program(mod: tvm.IRModule, kind: str, target: str, schedules: list, artifact: str) -> dict:
@@ -122,17 +124,23 @@ def default_gpu_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IR
     from tvm.s_tir import dlight as dl
 
     with target:
-        return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+        return dl.ApplyDefaultSchedule(
+            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
+        )(mod)
 
 
-def build_lowered_model(mod: tvm.IRModule, target: tvm.target.Target, database: ms.database.Database) -> tvm.runtime.Executable:
+def build_lowered_model(
+    mod: tvm.IRModule, target: tvm.target.Target, database: ms.database.Database
+) -> tvm.runtime.Executable:
     """A lowered model (fused kernels called from Relax), built with the best schedules ``database``
     holds for its kernels."""
     from tvm import relax
 
     # TVM 0.27's relax.pipeline dispatches to the backend packages, which do not export their
     # dataflow-lowering passes: take them from the backends' own pipeline modules
-    backend = importlib.import_module(f"tvm.relax.backend.{'cuda' if target.kind.name == 'cuda' else 'cpu_generic'}.pipeline")
+    backend = importlib.import_module(
+        f"tvm.relax.backend.{'cuda' if target.kind.name == 'cuda' else 'cpu_generic'}.pipeline"
+    )
 
     with target, database, tvm.transform.PassContext(opt_level=3):
         passes = [

@@ -6,7 +6,9 @@ from .types import BuildResult, MeasureInput, Status
 from .worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
 
 
-def build_with(worker: WorkerProcess, item: MeasureInput, target: str, artifact: str, keep_layout_rewrite: bool, timeout: float) -> BuildResult:
+def build_with(
+    worker: WorkerProcess, item: MeasureInput, target: str, artifact: str, keep_layout_rewrite: bool, timeout: float
+) -> BuildResult:
     """Build ``item`` in ``worker`` into ``artifact``; a failing, hanging or crashing build is a result."""
     request = dict(mod=item.mod, target=target, artifact=artifact, keep_layout_rewrite=keep_layout_rewrite)
     try:

@@ -47,7 +47,9 @@ class ClusterOptions:
 
 
 class ClusterEngine:
-    def __init__(self, target: tvm.target.Target, work_dir: Path, options: ClusterOptions, config: EngineConfig | None = None):
+    def __init__(
+        self, target: tvm.target.Target, work_dir: Path, options: ClusterOptions, config: EngineConfig | None = None
+    ):
         self.target = target
         self.options = options
         self.config = config or EngineConfig()
@@ -104,7 +106,13 @@ class ClusterEngine:
         return self._activity.get("measurers", [])
 
     # -- measuring ------------------------------------------------------------------------------
-    def measure(self, inputs: Sequence[MeasureInput], timing: TimingConfig | None = None, serial: bool = False, group: str | None = None) -> Iterator[MeasureResult]:
+    def measure(
+        self,
+        inputs: Sequence[MeasureInput],
+        timing: TimingConfig | None = None,
+        serial: bool = False,
+        group: str | None = None,
+    ) -> Iterator[MeasureResult]:
         """As ``MeasureEngine.measure``: one result per input, as each comes back from the cluster.
         All candidates of one ``group`` are measured on devices of one model."""
         timing = timing or self.config.timing
@@ -123,18 +131,32 @@ class ClusterEngine:
         artifacts come back: this is for measuring build throughput)."""
         return self._call("build", None, inputs=list(inputs))
 
-    def verify(self, reference: tvm.IRModule, candidate: tvm.IRModule, rtol: float, group: str | None = None) -> VerifyResult:
+    def verify(
+        self, reference: tvm.IRModule, candidate: tvm.IRModule, rtol: float, group: str | None = None
+    ) -> VerifyResult:
         ref_target = host_target(self.target)
-        request = dict(reference_target=str(ref_target), reference_device=device_kind(ref_target), rtol=rtol, group=group)
-        return self._call("verify", None, reference=MeasureInput("reference", reference), candidate=MeasureInput("candidate", candidate), **request)
+        request = dict(
+            reference_target=str(ref_target), reference_device=device_kind(ref_target), rtol=rtol, group=group
+        )
+        return self._call(
+            "verify",
+            None,
+            reference=MeasureInput("reference", reference),
+            candidate=MeasureInput("candidate", candidate),
+            **request,
+        )
 
     def compile_program(self, artifact: Path, timeout: float = 1800.0, **request) -> Path:
         self._call("compile_program", timeout + 60, artifact=str(artifact), timeout=timeout, **request)
         return artifact
 
-    def time_program(self, artifact: Path, kind: str, args: Sequence, timing: TimingConfig | None = None) -> list[float]:
+    def time_program(
+        self, artifact: Path, kind: str, args: Sequence, timing: TimingConfig | None = None
+    ) -> list[float]:
         timing = timing or self.config.timing
-        return self._call("time_program", None, artifact=str(artifact), kind=kind, args=list(args), timing=timing.as_dict())
+        return self._call(
+            "time_program", None, artifact=str(artifact), kind=kind, args=list(args), timing=timing.as_dict()
+        )
 
     def settle(self, wait: float) -> None:
         """Wait up to ``wait`` seconds for measuring actors being restarted to be back."""
@@ -169,7 +191,9 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
-        raise ClusterUnavailable(f"{address!r} is not a Ray address: give 'auto', 'local', HOST:PORT or ray://HOST:PORT")
+        raise ClusterUnavailable(
+            f"{address!r} is not a Ray address: give 'auto', 'local', HOST:PORT or ray://HOST:PORT"
+        )
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as err:

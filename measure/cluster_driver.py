@@ -52,7 +52,12 @@ def _init_remote(ray: Any, address: str, common: dict) -> None:
         except Exception as err:  # noqa: BLE001 - re-raised unless transient
             if attempt == attempts or not is_transient_client_error(err):
                 raise
-            logging.getLogger(__name__).warning("Ray Client could not start its server for us (%s); connecting again (%d of %d)", err, attempt + 1, attempts)
+            logging.getLogger(__name__).warning(
+                "Ray Client could not start its server for us (%s); connecting again (%d of %d)",
+                err,
+                attempt + 1,
+                attempts,
+            )
             ray.shutdown()
 
 
@@ -77,7 +82,13 @@ class Measurer:
     pid: int | None = None
 
     def take(self, info: dict) -> None:
-        self.name, self.device, self.window, self.dop, self.energy = info["name"], info["device"], info["window"], info["dop"], info["energy"]
+        self.name, self.device, self.window, self.dop, self.energy = (
+            info["name"],
+            info["device"],
+            info["window"],
+            info["dop"],
+            info["energy"],
+        )
         self.measured, self.pid = info["measured"], info["pid"]
         self.state = "up"
 
@@ -120,13 +131,29 @@ class ClusterDriver:
         self.ray: Any = None
 
     # -- connecting ---------------------------------------------------------------------------
-    def connect(self, address: str, target: str, cuda: bool, config: EngineConfig, per_gpu: bool, local_cpus: int | None, local_gpus: int, startup_timeout: float) -> dict:
+    def connect(
+        self,
+        address: str,
+        target: str,
+        cuda: bool,
+        config: EngineConfig,
+        per_gpu: bool,
+        local_cpus: int | None,
+        local_gpus: int,
+        startup_timeout: float,
+    ) -> dict:
         import ray
 
         self.ray, self.target, self.cuda, self.config = ray, target, cuda, config
         package_root = str(Path(__file__).resolve().parent.parent)
-        runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)}}
-        common = dict(runtime_env=runtime_env, logging_level=logging.ERROR, log_to_driver=False, namespace="tensor-tuner")
+        runtime_env = {
+            "env_vars": {
+                "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+            }
+        }
+        common = dict(
+            runtime_env=runtime_env, logging_level=logging.ERROR, log_to_driver=False, namespace="tensor-tuner"
+        )
         try:
             if address == "local":
                 ray.init(num_cpus=local_cpus, num_gpus=local_gpus, include_dashboard=False, **common)
@@ -134,7 +161,9 @@ class ClusterDriver:
                 _init_remote(ray, address, common)
         except Exception as err:  # noqa: BLE001 - Ray raises ConnectionError, ValueError, RuntimeError here
             raise ClusterError(f"cannot connect to the Ray cluster at {address!r}: {err}") from None
-        self._build = ray.remote(num_cpus=1, max_retries=MAX_ATTEMPTS, scheduling_strategy="SPREAD")(cluster_nodes.build_task)
+        self._build = ray.remote(num_cpus=1, max_retries=MAX_ATTEMPTS, scheduling_strategy="SPREAD")(
+            cluster_nodes.build_task
+        )
         self._compile = ray.remote(num_cpus=1, max_retries=1)(cluster_nodes.compile_task)
         # max_restarts=-1: Ray restarts a dead measuring actor wherever its resources are free again
         self._actor = ray.remote(max_restarts=-1, max_task_retries=0)(cluster_nodes.MeasuringActor)
@@ -152,12 +181,17 @@ class ClusterDriver:
         if self.per_gpu:
             gpus = int(sum(n["Resources"].get("GPU", 0) for n in nodes))
             if gpus == 0:
-                raise ClusterError("the Ray cluster has no GPUs: start its GPU nodes with `ray start ... --num-gpus N`, or measure per host (CPU targets)")
+                raise ClusterError(
+                    "the Ray cluster has no GPUs: start its GPU nodes with `ray start ... --num-gpus N`, or measure per host (CPU targets)"
+                )
             return [dict(num_gpus=1, num_cpus=0) for _ in range(gpus)]
         hosts: dict[str, dict] = {}
         for node in sorted(nodes, key=lambda n: -n["Resources"].get("CPU", 0)):
             hosts.setdefault(node["NodeManagerAddress"], node)
-        return [dict(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)) for n in hosts.values()]
+        return [
+            dict(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+            for n in hosts.values()
+        ]
 
     def _start_measurer(self, options: dict) -> Measurer:
         handle = self._actor.options(**options).remote(self.target, self.config, self.per_gpu)
@@ -174,11 +208,17 @@ class ClusterDriver:
                 self._handle_ping(ref)
         if not any(m.state == "up" for m in self.measurers):
             states = "; ".join(m.state + (f" ({m.error})" if m.error else "") for m in self.measurers)
-            raise ClusterError(f"no measuring actor started within {timeout:.0f} s ({len(self.measurers)} placed: {states}); see the Ray logs of the cluster")
+            raise ClusterError(
+                f"no measuring actor started within {timeout:.0f} s ({len(self.measurers)} placed: {states}); see the Ray logs of the cluster"
+            )
 
     def describe(self) -> dict:
         nodes = [
-            {"node": f"{n['NodeManagerHostname']}/{n['NodeID'][:6]}", "cpus": n["Resources"].get("CPU", 0), "gpus": n["Resources"].get("GPU", 0)}
+            {
+                "node": f"{n['NodeManagerHostname']}/{n['NodeID'][:6]}",
+                "cpus": n["Resources"].get("CPU", 0),
+                "gpus": n["Resources"].get("GPU", 0),
+            }
             for n in self.ray.nodes()
             if n["Alive"]
         ]
@@ -224,7 +264,9 @@ class ClusterDriver:
         seconds for all of them; returns the activity."""
         deadline = time.monotonic() + wait
         while self.pings:
-            ready, _ = self.ray.wait(list(self.pings), num_returns=len(self.pings), timeout=max(0.0, deadline - time.monotonic()))
+            ready, _ = self.ray.wait(
+                list(self.pings), num_returns=len(self.pings), timeout=max(0.0, deadline - time.monotonic())
+            )
             for ref in ready:
                 self._handle_ping(ref)
             if time.monotonic() >= deadline:
@@ -237,7 +279,9 @@ class ClusterDriver:
 
     def _submit_build(self, item: MeasureInput, target: str, cuda: bool, keep_layout_rewrite: bool) -> tuple[Any, Any]:
         """A build task: refs to (its result and node, the artifact's bytes)."""
-        return self._build.options(num_returns=2).remote(item, target, cuda, keep_layout_rewrite, self.config.build_timeout.value)
+        return self._build.options(num_returns=2).remote(
+            item, target, cuda, keep_layout_rewrite, self.config.build_timeout.value
+        )
 
     def _start_build(self, pending: Pending) -> None:
         pending.attempts += 1
@@ -255,7 +299,9 @@ class ClusterDriver:
                 if not batch.queue or measurer.in_flight >= IN_FLIGHT_PER_MEASURER:
                     continue
                 chunk, batch.queue = batch.queue[: size or measurer.window], batch.queue[size or measurer.window :]
-                ref = measurer.handle.measure.remote([p.built for p in chunk], batch.timing, batch.serial, *[p.blob for p in chunk])
+                ref = measurer.handle.measure.remote(
+                    [p.built for p in chunk], batch.timing, batch.serial, *[p.blob for p in chunk]
+                )
                 self.chunks[ref] = (measurer, chunk)
                 measurer.in_flight += 1
 
@@ -272,7 +318,9 @@ class ClusterDriver:
         try:
             built, node = ray.get(ref)
         except ray.exceptions.RayTaskError as err:  # the build task itself raised: a bug, not a node loss
-            results.append(MeasureResult(pending.item.key, Status.BUILD_ERROR, error=f"build task failed: {_first_line(err)}"))
+            results.append(
+                MeasureResult(pending.item.key, Status.BUILD_ERROR, error=f"build task failed: {_first_line(err)}")
+            )
             return
         except ray.exceptions.RayError as err:  # the node or worker went away, past Ray's own retries
             self._retry_or_fail(pending, Status.BUILD_CRASH, err, results)
@@ -297,7 +345,9 @@ class ClusterDriver:
             self.batch.queue[:0] = chunk  # none of it was handed back: measure it all again
             return
         except ray.exceptions.RayError as err:
-            if isinstance(getattr(err, "cause", None), DeviceUnavailable):  # nothing measures on that node: say so, don't retry
+            if isinstance(
+                getattr(err, "cause", None), DeviceUnavailable
+            ):  # nothing measures on that node: say so, don't retry
                 raise DeviceUnavailable(f"{err.cause} (measuring actor {measurer.name})") from None
             for pending in chunk:  # an artifact was lost with its node: build it again
                 self._retry_or_fail(pending, Status.RUN_ERROR, err, results)
@@ -326,7 +376,11 @@ class ClusterDriver:
 
     def _retry_or_fail(self, pending: Pending, status: str, err: Exception, results: list[MeasureResult]) -> None:
         if pending.attempts >= MAX_ATTEMPTS:
-            results.append(MeasureResult(pending.item.key, status, error=f"lost {pending.attempts} times on the cluster: {_first_line(err)}"))
+            results.append(
+                MeasureResult(
+                    pending.item.key, status, error=f"lost {pending.attempts} times on the cluster: {_first_line(err)}"
+                )
+            )
         else:
             self._start_build(pending)
 
@@ -357,7 +411,16 @@ class ClusterDriver:
         return {
             "built_on": dict(self.built_on),
             "measurers": [
-                {"name": m.name, "device": m.device, "state": m.state, "measured": m.measured, "dop": m.dop, "in_flight": m.in_flight, "restarts": m.restarts, "pid": m.pid}
+                {
+                    "name": m.name,
+                    "device": m.device,
+                    "state": m.state,
+                    "measured": m.measured,
+                    "dop": m.dop,
+                    "in_flight": m.in_flight,
+                    "restarts": m.restarts,
+                    "pid": m.pid,
+                }
                 for m in self.measurers
             ],
         }
@@ -379,7 +442,15 @@ class ClusterDriver:
         (the artifacts are dropped: for measuring build throughput)."""
         return self.ray.get([self._submit_build(item, self.target, self.cuda, False)[0] for item in inputs])
 
-    def verify(self, reference: MeasureInput, candidate: MeasureInput, reference_target: str, reference_device: str, rtol: float, group: str | None) -> VerifyResult:
+    def verify(
+        self,
+        reference: MeasureInput,
+        candidate: MeasureInput,
+        reference_target: str,
+        reference_device: str,
+        rtol: float,
+        group: str | None,
+    ) -> VerifyResult:
         ref, ref_blob = self._build_one(reference, reference_target, False)
         cand, cand_blob = self._build_one(candidate, self.target, self.cuda)
         for built in (ref, cand):

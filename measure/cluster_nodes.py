@@ -53,7 +53,9 @@ def _take_bytes(path: Path) -> bytes:
     return data
 
 
-def build_task(item: MeasureInput, target: str, cuda: bool, keep_layout_rewrite: bool, timeout: float) -> tuple[tuple[BuildResult, str], bytes | None]:
+def build_task(
+    item: MeasureInput, target: str, cuda: bool, keep_layout_rewrite: bool, timeout: float
+) -> tuple[tuple[BuildResult, str], bytes | None]:
     """Build one candidate here; returns (the result and this node's label, the artifact's bytes)."""
     artifact = _scratch_dir() / f"{uuid.uuid4().hex}.so"
     built = build_with(_build_worker(cuda), item, target, str(artifact), keep_layout_rewrite, timeout)
@@ -113,7 +115,9 @@ class MeasuringActor:
         path.write_bytes(blob)
         return str(path)
 
-    def measure(self, builds: list[BuildResult], timing: dict, serial: bool, *blobs: bytes) -> tuple[list[MeasureResult], dict]:
+    def measure(
+        self, builds: list[BuildResult], timing: dict, serial: bool, *blobs: bytes
+    ) -> tuple[list[MeasureResult], dict]:
         """Time built candidates (``blobs``: their artifacts, in order) as the local engine would."""
         local = [replace(built, artifact=self._write(blob)) for built, blob in zip(builds, blobs)]
         results = list(self.engine.measure_built(local, TimingConfig(**timing), serial))
@@ -122,7 +126,15 @@ class MeasuringActor:
         self.measured += len(results)
         return results, self.describe()
 
-    def compare(self, reference: BuildResult, candidate: BuildResult, reference_device: str, rtol: float, reference_blob: bytes, candidate_blob: bytes) -> VerifyResult:
+    def compare(
+        self,
+        reference: BuildResult,
+        candidate: BuildResult,
+        reference_device: str,
+        rtol: float,
+        reference_blob: bytes,
+        candidate_blob: bytes,
+    ) -> VerifyResult:
         ref = replace(reference, artifact=self._write(reference_blob))
         cand = replace(candidate, artifact=self._write(candidate_blob))
         try:

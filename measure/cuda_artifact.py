@@ -65,8 +65,17 @@ def _fatbin_entries(data: bytes, start: int, end: int) -> list[GpuBinary]:
         arch = struct.unpack_from("<I", data, start + _ENTRY_ARCH_OFFSET)[0]
         compressed = bool(struct.unpack_from("<Q", data, start + _ENTRY_FLAGS_OFFSET)[0] & _COMPRESSED)
         payload = data[start + header_size : start + header_size + payload_size]
-        kernels = _elf_functions(payload) if kind == _KIND_CUBIN and not compressed and payload.startswith(_ELF_MAGIC) else ()
-        entries.append(GpuBinary("cubin" if kind == _KIND_CUBIN else "ptx" if kind == _KIND_PTX else f"kind {kind}", f"sm_{arch}", kernels, compressed))
+        kernels = (
+            _elf_functions(payload) if kind == _KIND_CUBIN and not compressed and payload.startswith(_ELF_MAGIC) else ()
+        )
+        entries.append(
+            GpuBinary(
+                "cubin" if kind == _KIND_CUBIN else "ptx" if kind == _KIND_PTX else f"kind {kind}",
+                f"sm_{arch}",
+                kernels,
+                compressed,
+            )
+        )
         start += header_size + payload_size
     return entries
 

@@ -84,7 +84,7 @@ def nvcc_path() -> str | None:
 
 
 def nvcc_version(nvcc: str) -> str:
-    """"13.0" from ``nvcc --version``, or "unknown version"."""
+    """ "13.0" from ``nvcc --version``, or "unknown version"."""
     try:
         out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
@@ -113,19 +113,27 @@ def choose_compile_mode() -> CompileMode:
     nvcc = nvcc_path()
     if requested == "nvcc":
         if nvcc is None:
-            raise CudaBuildEnvError(f"{COMPILE_MODE_ENV}=nvcc but nvcc is not installed: install the CUDA toolkit, set CUDA_PATH, or unset {COMPILE_MODE_ENV}")
+            raise CudaBuildEnvError(
+                f"{COMPILE_MODE_ENV}=nvcc but nvcc is not installed: install the CUDA toolkit, set CUDA_PATH, or unset {COMPILE_MODE_ENV}"
+            )
         return CompileMode("nvcc", f"{COMPILE_MODE_ENV}=nvcc; nvcc {nvcc_version(nvcc)} at {nvcc}")
     if requested == "nvrtc":
         if not nvrtc_available():
-            raise CudaBuildEnvError(f"{COMPILE_MODE_ENV}=nvrtc but NVRTC's Python bindings are missing: pip install {NVRTC_PACKAGES}, or unset {COMPILE_MODE_ENV}")
+            raise CudaBuildEnvError(
+                f"{COMPILE_MODE_ENV}=nvrtc but NVRTC's Python bindings are missing: pip install {NVRTC_PACKAGES}, or unset {COMPILE_MODE_ENV}"
+            )
         return CompileMode("nvrtc", f"{COMPILE_MODE_ENV}=nvrtc; cuda-bindings")
     if requested:
-        raise CudaBuildEnvError(f"{COMPILE_MODE_ENV}={requested!r} is not a compile mode: set it to nvcc or nvrtc, or unset it")
+        raise CudaBuildEnvError(
+            f"{COMPILE_MODE_ENV}={requested!r} is not a compile mode: set it to nvcc or nvrtc, or unset it"
+        )
     if nvcc is not None:
         return CompileMode("nvcc", f"nvcc {nvcc_version(nvcc)} at {nvcc}, preferred where installed")
     if nvrtc_available():
         return CompileMode("nvrtc", "cuda-bindings; no nvcc installed")
-    raise CudaBuildEnvError(f"building for CUDA needs nvcc (the CUDA toolkit; or set CUDA_PATH) or NVRTC (pip install {NVRTC_PACKAGES})")
+    raise CudaBuildEnvError(
+        f"building for CUDA needs nvcc (the CUDA toolkit; or set CUDA_PATH) or NVRTC (pip install {NVRTC_PACKAGES})"
+    )
 
 
 def prepare_cuda_build_env(cache_dir: Path | None = None) -> CompileMode:
@@ -152,7 +160,9 @@ def stand_in_driver(cache_dir: Path | None = None) -> Path:
         return library
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        raise CudaBuildEnvError("building CUDA candidates without a GPU driver needs a C compiler (cc) for a stand-in libcuda")
+        raise CudaBuildEnvError(
+            "building CUDA candidates without a GPU driver needs a C compiler (cc) for a stand-in libcuda"
+        )
     library.parent.mkdir(parents=True, exist_ok=True)
     # Several build workers may get here at once: each compiles its own copy, then renames atomically.
     source = library.with_name(f"stand-in-{os.getpid()}.c")

@@ -13,7 +13,13 @@ import re
 # A CUDA error as the driver API (CUDA_ERROR_*), the runtime API (cudaError*) or TVM's wrappers name it.
 _NAMED = re.compile(r"CUDA_ERROR_[A-Z_]+|cudaError[A-Za-z]+|CUDALaunch Error|CUDA Runtime Error|CUDA error")
 # The runtime API's descriptions of errors that leave the context unusable, when no name is given.
-_STICKY_DESCRIPTIONS = ("illegal memory access", "misaligned address", "illegal instruction", "unspecified launch failure", "device-side assert")
+_STICKY_DESCRIPTIONS = (
+    "illegal memory access",
+    "misaligned address",
+    "illegal instruction",
+    "unspecified launch failure",
+    "device-side assert",
+)
 # Errors after which the context still works: the launch never happened, or an allocation failed.
 _RECOVERABLE = (
     "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",

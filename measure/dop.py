@@ -135,7 +135,17 @@ class DopController:
         if dop > 1:
             self.check_boost = 1.0  # the resumed DOP has had its closer look
         start = None if self.decisions else self.start
-        decision = DopDecision(len(self.decisions), dop, self.dop, len(errors), median_error, max_error, parallel_only_failures, reason, start)
+        decision = DopDecision(
+            len(self.decisions),
+            dop,
+            self.dop,
+            len(errors),
+            median_error,
+            max_error,
+            parallel_only_failures,
+            reason,
+            start,
+        )
         self.decisions.append(decision)
         return decision
 

@@ -21,7 +21,7 @@ import os
 import platform
 import tempfile
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .dop import DopState
@@ -52,7 +52,7 @@ class RememberedDop:
 
     @property
     def since(self) -> str:
-        return self.updated.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        return self.updated.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 class _Unreadable(Exception):
@@ -84,9 +84,11 @@ class DopMemory:
         except (OSError, _Unreadable) as err:
             self._report(f"cannot use {self.path} ({err}); it is replaced")
             entries = {}
-        entries[self.key] = {**asdict(state), "updated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        entries[self.key] = {**asdict(state), "updated": datetime.now(UTC).isoformat(timespec="seconds")}
         try:
-            _write_atomically(self.path, json.dumps({"format": _FORMAT, "machines": entries}, indent=1, sort_keys=True) + "\n")
+            _write_atomically(
+                self.path, json.dumps({"format": _FORMAT, "machines": entries}, indent=1, sort_keys=True) + "\n"
+            )
         except OSError as err:
             self._report(f"cannot save the DOP controller's state to {self.path} ({err}); the next run starts afresh")
             return False
@@ -101,7 +103,11 @@ class DopMemory:
             content = json.loads(text)
         except ValueError as err:
             raise _Unreadable(f"not JSON: {err}") from None
-        if not isinstance(content, dict) or content.get("format") != _FORMAT or not isinstance(content.get("machines"), dict):
+        if (
+            not isinstance(content, dict)
+            or content.get("format") != _FORMAT
+            or not isinstance(content.get("machines"), dict)
+        ):
             raise _Unreadable(f"not a format-{_FORMAT} DOP memory file")
         return content["machines"]
 
@@ -125,8 +131,10 @@ def _parse(entry: object) -> RememberedDop:
 
     updated = datetime.fromisoformat(entry.get("updated"))  # TypeError or ValueError if it is not a time
     if updated.tzinfo is None:
-        updated = updated.replace(tzinfo=timezone.utc)
-    state = DopState(count("dop", 1), count("loss_dop", 1, optional=True), count("cooldown", 0), count("loss_streak", 0))
+        updated = updated.replace(tzinfo=UTC)
+    state = DopState(
+        count("dop", 1), count("loss_dop", 1, optional=True), count("cooldown", 0), count("loss_streak", 0)
+    )
     return RememberedDop(state, updated)
 
 

@@ -52,7 +52,9 @@ class EngineConfig:
     build_workers: int | None = None  # default: one per core, fewer if memory is short; 0: measure only
     timing: TimingConfig = field(default_factory=TimingConfig)
     runtime_only_runner: bool = True  # measure with the TVM runtime alone, as a GPU host would
-    max_dop: int | None = None  # most candidates timed at once; default: physical cores / num-cores on a CPU, 8 on a GPU
+    max_dop: int | None = (
+        None  # most candidates timed at once; default: physical cores / num-cores on a CPU, 8 on a GPU
+    )
     dop_error_threshold: float = 0.05  # a parallel measurement this far off the serial one is a loss
     dop_check_fraction: float = 0.2  # share of each parallel window re-measured serially
     remember_dop: bool = True  # start the DOP controller where the last run on this machine left it
@@ -79,22 +81,36 @@ def host_target(target: tvm.target.Target) -> tvm.target.Target:
 class MeasureEngine:
     """``monitor``: the NVML monitor of the runners' GPU (default: one is made for a CUDA target)."""
 
-    def __init__(self, target: tvm.target.Target, work_dir: Path, config: EngineConfig | None = None, monitor: NvmlMonitor | None = None):
+    def __init__(
+        self,
+        target: tvm.target.Target,
+        work_dir: Path,
+        config: EngineConfig | None = None,
+        monitor: NvmlMonitor | None = None,
+    ):
         self.target = target
         self.config = config or EngineConfig()
         self.device = device_kind(target)
         self.overlap_builds_with_runs = self.device != "cpu"
         self._artifact_dir = Path(work_dir) / "artifacts"
         self.log_dir = log_dir = Path(work_dir) / "logs"
-        self.notes: list[str] = []  # how this engine measures (compile path, GPU watched), as written to logs/engine.log
+        self.notes: list[
+            str
+        ] = []  # how this engine measures (compile path, GPU watched), as written to logs/engine.log
         workers = default_build_workers() if self.config.build_workers is None else self.config.build_workers
         # A compiling process's idle TVM threads spin for a while after each build; on a CPU that
         # slowed the first timings after a batch's builds by up to 2x.
-        build_env = {"TVM_THREAD_POOL_SPIN_COUNT": "0"} | (self._cuda_build_env() if self.device == "cuda" and workers else {})
+        build_env = {"TVM_THREAD_POOL_SPIN_COUNT": "0"} | (
+            self._cuda_build_env() if self.device == "cuda" and workers else {}
+        )
         # The measuring workers create their device's context (1-2 s on a GPU) during start-up, so
         # that it counts against the start-up timeout, not the first candidate's run timeout.
-        run_env = {RUN_DEVICE_ENV: self.device} | ({"TVM_USE_RUNTIME_LIB": "1"} if self.config.runtime_only_runner else {})
-        self._builders = [WorkerProcess("build", f"builder-{i}", log_dir / f"builder-{i}.log", build_env) for i in range(workers)]
+        run_env = {RUN_DEVICE_ENV: self.device} | (
+            {"TVM_USE_RUNTIME_LIB": "1"} if self.config.runtime_only_runner else {}
+        )
+        self._builders = [
+            WorkerProcess("build", f"builder-{i}", log_dir / f"builder-{i}.log", build_env) for i in range(workers)
+        ]
         if self.device == "cpu":
             kernel_threads = int(target.attrs.get("num-cores", os.cpu_count() or 1))
             run_env["TVM_NUM_THREADS"] = str(kernel_threads)
@@ -102,9 +118,12 @@ class MeasureEngine:
             cpu_sets = runner_cpu_sets(max_dop, kernel_threads)
         else:
             max_dop = self.config.max_dop or 8
-            cpu_sets = [None] * (max_dop + 1)  # on a GPU one more worker than the DOP prepares the next candidate during timed regions
+            cpu_sets = [None] * (
+                max_dop + 1
+            )  # on a GPU one more worker than the DOP prepares the next candidate during timed regions
         runners = [
-            WorkerProcess("run", f"runner-{i}", log_dir / f"runner-{i}.log", run_env | pinned_env(cpus)) for i, cpus in enumerate(cpu_sets)
+            WorkerProcess("run", f"runner-{i}", log_dir / f"runner-{i}.log", run_env | pinned_env(cpus))
+            for i, cpus in enumerate(cpu_sets)
         ]
         self.monitor = monitor if monitor is not None or self.device != "cuda" else NvmlMonitor()
         if self.monitor is not None:
@@ -155,7 +174,13 @@ class MeasureEngine:
         return None
 
     # -- measuring candidates -------------------------------------------------------------------
-    def measure(self, inputs: Sequence[MeasureInput], timing: TimingConfig | None = None, serial: bool = False, group: str | None = None) -> Iterator[MeasureResult]:
+    def measure(
+        self,
+        inputs: Sequence[MeasureInput],
+        timing: TimingConfig | None = None,
+        serial: bool = False,
+        group: str | None = None,
+    ) -> Iterator[MeasureResult]:
         """Yield one result per input, as each becomes known, for the caller to commit.
 
         Built candidates are timed in windows at the DOP controller's degree of parallelism; a
@@ -167,7 +192,9 @@ class MeasureEngine:
         """
         return self.measure_built(self.build(inputs), timing, serial)
 
-    def measure_built(self, builds: Iterable[BuildResult], timing: TimingConfig | None = None, serial: bool = False) -> Iterator[MeasureResult]:
+    def measure_built(
+        self, builds: Iterable[BuildResult], timing: TimingConfig | None = None, serial: bool = False
+    ) -> Iterator[MeasureResult]:
         """``measure`` for candidates already built (here or on another host); their artifacts
         are deleted once timed."""
         timing = timing or self.config.timing
@@ -203,7 +230,9 @@ class MeasureEngine:
         threads = dop + (self.device != "cpu")  # on a GPU, one more prepares while others are timed
         before = self.monitor.sample() if self.monitor is not None and dop > 1 else None
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            futures = {pool.submit(self._runners.measure, built, timing, serial): index for index, built in enumerate(window)}
+            futures = {
+                pool.submit(self._runners.measure, built, timing, serial): index for index, built in enumerate(window)
+            }
             for future in as_completed(futures):
                 index, result = futures[future], future.result()
                 result.dop = dop
@@ -281,7 +310,9 @@ class MeasureEngine:
         if remembered is not None:
             self.dop.resume(remembered.state, since=remembered.since)
         else:
-            self.dop.start = f"start: DOP 1 ({self._dop_memory.problem or 'nothing remembered for ' + self._dop_memory.key})"
+            self.dop.start = (
+                f"start: DOP 1 ({self._dop_memory.problem or 'nothing remembered for ' + self._dop_memory.key})"
+            )
 
     def _remember_dop(self) -> None:
         """Save the controller's state for the next run here, if it decided anything since the last save."""
@@ -296,7 +327,9 @@ class MeasureEngine:
         with open(self.log_dir / "dop.jsonl", "a") as log:
             log.write(json.dumps({"time": time.time(), **decision.as_dict()}) + "\n")
 
-    def build(self, inputs: Sequence[MeasureInput], keep_layout_rewrite: bool = False, target: tvm.target.Target | None = None) -> Iterator[BuildResult]:
+    def build(
+        self, inputs: Sequence[MeasureInput], keep_layout_rewrite: bool = False, target: tvm.target.Target | None = None
+    ) -> Iterator[BuildResult]:
         """Build candidates in parallel, yielding each as it finishes. Artifacts are left in the
         work dir's artifacts folder for the caller (they can be timed on another host)."""
         free: queue.Queue[WorkerProcess] = queue.Queue()
@@ -312,7 +345,9 @@ class MeasureEngine:
                 for future in futures:
                     future.cancel()
 
-    def verify(self, reference: tvm.IRModule, candidate: tvm.IRModule, rtol: float, group: str | None = None) -> VerifyResult:
+    def verify(
+        self, reference: tvm.IRModule, candidate: tvm.IRModule, rtol: float, group: str | None = None
+    ) -> VerifyResult:
         """Check the candidate's output against the unscheduled function's on random inputs
         (``group`` as in ``measure``)."""
         ref_target = host_target(self.target)
@@ -328,7 +363,9 @@ class MeasureEngine:
                 if built.artifact:
                     _remove(built.artifact)
 
-    def compare_built(self, reference: BuildResult, candidate: BuildResult, reference_device: str, rtol: float) -> VerifyResult:
+    def compare_built(
+        self, reference: BuildResult, candidate: BuildResult, reference_device: str, rtol: float
+    ) -> VerifyResult:
         """Run a built candidate and its built reference on the same inputs and compare."""
         try:
             outcome = self._runners.call_alone(
@@ -351,16 +388,22 @@ class MeasureEngine:
         self._builders[0].call("compile_program", timeout, artifact=str(artifact), target=str(self.target), **request)
         return artifact
 
-    def time_program(self, artifact: Path, kind: str, args: Sequence, timing: TimingConfig | None = None) -> list[float]:
+    def time_program(
+        self, artifact: Path, kind: str, args: Sequence, timing: TimingConfig | None = None
+    ) -> list[float]:
         """Time a compiled model (``kind="relax"``) or kernel (``"tir"``) in the measuring worker."""
         op = "time_model" if kind == "relax" else "time_kernel"
         timing = timing or self.config.timing
-        outcome = self._runners.call_alone(op, None, artifact=str(artifact), args=args, device_kind=self.device, timing=timing.as_dict())
+        outcome = self._runners.call_alone(
+            op, None, artifact=str(artifact), args=args, device_kind=self.device, timing=timing.as_dict()
+        )
         return outcome["samples"]
 
     def run_kernel(self, artifact: Path | str, arrays: Sequence) -> list:
         """Run a built kernel once on ``arrays`` (numpy) in the measuring worker; every argument afterwards."""
-        return self._runners.call_alone("run_kernel", None, artifact=str(artifact), arrays=list(arrays), device_kind=self.device)
+        return self._runners.call_alone(
+            "run_kernel", None, artifact=str(artifact), arrays=list(arrays), device_kind=self.device
+        )
 
     def cold_timings(self, artifact: Path | str, args: Sequence) -> dict:
         """A GPU kernel timed cold the tuner's way and TVM's way (``run_job.cold_timings``)."""
@@ -381,10 +424,14 @@ class MeasureEngine:
             self._artifact_dir.mkdir(parents=True, exist_ok=True)
             return str(self._artifact_dir / f"candidate-{next(self._names)}.so")
 
-    def _build_one(self, free: queue.Queue, item: MeasureInput, target: tvm.target.Target, keep_layout: bool) -> BuildResult:
+    def _build_one(
+        self, free: queue.Queue, item: MeasureInput, target: tvm.target.Target, keep_layout: bool
+    ) -> BuildResult:
         worker = free.get()
         try:
-            built = build_with(worker, item, str(target), self._artifact_path(), keep_layout, self.config.build_timeout.value)
+            built = build_with(
+                worker, item, str(target), self._artifact_path(), keep_layout, self.config.build_timeout.value
+            )
         finally:
             free.put(worker)
         if built.ok:

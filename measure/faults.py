@@ -113,6 +113,8 @@ def inject(role: str, handlers: dict[str, Callable], plan: FaultPlan) -> dict[st
         from . import run_job
 
         run_job.corrupt_outputs = corrupt_outputs(plan)
-        wrapped = {op: _before(plan, RUN_FAULTS, handlers[op]) for op in ("prepare_kernel", "time_kernel", "run_kernel")}
+        wrapped = {
+            op: _before(plan, RUN_FAULTS, handlers[op]) for op in ("prepare_kernel", "time_kernel", "run_kernel")
+        }
         return {**handlers, **wrapped}
     return handlers

@@ -85,7 +85,9 @@ class NvmlMonitor:
             return
         self._nvml = nvml
         try:
-            self._handle, self.index, self.mapping = self._find(nvml, device if device is not None else device_identity(0))
+            self._handle, self.index, self.mapping = self._find(
+                nvml, device if device is not None else device_identity(0)
+            )
             self.name = _text(nvml.nvmlDeviceGetName(self._handle))
         except nvml.NVMLError as err:
             self.unavailable = f"NVML lists no GPU to watch ({err})"
@@ -95,7 +97,9 @@ class NvmlMonitor:
         self.sample()  # finds out which counters this GPU gives
         self._probing = False
         if self.missing:
-            log.warning("NVML on %s does not give %s: measurements go on without them", self.name, self.describe_missing())
+            log.warning(
+                "NVML on %s does not give %s: measurements go on without them", self.name, self.describe_missing()
+            )
 
     @property
     def available(self) -> bool:
@@ -130,16 +134,26 @@ class NvmlMonitor:
                         return mig, index, f"CUDA device {identity.ordinal} matched by UUID (a MIG instance of it)"
         if identity is not None and identity.pci_bus_id:
             handle = nvml.nvmlDeviceGetHandleByPciBusId(identity.pci_bus_id)
-            return handle, nvml.nvmlDeviceGetIndex(handle), f"CUDA device {identity.ordinal} matched by PCI bus id {identity.pci_bus_id}"
+            return (
+                handle,
+                nvml.nvmlDeviceGetIndex(handle),
+                f"CUDA device {identity.ordinal} matched by PCI bus id {identity.pci_bus_id}",
+            )
         if count == 0:
             raise nvml.NVMLError(nvml.NVML_ERROR_NOT_FOUND)
-        return nvml.nvmlDeviceGetHandleByIndex(0), 0, "CUDA's device could not be identified (no driver answer): assumed to be NVML's GPU 0"
+        return (
+            nvml.nvmlDeviceGetHandleByIndex(0),
+            0,
+            "CUDA's device could not be identified (no driver answer): assumed to be NVML's GPU 0",
+        )
 
     def device_names(self) -> list[str]:
         if not self.available:
             return []
         nvml = self._nvml
-        return [_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(nvml.nvmlDeviceGetCount())]
+        return [
+            _text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(nvml.nvmlDeviceGetCount())
+        ]
 
     def sample(self) -> GpuSample | None:
         if not self.available:
@@ -148,7 +162,9 @@ class NvmlMonitor:
         return GpuSample(
             utilization=self._read("utilization", lambda: int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)),
             sm_clock_mhz=self._read("sm_clock", lambda: int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))),
-            temperature_c=self._read("temperature", lambda: int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
+            temperature_c=self._read(
+                "temperature", lambda: int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+            ),
             power_w=self._read("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1e3),  # mW
             energy_j=self._read("energy", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1e3),  # mJ
         )

@@ -132,12 +132,16 @@ def time_prepared(timing: dict) -> dict:
         flush = {"f_preproc": "cache_flush_cpu_non_first_arg"} if config.flush_cache else {}
 
         def make_evaluator(number: int, repeat: int, min_repeat_ms: int):
-            return mod.time_evaluator(mod.entry_name, dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms, **flush)
+            return mod.time_evaluator(
+                mod.entry_name, dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms, **flush
+            )
 
         outcome = _time(_with_tvm_evaluator(make_evaluator, prepared.tensors), config)
     if corrupt_outputs is not None:
         corrupt_outputs(prepared.artifact, prepared.tensors)
-    outcome["nonfinite"] = [i for i, t in enumerate(prepared.tensors) if not np.all(np.isfinite(t.numpy().astype(np.float64)))]
+    outcome["nonfinite"] = [
+        i for i, t in enumerate(prepared.tensors) if not np.all(np.isfinite(t.numpy().astype(np.float64)))
+    ]
     return outcome
 
 
@@ -184,7 +188,9 @@ def cold_timings(artifact: str, args: Sequence[ArgSpec], repeat: int = 30) -> di
         timer(1, 3, 0)  # loads the kernel
         queued = timer(1, repeat, 0)
         late = timer.late
-    evaluator = mod.time_evaluator(mod.entry_name, dev, number=1, repeat=repeat, cache_flush_bytes=4 * _flush_words(dev))
+    evaluator = mod.time_evaluator(
+        mod.entry_name, dev, number=1, repeat=repeat, cache_flush_bytes=4 * _flush_words(dev)
+    )
     evaluated = list(evaluator(*tensors).results)
     return {"queued": statistics.median(queued), "tvm_evaluator": statistics.median(evaluated), "late_samples": late}
 

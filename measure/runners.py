@@ -126,9 +126,23 @@ class RunnerPool:
             extra = dict(energy_j=health[0].energy_j, health_flags=health[0].flags)
         if outcome["nonfinite"]:
             where = ", ".join(str(i) for i in outcome["nonfinite"])
-            return MeasureResult(built.key, Status.RUN_ERROR, error=f"output holds NaN or Inf (argument {where})", run_seconds=outcome["seconds"], **common)
+            return MeasureResult(
+                built.key,
+                Status.RUN_ERROR,
+                error=f"output holds NaN or Inf (argument {where})",
+                run_seconds=outcome["seconds"],
+                **common,
+            )
         timed = sum(outcome["samples"]) * outcome["number"]
-        return MeasureResult(built.key, Status.OK, samples=outcome["samples"], run_seconds=outcome["seconds"], timed_seconds=timed, **common, **extra)
+        return MeasureResult(
+            built.key,
+            Status.OK,
+            samples=outcome["samples"],
+            run_seconds=outcome["seconds"],
+            timed_seconds=timed,
+            **common,
+            **extra,
+        )
 
     def call_alone(self, op: str, timeout: float | None, **request) -> dict:
         """Run a request in a measuring worker with nothing else being timed."""

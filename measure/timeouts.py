@@ -14,7 +14,15 @@ class AdaptiveTimeout:
     too. Until ``warmup`` durations have been seen, the generous ``initial`` value applies.
     """
 
-    def __init__(self, initial: float, floor: float, factor: float = 10.0, ceiling: float = 600.0, warmup: int = 8, window: int = 64):
+    def __init__(
+        self,
+        initial: float,
+        floor: float,
+        factor: float = 10.0,
+        ceiling: float = 600.0,
+        warmup: int = 8,
+        window: int = 64,
+    ):
         self.initial = initial
         self.floor = floor
         self.factor = factor

@@ -37,7 +37,11 @@ def describe_error(err: BaseException) -> str:
     error is kept wherever it is (``measure.cuda_errors``)."""
     text = str(err).strip()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    meaningful = [line for line in lines if not line.startswith(("File ", "at ", "0:", "1:", "2:", "3:")) and "Traceback" not in line]
+    meaningful = [
+        line
+        for line in lines
+        if not line.startswith(("File ", "at ", "0:", "1:", "2:", "3:")) and "Traceback" not in line
+    ]
     # A CUDA error is named on its own line, often followed by the kernel's source: keep that line.
     message = cuda_error_line(text) or _storage_line(lines) or (meaningful[-1] if meaningful else "")
     frames = traceback.extract_tb(err.__traceback__)

@@ -40,7 +40,7 @@ def llvm_target():
 
 
 @pytest.fixture(scope="session")
-def tuned_matmul(tmp_path_factory) -> "TuneResult":  # noqa: F821
+def tuned_matmul(tmp_path_factory) -> TuneResult:  # noqa: F821
     """matmul-128 tuned once for the session (16 trials), shared by tests that only read it."""
     from tuner import tune
 
@@ -49,7 +49,7 @@ def tuned_matmul(tmp_path_factory) -> "TuneResult":  # noqa: F821
 
 
 @pytest.fixture(scope="session")
-def tuned_mlp(tmp_path_factory) -> "TuneResult":  # noqa: F821
+def tuned_mlp(tmp_path_factory) -> TuneResult:  # noqa: F821
     """A two-layer perceptron (a Relax model: 16x64 -> 32 -> 8, ReLU between) tuned once for the
     session (8 trials), shared by tests that only run its compiled result."""
     import numpy as np

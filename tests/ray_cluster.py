@@ -45,12 +45,23 @@ class LocalRayCluster:
     def _start(self, args: list[str], num_cpus: int, num_gpus: int, resources: dict | None) -> None:
         ports = [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
                  f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]  # fmt: skip
-        command = [RAY, "start", "--block", "--disable-usage-stats", f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}", *args, *ports]
+        command = [
+            RAY,
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            f"--num-cpus={num_cpus}",
+            f"--num-gpus={num_gpus}",
+            *args,
+            *ports,
+        ]
         if resources:
             command.append(f"--resources={json.dumps(resources)}")
         log = open(Path(self.temp_dir) / f"node-{len(self.nodes)}.log", "wb")
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-        self.nodes.append(subprocess.Popen(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, start_new_session=True))
+        self.nodes.append(
+            subprocess.Popen(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        )
 
     def wait_for_nodes(self, count: int, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -61,7 +72,9 @@ class LocalRayCluster:
             if any(node.poll() is not None for node in self.nodes):
                 raise RuntimeError(f"a Ray node exited: see {self.temp_dir}/node-*.log")
             time.sleep(1)
-        raise RuntimeError(f"{count} Ray node(s) did not come up within {timeout:.0f} s: see {self.temp_dir}/node-*.log")
+        raise RuntimeError(
+            f"{count} Ray node(s) did not come up within {timeout:.0f} s: see {self.temp_dir}/node-*.log"
+        )
 
     def stop(self) -> None:
         """Stop every node (the whole process group of each `ray start --block`)."""

@@ -37,7 +37,10 @@ def test_bad_input_gives_one_line_and_a_nonzero_exit(tmp_path):
         (("tune", "matmul-128", "--trials", "0"), "positive integer"),
         (("report", "nowhere"), "no tuning database"),
         (("tune", "matmul-128", "--transfer-from", "nowhere"), "cannot transfer from 'nowhere': no such directory"),
-        (("tune", "matmul-128", "--cost-model-from", "nowhere"), "cannot warm-start the cost model from 'nowhere': it is not a work dir"),
+        (
+            ("tune", "matmul-128", "--cost-model-from", "nowhere"),
+            "cannot warm-start the cost model from 'nowhere': it is not a work dir",
+        ),
     ]
     for args, expected in cases:
         run = tuner(*args, cwd=tmp_path)
@@ -76,10 +79,16 @@ def test_workloads_lists_flops_tasks_and_sources(tmp_path):
             "tasks": [{"name": "k", "weight": 2, "flops": 2.05e9}], "fingerprint": _definitions_fingerprint()}  # fmt: skip
     from workloads import list_workloads
 
-    entries = {e.name: {**fake, "name": e.name, "category": e.category, "source": e.source} for e in list_workloads() if e.category == "model"}
+    entries = {
+        e.name: {**fake, "name": e.name, "category": e.category, "source": e.source}
+        for e in list_workloads()
+        if e.category == "model"
+    }
     (cache / "catalog.json").write_text(json.dumps(entries))
     env = {**os.environ, "TENSOR_TUNER_CACHE_DIR": str(cache)}
-    run = subprocess.run([sys.executable, "-m", "tuner.cli", "workloads"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    run = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "workloads"], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].split()[:5] == ["workload", "kind", "family", "GFLOP", "tasks"]
@@ -94,7 +103,14 @@ def test_onnx_input_errors_from_the_cli(tmp_path):
     torch = __import__("pytest").importorskip("torch")
     __import__("pytest").importorskip("onnx")
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
-    torch.onnx.export(net, (torch.randn(1, 3, 8, 8),), str(tmp_path / "m.onnx"), input_names=["x"], dynamic_axes={"x": {0: "n"}}, dynamo=False)
+    torch.onnx.export(
+        net,
+        (torch.randn(1, 3, 8, 8),),
+        str(tmp_path / "m.onnx"),
+        input_names=["x"],
+        dynamic_axes={"x": {0: "n"}},
+        dynamo=False,
+    )
     (tmp_path / "bad.onnx").write_bytes(b"nope" * 50)
     save_det_model(tmp_path / "det.onnx")
     cases = [

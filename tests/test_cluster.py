@@ -9,13 +9,13 @@ import sqlite3
 import threading
 import time
 
-import pytest
-
 import faulty
+import pytest
+from ray_cluster import LocalRayCluster
+
 from measure import MeasureInput
 from measure.cluster import ClusterEngine, ClusterOptions
 from measure.cluster_driver import CLIENT_CONNECT_ATTEMPTS, _init_remote
-from ray_cluster import LocalRayCluster
 from tuner import TunerError, tune
 
 
@@ -37,12 +37,22 @@ def committed(work_dir) -> list[str]:
 
 
 def test_tuning_through_ray_gives_what_the_local_path_gives(ray_cluster, tuned_matmul, tmp_path):
-    result = tune("matmul-128", target="llvm", trials=16, work_dir=tmp_path, batch_size=8, progress=False, cluster=ray_cluster.address)
+    result = tune(
+        "matmul-128",
+        target="llvm",
+        trials=16,
+        work_dir=tmp_path,
+        batch_size=8,
+        progress=False,
+        cluster=ray_cluster.address,
+    )
     assert result.trials == tuned_matmul.trials == 16
     assert result.tasks[0].verified and tuned_matmul.tasks[0].verified
     assert result.latency_after < result.latency_before
     with sqlite3.connect(tmp_path / "tuning.db") as db:
-        nodes = {row[0] for row in db.execute("SELECT json_extract(measurement, '$.node') FROM records WHERE status = 'ok'")}
+        nodes = {
+            row[0] for row in db.execute("SELECT json_extract(measurement, '$.node') FROM records WHERE status = 'ok'")
+        }
     assert len(nodes) == 1 and next(iter(nodes)).endswith("/cpu")  # a CPU target: one measuring actor per host
 
 
@@ -66,7 +76,11 @@ def test_ray_client_addresses_work_too(ray_cluster, tmp_path, llvm_target):
 class RayClientProxyThatFailsToFork:
     """Answers ``ray.init`` as Ray Client's proxy does when the server it forks for a client dies."""
 
-    def __init__(self, failures: int, message: str = "Starting Ray client server failed. See ray_client_server_23000.err for detailed logs."):
+    def __init__(
+        self,
+        failures: int,
+        message: str = "Starting Ray client server failed. See ray_client_server_23000.err for detailed logs.",
+    ):
         self.failures, self.message, self.inits, self.shutdowns = failures, message, 0, 0
 
     def init(self, address: str, **kwargs) -> None:
@@ -112,7 +126,9 @@ def test_a_measuring_actor_killed_mid_run_loses_nothing_and_measures_nothing_twi
         restarted = next(m for m in engine.measurers() if m["name"] == killed["name"])
         assert restarted["state"] == "up" and restarted["restarts"] >= 1 and restarted["pid"] != killed["pid"]
         again = list(engine.measure(copies(10, "again"), group="copies"))
-        assert all(r.ok for r in again) and restarted["name"] in {r.node for r in again}  # the restarted actor is fed again
+        assert all(r.ok for r in again) and restarted["name"] in {
+            r.node for r in again
+        }  # the restarted actor is fed again
 
 
 def test_a_build_task_whose_worker_dies_is_run_again(ray_cluster, tmp_path, llvm_target):
@@ -200,7 +216,11 @@ def test_tasks_are_spread_over_gpu_models_and_never_change_model():
     from measure.cluster_driver import assign_device
 
     measurers, groups = Counter({"NVIDIA H100": 2, "NVIDIA A100": 1}), {}
-    assert [assign_device(task, measurers, groups) for task in ("t1", "t2", "t3")] == ["NVIDIA H100", "NVIDIA A100", "NVIDIA H100"]
+    assert [assign_device(task, measurers, groups) for task in ("t1", "t2", "t3")] == [
+        "NVIDIA H100",
+        "NVIDIA A100",
+        "NVIDIA H100",
+    ]
     assert assign_device("t2", measurers, groups) == "NVIDIA A100"  # a task's candidates stay on one model
     del measurers["NVIDIA A100"]  # its only measurer is gone for good
     assert assign_device("t2", measurers, groups) == "NVIDIA H100"
@@ -220,7 +240,9 @@ def test_cuda_candidates_build_on_the_cluster_and_a_node_without_a_gpu_says_so(r
     from workloads import get_workload
 
     target = resolve_target("cuda -arch=sm_90")
-    search = TaskSearch(get_workload("matmul-128").mod, target, seed=3, cost_model=CostModel(), features=CandidateFeatures(), group="mm")
+    search = TaskSearch(
+        get_workload("matmul-128").mod, target, seed=3, cost_model=CostModel(), features=CandidateFeatures(), group="mm"
+    )
     inputs = [MeasureInput(c.key, c.mod) for c in search.propose(2)]
     with ClusterEngine(target, tmp_path, ClusterOptions(ray_cluster.address)) as engine:  # two fake GPUs: two actors
         assert len(engine.description["measurers"]) == 2

@@ -2,9 +2,9 @@
 
 import os
 
+import faulty
 import pytest
 
-import faulty
 from measure import EngineConfig, MeasureEngine, MeasureInput
 from measure.cpu_slots import default_cpu_dop, runner_cpu_sets
 from measure.host import physical_cores

@@ -19,10 +19,17 @@ from tuner.targets import resolve_target
 from workloads import get_workload
 from workloads.operators import matmul
 
-pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None and not nvrtc_available() and not tvm.cuda(0).exist, reason="needs the CUDA toolkit")
+pytestmark = pytest.mark.skipif(
+    shutil.which("nvcc") is None and not nvrtc_available() and not tvm.cuda(0).exist, reason="needs the CUDA toolkit"
+)
 COMPILE_MODES = [
     pytest.param("nvcc", marks=pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")),
-    pytest.param("nvrtc", marks=pytest.mark.skipif(not nvrtc_available(), reason="no NVRTC here (pip install cuda-bindings nvidia-cuda-nvrtc)")),
+    pytest.param(
+        "nvrtc",
+        marks=pytest.mark.skipif(
+            not nvrtc_available(), reason="no NVRTC here (pip install cuda-bindings nvidia-cuda-nvrtc)"
+        ),
+    ),
 ]
 
 
@@ -49,7 +56,9 @@ def test_search_proposes_valid_gpu_schedules_and_they_build_to_cubins(tmp_path):
             assert b.args == [["float32", [128, 128]]] * 3
 
 
-@pytest.mark.parametrize("name", ["matmul-llama2-7b-qproj-fp16", "conv2d-resnet50-l3", "softmax-bert-base-attn", "layernorm-bert-base"])
+@pytest.mark.parametrize(
+    "name", ["matmul-llama2-7b-qproj-fp16", "conv2d-resnet50-l3", "softmax-bert-base-attn", "layernorm-bert-base"]
+)
 def test_operators_build_for_sm90_with_tvms_default_gpu_schedules(name, tmp_path):
     workload = get_workload(name)
     engine = MeasureEngine(resolve_target("cuda -arch=sm_90"), tmp_path, EngineConfig(build_workers=1))
@@ -93,7 +102,10 @@ def test_fp16_matmuls_for_sm90_are_tensorized_into_mma_instructions(tmp_path):
     into PTX mma instructions. Its trace replays in a build worker, as the final compile does."""
     target = resolve_target("cuda -arch=sm_90")
     mod = msc.normalize_prim_func_module(matmul(512, 512, 512, "float16"))
-    assert msc.rules_kind(target, mod) == "cuda-tensorcore" and msc.rules_kind(resolve_target("cuda -arch=sm_75"), mod) == "cuda"
+    assert (
+        msc.rules_kind(target, mod) == "cuda-tensorcore"
+        and msc.rules_kind(resolve_target("cuda -arch=sm_75"), mod) == "cuda"
+    )
     search = TaskSearch(mod, target, seed=2, cost_model=CostModel(), features=CandidateFeatures(), group="mm16")
     candidates = search.propose(3)
     assert len(candidates) == 3 and all('"Tensorize"' in c.trace_json for c in candidates)
@@ -105,9 +117,16 @@ def test_fp16_matmuls_for_sm90_are_tensorized_into_mma_instructions(tmp_path):
         assert "wmma::mma_sync" in source
         if shutil.which("nvcc"):
             (tmp_path / "kernel.cu").write_text(source)
-            subprocess.run(["nvcc", "--ptx", "-arch=sm_90", "-o", str(tmp_path / "kernel.ptx"), str(tmp_path / "kernel.cu")], check=True)
-            assert re.search(r"\bwmma\.mma\.sync\.aligned\.\w+\.\w+\.m16n16k16\.f32\.f32", (tmp_path / "kernel.ptx").read_text())
-        replayed = engine.compile_program(tmp_path / "tuned.so", mod=mod, kind="tir", schedules=[(mod, candidates[0].trace_json)])
+            subprocess.run(
+                ["nvcc", "--ptx", "-arch=sm_90", "-o", str(tmp_path / "kernel.ptx"), str(tmp_path / "kernel.cu")],
+                check=True,
+            )
+            assert re.search(
+                r"\bwmma\.mma\.sync\.aligned\.\w+\.\w+\.m16n16k16\.f32\.f32", (tmp_path / "kernel.ptx").read_text()
+            )
+        replayed = engine.compile_program(
+            tmp_path / "tuned.so", mod=mod, kind="tir", schedules=[(mod, candidates[0].trace_json)]
+        )
         assert_loads_as_sm90(engine, replayed)
 
 
@@ -121,7 +140,20 @@ def test_the_out_of_resources_kernel_needs_more_registers_than_a_1024_thread_blo
         source = engine.cuda_source(faulty.gpu_out_of_resources())
     assert "__maxnreg__(255)" in source and "__launch_bounds__" not in source
     (tmp_path / "oor.cu").write_text(source)
-    out = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "--resource-usage", "-o", str(tmp_path / "oor.cubin"), str(tmp_path / "oor.cu")], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            "nvcc",
+            "-cubin",
+            "-arch=sm_90",
+            "--resource-usage",
+            "-o",
+            str(tmp_path / "oor.cubin"),
+            str(tmp_path / "oor.cu"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     registers = int(re.search(r"Used (\d+) registers", out.stdout + out.stderr).group(1))
     assert registers * 1024 > 65536
 
@@ -152,5 +184,8 @@ def test_an_illegal_memory_access_is_recorded_and_the_next_candidate_measures(tm
         if not tvm.cuda(0).exist:
             pytest.skip("built; measuring needs a GPU")
         results = {r.key: r for r in engine.measure_built(built)}
-    assert results["illegal"].status in (Status.RUN_ERROR, Status.RUN_CRASH) and "illegal" in results["illegal"].error.lower()
+    assert (
+        results["illegal"].status in (Status.RUN_ERROR, Status.RUN_CRASH)
+        and "illegal" in results["illegal"].error.lower()
+    )
     assert results["good"].ok

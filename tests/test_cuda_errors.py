@@ -7,9 +7,9 @@ failure is the real path: TVM's error, the measuring worker, the engine."""
 
 from pathlib import Path
 
+import faulty
 import pytest
 
-import faulty
 from measure import AdaptiveTimeout, EngineConfig, MeasureEngine, MeasureInput, Status
 from measure.cuda_errors import cuda_error_line, poisons_the_context
 from measure.worker import _last_meaningful_line
@@ -38,7 +38,10 @@ def _failure_text(message: str) -> str:
 
 def test_the_line_naming_the_cuda_error_is_kept_not_the_kernel_source_after_it():
     assert _failure_text(OUT_OF_RESOURCES) == "RuntimeError: CUDALaunch Error: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"
-    assert _failure_text(f"while timing:\n{ILLEGAL_ADDRESS}\n  at 0x7f00 in cudaStreamSynchronize") == f"RuntimeError: {ILLEGAL_ADDRESS}"
+    assert (
+        _failure_text(f"while timing:\n{ILLEGAL_ADDRESS}\n  at 0x7f00 in cudaStreamSynchronize")
+        == f"RuntimeError: {ILLEGAL_ADDRESS}"
+    )
     assert _failure_text("an ordinary failure\nits last line") == "RuntimeError: its last line"
 
 
@@ -60,10 +63,14 @@ def test_which_errors_leave_the_cuda_context_unusable(message, poisoned):
 
 
 def _engine(tmp_path: Path, llvm_target) -> MeasureEngine:
-    return MeasureEngine(llvm_target, tmp_path, EngineConfig(build_workers=1, run_timeout=AdaptiveTimeout(initial=5.0, floor=5.0)))
+    return MeasureEngine(
+        llvm_target, tmp_path, EngineConfig(build_workers=1, run_timeout=AdaptiveTimeout(initial=5.0, floor=5.0))
+    )
 
 
-def test_a_poisoning_failure_is_recorded_with_its_reason_the_worker_replaced_and_the_next_measured(tmp_path, llvm_target):
+def test_a_poisoning_failure_is_recorded_with_its_reason_the_worker_replaced_and_the_next_measured(
+    tmp_path, llvm_target
+):
     inputs = [
         MeasureInput("out-of-resources", faulty.failing_with(OUT_OF_RESOURCES)),
         MeasureInput("illegal-address", faulty.failing_with(ILLEGAL_ADDRESS)),
@@ -76,7 +83,9 @@ def test_a_poisoning_failure_is_recorded_with_its_reason_the_worker_replaced_and
         engine.config.run_timeout.initial = engine.config.run_timeout.floor = startup / 2
         restarts = engine.worker_restarts
         (oor,) = engine.measure_built([built["out-of-resources"]])
-        assert oor.status == Status.RUN_ERROR and oor.error.endswith("CUDALaunch Error: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES")
+        assert oor.status == Status.RUN_ERROR and oor.error.endswith(
+            "CUDALaunch Error: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"
+        )
         assert engine.worker_restarts == restarts  # the launch never happened: the context is fine
         (illegal,) = engine.measure_built([built["illegal-address"]])
         assert illegal.status == Status.RUN_ERROR and "cudaErrorIllegalAddress" in illegal.error
@@ -100,6 +109,8 @@ def test_a_dead_workers_reason_is_the_cuda_error_its_last_request_logged(tmp_pat
     mark = log.stat().st_size
     with open(log, "a") as out:
         out.write(f"Traceback (most recent call last):\nmeasure.cuda_timing.CudaCallError: {ILLEGAL_ADDRESS}\n")
-        out.write("terminate called after throwing an instance of 'tvm::ffi::Error'\nFatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n")
+        out.write(
+            "terminate called after throwing an instance of 'tvm::ffi::Error'\nFatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n"
+        )
     assert _last_meaningful_line(log, mark) == f"measure.cuda_timing.CudaCallError: {ILLEGAL_ADDRESS}"
     assert _last_meaningful_line(log, log.stat().st_size) == ""

@@ -39,9 +39,19 @@ def test_a_driver_older_than_cuda_13_is_named_with_the_release_to_upgrade_to(tmp
     """A stand-in libcuda.so.1 that reports CUDA 12.4 (driver release 550), in a fresh process."""
     source = tmp_path / "driver.c"
     source.write_text("int cuDriverGetVersion(int *version) { *version = 12040; return 0; }\n")
-    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp_path / "libcuda.so.1"), str(source)], check=True)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp_path / "libcuda.so.1"), str(source)],
+        check=True,
+    )
     probe = "from measure.cuda_runtime import runtime_problem; print(runtime_problem())"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env={"LD_LIBRARY_PATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"LD_LIBRARY_PATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        check=True,
+    )
     assert out.stdout.strip() == (
         "the NVIDIA driver supports CUDA 12.4, but TVM 0.27's CUDA runtime needs CUDA 13: upgrade the driver to release 580 or later"
     )

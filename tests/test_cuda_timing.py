@@ -71,7 +71,9 @@ def test_a_sample_the_host_queued_too_late_is_taken_again_and_counted_when_it_st
 def test_the_warm_up_runs_calls_back_to_back_without_flushes_until_its_time_is_spent():
     stream = SimulatedStream()
     flushes, calls = [], []
-    timer = QueuedColdTimer(lambda: calls.append(1) or stream.run(0.001), [], lambda: flushes.append(1) or stream.run(0.005), cuda=stream)
+    timer = QueuedColdTimer(
+        lambda: calls.append(1) or stream.run(0.001), [], lambda: flushes.append(1) or stream.run(0.005), cuda=stream
+    )
     (warm_up,) = timer(1, 1, 10)
     assert warm_up == pytest.approx(0.001, abs=2e-4) and len(calls) >= 10 and not flushes
     with pytest.raises(ValueError, match="number must be 1"):

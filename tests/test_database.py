@@ -87,7 +87,9 @@ def test_a_first_version_database_is_brought_up_to_date_keeping_its_records(tmp_
     db.commit(wid, "llvm", "k1", "[]", "ok", samples=[1e-3])
     db.close()
     conn = sqlite3.connect(tmp_path / "tuning.db")  # as the first schema left it
-    conn.executescript("ALTER TABLE records DROP COLUMN measurement; UPDATE meta SET value='tensor-tuner/1' WHERE key='schema';")
+    conn.executescript(
+        "ALTER TABLE records DROP COLUMN measurement; UPDATE meta SET value='tensor-tuner/1' WHERE key='schema';"
+    )
     conn.close()
     db = TuningDatabase(tmp_path / "tuning.db")
     db.commit(wid, "llvm", "k2", "[]", "ok", samples=[2e-3], measurement={"dop": 2, "parallel_samples": [2.2e-3]})

@@ -62,7 +62,11 @@ def test_every_decision_is_kept_for_plots():
     controller.update([])
     controller.update([0.5, 0.01])
     rows = [d.as_dict() for d in controller.decisions]
-    assert [r["dop"] for r in rows] == [1, 2] and rows[1]["max_error"] == 0.5 and rows[1]["median_error"] == pytest.approx(0.255)
+    assert (
+        [r["dop"] for r in rows] == [1, 2]
+        and rows[1]["max_error"] == 0.5
+        and rows[1]["median_error"] == pytest.approx(0.255)
+    )
 
 
 def test_bad_settings_are_refused():
@@ -94,7 +98,10 @@ def test_repeated_losses_when_probing_make_probes_rarer():
 def test_a_resumed_dop_that_now_loses_backs_off_as_usual():
     controller = DopController(max_dop=8)
     controller.resume(DopState(dop=4, loss_dop=6, cooldown=2, loss_streak=1), since="2024-05-01 10:00 UTC")
-    assert controller.dop == 4 and controller.start == "start: remembered DOP 4 (loss at 6, probe cooldown 2) from 2024-05-01 10:00 UTC"
+    assert (
+        controller.dop == 4
+        and controller.start == "start: remembered DOP 4 (loss at 6, probe cooldown 2) from 2024-05-01 10:00 UTC"
+    )
     decision = controller.update(errors=[0.12, 0.01])  # the machine changed: 4 no longer holds
     assert decision.loss and controller.dop == 2 and controller.loss_dop == 4
     assert decision.start == controller.start and "12.0% > 5%" in decision.reason

@@ -2,7 +2,7 @@
 
 import json
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -30,10 +30,10 @@ def test_what_is_saved_is_what_the_next_run_loads(tmp_path):
     assert other.load() is None and other.problem is None  # no file yet: nothing to say
     assert other.save(DopState(dop=8, loss_dop=None, cooldown=0, loss_streak=0))
     state = DopState(dop=3, loss_dop=4, cooldown=5, loss_streak=2)
-    before = datetime.now(timezone.utc) - timedelta(seconds=1)
+    before = datetime.now(UTC) - timedelta(seconds=1)
     assert DopMemory("cpu/here", path).save(state)
     remembered = DopMemory("cpu/here", path).load()
-    assert remembered.state == state and before <= remembered.updated <= datetime.now(timezone.utc)
+    assert remembered.state == state and before <= remembered.updated <= datetime.now(UTC)
     assert remembered.since.endswith("UTC") and remembered.since[:4].isdigit()
     assert DopMemory("cuda/NVIDIA H100", path).load().state.dop == 8  # the other machine's entry is kept
     assert [p.name for p in path.parent.iterdir()] == ["dop_memory.json"]  # no temporary file left
@@ -65,9 +65,37 @@ def test_a_cpu_where_two_at_once_always_lose_starts_the_next_run_at_1_and_probes
         "{not json",
         "[1, 2]",
         json.dumps({"format": 99, "machines": {}}),
-        json.dumps({"format": 1, "machines": {"cpu/here": {"dop": "two", "loss_dop": None, "cooldown": 0, "loss_streak": 0, "updated": "2024-01-01T00:00:00+00:00"}}}),
-        json.dumps({"format": 1, "machines": {"cpu/here": {"dop": 2, "loss_dop": None, "cooldown": -1, "loss_streak": 0, "updated": "2024-01-01T00:00:00+00:00"}}}),
-        json.dumps({"format": 1, "machines": {"cpu/here": {"dop": 2, "loss_dop": None, "cooldown": 0, "loss_streak": 0}}}),
+        json.dumps(
+            {
+                "format": 1,
+                "machines": {
+                    "cpu/here": {
+                        "dop": "two",
+                        "loss_dop": None,
+                        "cooldown": 0,
+                        "loss_streak": 0,
+                        "updated": "2024-01-01T00:00:00+00:00",
+                    }
+                },
+            }
+        ),
+        json.dumps(
+            {
+                "format": 1,
+                "machines": {
+                    "cpu/here": {
+                        "dop": 2,
+                        "loss_dop": None,
+                        "cooldown": -1,
+                        "loss_streak": 0,
+                        "updated": "2024-01-01T00:00:00+00:00",
+                    }
+                },
+            }
+        ),
+        json.dumps(
+            {"format": 1, "machines": {"cpu/here": {"dop": 2, "loss_dop": None, "cooldown": 0, "loss_streak": 0}}}
+        ),
     ],
     ids=["not-json", "not-an-object", "other-format", "bad-dop", "negative-cooldown", "no-date"],
 )
@@ -105,7 +133,9 @@ def test_the_key_tells_cpu_from_cuda_and_one_gpu_from_another():
 
 def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "elsewhere"))
-    assert user_cache_dir() == tmp_path / "elsewhere" and DopMemory("k").path == tmp_path / "elsewhere" / "dop_memory.json"
+    assert (
+        user_cache_dir() == tmp_path / "elsewhere" and DopMemory("k").path == tmp_path / "elsewhere" / "dop_memory.json"
+    )
     monkeypatch.delenv(CACHE_DIR_ENV)
     assert user_cache_dir() == Path.home() / ".cache" / "tensor-tuner"
 

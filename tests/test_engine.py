@@ -3,9 +3,9 @@
 import json
 import os
 
+import faulty
 import pytest
 
-import faulty
 from measure import AdaptiveTimeout, EngineConfig, MeasureEngine, MeasureInput, Status, TimingConfig
 from measure.dop import DopState
 from measure.dop_memory import DopMemory, machine_key
@@ -20,7 +20,11 @@ def test_good_candidates_are_built_and_timed(engine):
 
 
 def test_each_failure_is_reported_with_its_reason_and_measuring_goes_on(tmp_path, llvm_target):
-    config = EngineConfig(build_workers=2, build_timeout=AdaptiveTimeout(initial=5, floor=5), run_timeout=AdaptiveTimeout(initial=5, floor=5))
+    config = EngineConfig(
+        build_workers=2,
+        build_timeout=AdaptiveTimeout(initial=5, floor=5),
+        run_timeout=AdaptiveTimeout(initial=5, floor=5),
+    )
     inputs = [
         MeasureInput("unbuildable", faulty.unbuildable()),
         MeasureInput("slow-build", faulty.slow_to_build()),
@@ -37,7 +41,9 @@ def test_each_failure_is_reported_with_its_reason_and_measuring_goes_on(tmp_path
         assert results["crash"].status == Status.RUN_CRASH and "SIGSEGV" in results["crash"].error
         assert results["hang"].status == Status.RUN_TIMEOUT
         assert results["nan"].status == Status.RUN_ERROR and "NaN" in results["nan"].error
-        assert results["oom"].status == Status.RUN_ERROR and "memory" in results["oom"].error.lower(), results["oom"].error
+        assert results["oom"].status == Status.RUN_ERROR and "memory" in results["oom"].error.lower(), results[
+            "oom"
+        ].error
         assert results["good"].ok
         assert engine.worker_restarts >= 3  # killed builder, crashed runner, killed runner
         # the replaced workers serve the next batch

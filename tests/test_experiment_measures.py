@@ -44,7 +44,10 @@ def test_sets_of_identical_runs_differ_by_nothing_and_sets_of_different_runs_do(
 
 def _records(*measured: tuple[int, float | None]) -> list[SimpleNamespace]:
     """Records of (task, latency or None for a failure), in measurement order."""
-    return [SimpleNamespace(id=i, workload_id=task, latency=latency, elapsed=float(i)) for i, (task, latency) in enumerate(measured)]
+    return [
+        SimpleNamespace(id=i, workload_id=task, latency=latency, elapsed=float(i))
+        for i, (task, latency) in enumerate(measured)
+    ]
 
 
 def test_a_replayed_batch_is_a_run_of_one_tasks_measurements_cut_to_the_batch_size():
@@ -61,6 +64,11 @@ def test_dropping_the_candidate_that_improved_a_task_loses_that_gain_and_the_end
     records = _records((1, 3.0), (2, 5.0), (1, 4.0), (1, 1.0))
     batches = [{"records": records[2:], "scores": np.array([0.0, -1.0]), "best_before": 3.0}]
     kept = what_dropping_loses(batches, records, {1: 1, 2: 1}, lambda scores: {0})
-    assert (kept["dropped"], kept["improving_batches"], kept["improvement_lost"], kept["end_vs_unfiltered"]) == (1, 1, 0, 1.0)
+    assert (kept["dropped"], kept["improving_batches"], kept["improvement_lost"], kept["end_vs_unfiltered"]) == (
+        1,
+        1,
+        0,
+        1.0,
+    )
     lost = what_dropping_loses(batches, records, {1: 1, 2: 1}, lambda scores: {1})
     assert (lost["improvement_lost"], lost["end_vs_unfiltered"], lost["curve"]) == (1, 8.0 / 6.0, [math.inf, 8.0, 8.0])

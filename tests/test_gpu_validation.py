@@ -16,13 +16,20 @@ TIMING_STEPS = {4, 5}
 
 def test_the_quick_cpu_run_passes_every_step_that_applies_and_writes_its_table(tmp_path):
     script = ROOT / "experiments" / "gpu_validation.py"
-    run = subprocess.run([sys.executable, str(script), "--target", "llvm", "--quick", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(script), "--target", "llvm", "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     report = json.loads((tmp_path / "gpu_validation.json").read_text())
     steps = {s["step"]: s for s in report["steps"]}
     assert sorted(steps) == list(range(1, 9))
     assert not any("traceback" in s["details"] for s in steps.values()), run.stderr[-3000:]
     verdicts = {n: s["verdict"] for n, s in steps.items() if n not in TIMING_STEPS}
-    assert verdicts == {n: "n/a" if n == 7 else "PASS" for n in range(1, 9) if n not in TIMING_STEPS}, {n: s["summary"] for n, s in steps.items()}
+    assert verdicts == {n: "n/a" if n == 7 else "PASS" for n in range(1, 9) if n not in TIMING_STEPS}, {
+        n: s["summary"] for n, s in steps.items()
+    }
     assert run.returncode == (0 if all(steps[n]["ok"] for n in TIMING_STEPS) else 1)
     assert steps[4]["details"]["candidates"] >= 2 and steps[5]["details"]["cold_s"] > 0
     assert steps[3]["details"]["verified"] is True and steps[3]["details"]["dop_decisions"]

@@ -6,11 +6,10 @@ import sys
 import numpy as np
 import pytest
 import tvm
+from onnx_models import save_det_model
 from tvm import relax
 
 from workloads import WorkloadError, load_workload
-
-from onnx_models import save_det_model
 
 torch = pytest.importorskip("torch")
 

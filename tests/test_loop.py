@@ -101,6 +101,8 @@ def test_tasks_of_one_kind_differ_only_by_suffix():
     assert task_kind("fused_matmul") != task_kind("fused_conv2d")
 
 
-@pytest.mark.parametrize("budget, tasks, expected", [(64, 1, 8), (128, 1, 16), (512, 8, 8), (10_000, 1, 64), (None, 3, 16)])
+@pytest.mark.parametrize(
+    "budget, tasks, expected", [(64, 1, 8), (128, 1, 16), (512, 8, 8), (10_000, 1, 64), (None, 3, 16)]
+)
 def test_batch_size_follows_the_budget(budget, tasks, expected):
     assert auto_batch_size(budget, tasks) == expected

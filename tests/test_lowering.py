@@ -52,7 +52,9 @@ def test_every_kernel_of_the_attention_block_computes_something(llvm_target):
     each layout change is index arithmetic inside the kernel that reads it. (Channels-last
     convolutions are left out here: they add the image's own layout changes, tested below.)"""
     workload = get_workload("attention-block")
-    tasks = extract_tasks(workload, llvm_target, lower_model(workload.mod, llvm_target, LoweringOptions(channels_last=False)))
+    tasks = extract_tasks(
+        workload, llvm_target, lower_model(workload.mod, llvm_target, LoweringOptions(channels_last=False))
+    )
     movers = [t.name for t in tasks if not _reduces(t)]
     assert len(movers) == 1 and "add" in movers[0], movers  # the residual add: convolutions take no producers
     assert len(tasks) <= 10
@@ -81,7 +83,9 @@ def test_output_channels_are_padded_to_whole_vectors_where_that_costs_little(llv
         workload = load_workload(module, [(1, 16, 8, 8)])
         lowered = lower_workload(workload, llvm_target)
         (conv,) = [t for t in extract_tasks(workload, llvm_target, lowered) if "conv2d" in t.name]
-        weight_channels = max(int(p.shape[-1]) for p in conv.mod["main"].params if len(p.shape) == 4 and int(p.shape[0]) == 3)
+        weight_channels = max(
+            int(p.shape[-1]) for p in conv.mod["main"].params if len(p.shape) == 4 and int(p.shape[0]) == 3
+        )
         assert weight_channels == {120: 128, 24: 24}[channels]
         x = rng.standard_normal((1, 16, 8, 8)).astype("float32")
         got, _ = _run(lowered, llvm_target, [x])
@@ -122,7 +126,9 @@ def test_fast_math_replaces_libm_calls_and_stays_accurate(fast_math, llvm_target
     x = (np.random.default_rng(0).standard_normal((4, 256)) * 4).astype("float32")
     got, _ = _run(lowered, llvm_target, [x])
     t = torch.from_numpy(x.astype(np.float64))
-    expected = (torch.softmax(t, -1) + torch.nn.functional.gelu(t) + torch.sigmoid(t) + torch.nn.functional.silu(t)).numpy()
+    expected = (
+        torch.softmax(t, -1) + torch.nn.functional.gelu(t) + torch.sigmoid(t) + torch.nn.functional.silu(t)
+    ).numpy()
     assert _relative_error(got, expected) < 1e-5
 
 
@@ -216,7 +222,9 @@ def test_a_residual_reshaped_around_a_matmul_keeps_the_matmul_schedulable(llvm_t
     lowered = lower_workload(workload, llvm_target)
     (matmul,) = [t for t in extract_tasks(workload, llvm_target, lowered) if "matmul" in t.name]
     assert "T.int64(128)) %" not in matmul.mod.script() and "% T.int64(128)" not in matmul.mod.script()
-    context = ms.TuneContext(mod=matmul.mod, target=llvm_target, space_generator="post-order-apply", search_strategy="evolutionary")
+    context = ms.TuneContext(
+        mod=matmul.mod, target=llvm_target, space_generator="post-order-apply", search_strategy="evolutionary"
+    )
     assert msc.design_spaces(context)
     x = np.random.default_rng(0).standard_normal((1, 128, 64)).astype("float32")
     got, _ = _run(lowered, llvm_target, [x])

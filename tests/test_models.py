@@ -12,7 +12,16 @@ from workloads import WorkloadError, get_workload, list_workloads
 torch = pytest.importorskip("torch")
 
 MODELS = [e.name for e in list_workloads() if e.category == "model"]
-EXPECTED = {"resnet18", "resnet50", "mobilenetv2", "vgg16", "squeezenet1.1", "bert-base", "llama3-8b-layer", "convnext-t"}
+EXPECTED = {
+    "resnet18",
+    "resnet50",
+    "mobilenetv2",
+    "vgg16",
+    "squeezenet1.1",
+    "bert-base",
+    "llama3-8b-layer",
+    "convnext-t",
+}
 
 
 def kernel_launches(mod: tvm.IRModule) -> int:
@@ -49,7 +58,11 @@ def test_model_builds_and_its_tasks_add_up_to_its_kernel_launches(name, llvm_tar
 def _check_against_torch(workload, llvm_target, tolerance):
     rng = np.random.default_rng(0)
     spec = workload.inputs[0]
-    x = rng.integers(0, 1000, size=spec.shape) if spec.dtype.startswith("int") else rng.standard_normal(spec.shape).astype(spec.dtype)
+    x = (
+        rng.integers(0, 1000, size=spec.shape)
+        if spec.dtype.startswith("int")
+        else rng.standard_normal(spec.shape).astype(spec.dtype)
+    )
     vm = relax.VirtualMachine(tvm.compile(workload.mod, target=llvm_target), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x)).numpy().astype(np.float64)
     expected = workload.reference(x).astype(np.float64)

@@ -8,10 +8,10 @@ is what they test, not NVML. Its errors are pynvml's real exception classes."""
 import logging
 import time
 
+import faulty
 import pynvml
 import pytest
 
-import faulty
 from measure import EngineConfig, MeasureEngine, MeasureInput, TimingConfig
 from measure.cuda_runtime import DeviceIdentity, format_uuid
 from measure.engine import split_energy
@@ -124,7 +124,11 @@ def test_without_nvml_it_reports_once_and_returns_nothing(caplog):
 def test_the_gpu_watched_is_the_one_cuda_calls_device_0_found_by_uuid():
     """Under CUDA_VISIBLE_DEVICES=2 the runners' device 0 is NVML's GPU 2."""
     monitor = NvmlMonitor(device=DeviceIdentity(0, _uuid(2), H100S[2]["pci"]), nvml=FakeNvml(H100S))
-    assert monitor.index == 2 and "by UUID" in monitor.mapping and monitor.describe().startswith("NVML: watching GPU 2 (NVIDIA H100")
+    assert (
+        monitor.index == 2
+        and "by UUID" in monitor.mapping
+        and monitor.describe().startswith("NVML: watching GPU 2 (NVIDIA H100")
+    )
 
 
 def test_without_a_uuid_the_pci_bus_id_finds_it_and_without_either_gpu_0_is_assumed():
@@ -139,7 +143,12 @@ def test_a_mig_instance_is_watched_as_itself_and_its_missing_utilization_said_on
         monitor = NvmlMonitor(device=DeviceIdentity(0, _uuid(8), gpus[1]["pci"]), nvml=FakeNvml(gpus))
         first, second = monitor.sample(), monitor.sample()
     assert monitor.index == 1 and "MIG" in monitor.name and "MIG instance" in monitor.mapping
-    assert first.utilization is None and second.utilization is None and first.sm_clock_mhz == 1980 and first.energy_j is not None
+    assert (
+        first.utilization is None
+        and second.utilization is None
+        and first.sm_clock_mhz == 1980
+        and first.energy_j is not None
+    )
     assert [r.message for r in caplog.records if "does not give" in r.message] == [
         f"NVML on {monitor.name} does not give utilization (Not Supported): measurements go on without them"
     ]
@@ -148,7 +157,9 @@ def test_a_mig_instance_is_watched_as_itself_and_its_missing_utilization_said_on
 
 def test_counters_the_gpu_refuses_are_left_out_and_an_energy_budget_refused(tmp_path, llvm_target, caplog):
     with caplog.at_level(logging.WARNING, logger="tensor_tuner.measure"):
-        monitor = NvmlMonitor(device=DeviceIdentity(0, _uuid(0), None), nvml=FakeNvml(H100S, refused={"energy", "utilization"}))
+        monitor = NvmlMonitor(
+            device=DeviceIdentity(0, _uuid(0), None), nvml=FakeNvml(H100S, refused={"energy", "utilization"})
+        )
     assert monitor.missing.keys() == {"energy", "utilization"} and len(caplog.records) == 1
     assert "utilization (Not Supported), energy (Not Supported)" in caplog.records[0].message
     with monitor.watch() as health:
@@ -199,7 +210,12 @@ def test_energy_at_dop_2_adds_up_to_what_the_device_spent_not_once_per_candidate
     """Two candidates timed at once used to be charged each the energy of the whole overlap."""
     watts = 100.0
     monitor = NvmlMonitor(device=DeviceIdentity(0, _uuid(0), None), nvml=FakeNvml(H100S, watts=watts))
-    config = EngineConfig(build_workers=1, max_dop=2, remember_dop=False, timing=TimingConfig(min_repeats=5, max_repeats=5, budget_seconds=0.05))
+    config = EngineConfig(
+        build_workers=1,
+        max_dop=2,
+        remember_dop=False,
+        timing=TimingConfig(min_repeats=5, max_repeats=5, budget_seconds=0.05),
+    )
     inputs = [MeasureInput(f"c{i}", faulty.copy(1 << 16)) for i in range(15)]
     with MeasureEngine(llvm_target, tmp_path, config, monitor=monitor) as engine:
         builds = list(engine.build(inputs))

@@ -81,7 +81,16 @@ def test_a_run_ends_by_the_objective_that_was_met(tmp_path, stop, reason):
 
 
 def test_a_task_meeting_its_objective_is_dropped_while_the_others_go_on(tmp_path):
-    result = tune("tiny-resnet", trials=None, task_stop=Objectives(trials=8), stop=Objectives(seconds=600), work_dir=tmp_path, batch_size=4, progress=False, verify=False)
+    result = tune(
+        "tiny-resnet",
+        trials=None,
+        task_stop=Objectives(trials=8),
+        stop=Objectives(seconds=600),
+        work_dir=tmp_path,
+        batch_size=4,
+        progress=False,
+        verify=False,
+    )
     assert result.stop_reason.startswith("every task is finished")
     assert all(task.trials <= 8 for task in result.tasks)  # small spaces (a mean) may run dry first
     assert sum(task.trials == 8 for task in result.tasks) >= len(result.tasks) // 2

@@ -40,7 +40,12 @@ def _last_line(path: Path) -> str:
 def test_a_second_tuner_on_the_same_work_dir_stops_at_once_and_a_killed_holder_leaves_no_lock(tmp_path):
     holder = start_tuner([*MATMUL, "--trials", "400", "--work-dir", "run"], tmp_path)
     _wait_until(lambda: _records(tmp_path / "run") >= 8, what="the first tuner's measurements")
-    second = subprocess.run([sys.executable, "-m", "tuner.cli", "tune", *MATMUL, "--trials", "400", "--work-dir", "run"], cwd=tmp_path, capture_output=True, text=True)
+    second = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "tune", *MATMUL, "--trials", "400", "--work-dir", "run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     lines = second.stderr.strip().splitlines()
     assert second.returncode == 2 and len(lines) == 1, second.stderr
     assert f"in use by process {holder.process.pid}" in lines[0] and "--work-dir" in lines[0]
@@ -48,7 +53,12 @@ def test_a_second_tuner_on_the_same_work_dir_stops_at_once_and_a_killed_holder_l
     holder.process.wait()
     assert orphans_after(holder) == []
     done = _records(tmp_path / "run")
-    resumed = subprocess.run([sys.executable, "-m", "tuner.cli", "tune", *MATMUL, "--trials", str(done + 8), "--work-dir", "run", "--quiet"], cwd=tmp_path, capture_output=True, text=True)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "tune", *MATMUL, "--trials", str(done + 8), "--work-dir", "run", "--quiet"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert resumed.returncode == 0, resumed.stderr
     state = read_database(tmp_path / "run" / "tuning.db")
     assert state.records == done + 8 and state.duplicates == 0
@@ -68,9 +78,18 @@ def test_sigterm_and_ctrl_c_stop_with_the_work_saved_and_say_how_to_resume(tmp_p
 
 def test_sigkill_at_random_moments_then_resume_loses_and_repeats_nothing(tmp_path):
     """Two kills of a multi-task run at random instants, then the same command until it ends."""
-    cycle = kill_cycle(tmp_path / "run", ["tiny-resnet", "--trials", "32", "--batch-size", "8"], 32, 2, random.Random(3), expected_seconds=40)
+    cycle = kill_cycle(
+        tmp_path / "run",
+        ["tiny-resnet", "--trials", "32", "--batch-size", "8"],
+        32,
+        2,
+        random.Random(3),
+        expected_seconds=40,
+    )
     assert cycle["exit"] == 0, cycle
-    assert cycle["records"] == 32 and cycle["lost"] == 0 and cycle["duplicated"] == 0 and cycle["half_written"] == 0, cycle
+    assert cycle["records"] == 32 and cycle["lost"] == 0 and cycle["duplicated"] == 0 and cycle["half_written"] == 0, (
+        cycle
+    )
     assert cycle["orphans"] == 0 and cycle["verified"] and cycle["latency_after"] < cycle["latency_before"], cycle
 
 
@@ -96,7 +115,9 @@ def _can_mount() -> bool:
 @contextlib.contextmanager
 def _tmpfs(path: Path, size: str, *options: str):
     path.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)], capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)], capture_output=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:

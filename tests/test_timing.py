@@ -27,7 +27,10 @@ def test_slow_kernels_stop_after_the_minimum_samples():
 
 def test_noisy_fast_kernels_get_more_samples_of_many_calls_until_the_budget():
     clock = Recorder(1e-5, noise=0.2)
-    samples, number = time_with_evaluator(clock, TimingConfig(min_repeats=3, max_repeats=20, budget_seconds=0.01, min_sample_seconds=1e-3, flush_cache=False))
+    samples, number = time_with_evaluator(
+        clock,
+        TimingConfig(min_repeats=3, max_repeats=20, budget_seconds=0.01, min_sample_seconds=1e-3, flush_cache=False),
+    )
     assert 80 <= number <= 125  # about 1 ms of calls per sample
     assert 3 < len(samples) <= 11  # about 10 samples of 1 ms spend the 10 ms budget
     assert all(call[0] == number and call[2] == 0 for call in clock.calls[2:])
@@ -35,10 +38,14 @@ def test_noisy_fast_kernels_get_more_samples_of_many_calls_until_the_budget():
 
 def test_sampling_stops_once_the_median_is_known_to_the_precision():
     steady = Recorder(1e-5, noise=0.001)
-    samples, _ = time_with_evaluator(steady, TimingConfig(min_repeats=3, max_repeats=50, budget_seconds=1.0, precision=0.01))
+    samples, _ = time_with_evaluator(
+        steady, TimingConfig(min_repeats=3, max_repeats=50, budget_seconds=1.0, precision=0.01)
+    )
     assert len(samples) == 3
     noisy = Recorder(1e-5, noise=0.1)
-    samples, _ = time_with_evaluator(noisy, TimingConfig(min_repeats=3, max_repeats=50, budget_seconds=1.0, precision=0.01))
+    samples, _ = time_with_evaluator(
+        noisy, TimingConfig(min_repeats=3, max_repeats=50, budget_seconds=1.0, precision=0.01)
+    )
     assert 3 < len(samples) <= 50
     assert median_precision(samples) <= 0.01 or len(samples) == 50
 

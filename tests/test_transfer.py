@@ -44,7 +44,9 @@ def test_kernels_of_one_operator_match_across_shapes_and_others_do_not():
     conv_b = operator_class(get_workload("conv2d-resnet50-stem").mod)  # 7x7 stride 2, 3 channels
     depthwise = operator_class(get_workload("depthwise-conv2d-mobilenetv2-b4").mod)
     assert mm.matches(other_mm) and conv_a.matches(conv_b)
-    assert mm.matches(operator_class(_matmul(128, 128, 128))) and mm.distance(operator_class(_matmul(128, 128, 128))) == 0
+    assert (
+        mm.matches(operator_class(_matmul(128, 128, 128))) and mm.distance(operator_class(_matmul(128, 128, 128))) == 0
+    )
     assert mm.distance(other_mm) > 0
     assert not mm.matches(conv_a) and not conv_a.matches(depthwise)
     fp16 = operator_class(get_workload("matmul-llama2-7b-qproj-fp16").mod)
@@ -72,7 +74,10 @@ def test_a_tiling_is_adapted_to_a_new_extent(decision, extent, expected):
 def test_a_matmul_schedule_replays_on_another_shape_and_computes_the_same(llvm_target):
     source = _matmul(128, 128, 128)
     context = msc.make_context(source, llvm_target, 1)
-    schedules = [msc.sample(source, space, seed, msc.postprocessors(context)) for seed, space in enumerate(msc.design_spaces(context), 1)]
+    schedules = [
+        msc.sample(source, space, seed, msc.postprocessors(context))
+        for seed, space in enumerate(msc.design_spaces(context), 1)
+    ]
     stored = [msc.trace_to_json(sch) for sch in schedules if sch is not None]
     target = _matmul(96, 200, 48)
     postprocs = msc.postprocessors(msc.make_context(target, llvm_target, 1))
@@ -124,7 +129,10 @@ def test_transferred_schedules_are_measured_first(tuned_matmul, tmp_path, llvm_t
         source_db.close()
     mod = msc.normalize_prim_func_module(target)
     postprocs = msc.postprocessors(msc.make_context(mod, llvm_target, 1))
-    seeds = {msc.structural_key(msc.replay(mod, msc.stored_trace(source_mod, r.trace), 1, postprocs, retile=adapt_tile).mod) for r in best}
+    seeds = {
+        msc.structural_key(msc.replay(mod, msc.stored_trace(source_mod, r.trace), 1, postprocs, retile=adapt_tile).mod)
+        for r in best
+    }
     assert summary["sources"][0]["schedules"] == summary["seeds_per_task"]["primfunc"] == len(seeds)
     assert seeds <= first_batch
 
@@ -132,7 +140,9 @@ def test_transferred_schedules_are_measured_first(tuned_matmul, tmp_path, llvm_t
 def test_a_source_without_matching_kernels_says_so_and_tuning_goes_on(tuned_matmul, tmp_path, capsys):
     from faulty import copy
 
-    result = tune(copy(64), trials=4, work_dir=tmp_path / "run", batch_size=4, transfer_from=[tuned_matmul.work_dir], verify=False)
+    result = tune(
+        copy(64), trials=4, work_dir=tmp_path / "run", batch_size=4, transfer_from=[tuned_matmul.work_dir], verify=False
+    )
     err = capsys.readouterr().err
     assert f"transfer: no kernel in {tuned_matmul.work_dir} matches this model's kernels; tuning normally" in err
     assert result.trials > 0 and result.tasks[0].best_latency is not None
@@ -169,7 +179,14 @@ def test_a_missing_source_names_the_path_and_the_fix(tmp_path):
 def test_a_cost_model_from_another_run_warm_starts_this_one_without_its_schedules(tuned_matmul, tmp_path, capsys):
     source_dir = tuned_matmul.work_dir
     before = _files(source_dir)
-    result = tune(matmul(96, 192, 64), trials=8, work_dir=tmp_path / "run", batch_size=8, cost_model_from=[source_dir], verify=False)
+    result = tune(
+        matmul(96, 192, 64),
+        trials=8,
+        work_dir=tmp_path / "run",
+        batch_size=8,
+        cost_model_from=[source_dir],
+        verify=False,
+    )
     assert f"cost model warm-started with 16 measurements from {source_dir}" in capsys.readouterr().err
     assert _files(source_dir) == before
     db = TuningDatabase(result.database_path)
@@ -186,7 +203,10 @@ def test_a_cost_model_source_without_a_saved_model_is_refused_before_anything_is
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
     shutil.copy(tuned_matmul.database_path, unfinished / "tuning.db")  # a run that stopped before saving its model
-    cases = [(tmp_path / "nowhere", "it is not a work dir"), (unfinished, "holds no cost_model.ubj with its training data")]
+    cases = [
+        (tmp_path / "nowhere", "it is not a work dir"),
+        (unfinished, "holds no cost_model.ubj with its training data"),
+    ]
     for source, reason in cases:
         with pytest.raises(TunerError, match=reason) as err:
             tune("matmul-128", trials=4, work_dir=tmp_path / "run", cost_model_from=[source])
@@ -235,19 +255,30 @@ def test_borrowed_data_does_not_delay_learning_from_this_run(tmp_path):
     assert not model.update()
 
 
-def test_the_model_waits_for_every_tasks_first_transferred_schedules_before_it_retrains(tuned_matmul, tmp_path, engine, llvm_target):
+def test_the_model_waits_for_every_tasks_first_transferred_schedules_before_it_retrains(
+    tuned_matmul, tmp_path, engine, llvm_target
+):
     from tuner.api import COST_MODEL_FILE, DATABASE_FILE
     from tuner.loop import LoopConfig, TuningLoop
     from tuner.objectives import Objectives
     from tuner.progress import Progress
-    from tuner.tasks import Task
     from tuner.transfer import read_sources, transfer
 
     tasks = [_task(*shape, name=f"matmul{i}") for i, shape in enumerate([(96, 192, 64), (64, 96, 128)])]
     model = CostModel()
-    loop = TuningLoop(tasks, llvm_target, TuningDatabase(tmp_path / "tuning.db"), engine, model, config=LoopConfig(batch_size=2))
-    transfer(read_sources([tuned_matmul.work_dir], DATABASE_FILE, COST_MODEL_FILE), loop.runs, model, llvm_target, Progress(enabled=False))
-    assert all(run.search.seeds_waiting for run in loop.runs) and model.trained  # warm-started on the source's 16 measurements
+    loop = TuningLoop(
+        tasks, llvm_target, TuningDatabase(tmp_path / "tuning.db"), engine, model, config=LoopConfig(batch_size=2)
+    )
+    transfer(
+        read_sources([tuned_matmul.work_dir], DATABASE_FILE, COST_MODEL_FILE),
+        loop.runs,
+        model,
+        llvm_target,
+        Progress(enabled=False),
+    )
+    assert (
+        all(run.search.seeds_waiting for run in loop.runs) and model.trained
+    )  # warm-started on the source's 16 measurements
     loop._tune_batch(0, 2, Objectives(), None)
     assert model._trained_on == 0  # task 1 has not measured its transferred schedules yet
     loop._tune_batch(1, 2, Objectives(), None)
@@ -267,10 +298,20 @@ def test_the_filter_never_drops_a_transferred_schedule(tuned_matmul, tmp_path, e
     eager = TrimmerFilter(min_tau=-1.0, full_trust_tau=-0.9, poor_ratio=1.0001, max_drop=0.9, exploration=0.01)
     model = CostModel()
     db = TuningDatabase(tmp_path / "tuning.db")
-    loop = TuningLoop([_task(96, 192, 64)], llvm_target, db, engine, model, config=LoopConfig(batch_size=16, trimmer=eager))
+    loop = TuningLoop(
+        [_task(96, 192, 64)], llvm_target, db, engine, model, config=LoopConfig(batch_size=16, trimmer=eager)
+    )
     eager.record("elsewhere", [3, 2, 1, 0], [1e-3, 2e-3, 3e-3, 4e-3])  # trust a new task borrows: 1
-    transfer(read_sources([tuned_matmul.work_dir], DATABASE_FILE, COST_MODEL_FILE), loop.runs, model, llvm_target, Progress(enabled=False))
+    transfer(
+        read_sources([tuned_matmul.work_dir], DATABASE_FILE, COST_MODEL_FILE),
+        loop.runs,
+        model,
+        llvm_target,
+        Progress(enabled=False),
+    )
     seeds = len(loop.runs[0].search._seeds)
     assert seeds > 2 and loop.trimmer.trust(loop.runs[0].group) == 1.0
     loop._tune_batch(0, 16, Objectives(), None)
-    assert loop.ledger.dropped == 0 and len(db.records()) == seeds  # transfer-tuning measures what it replays, all of it
+    assert (
+        loop.ledger.dropped == 0 and len(db.records()) == seeds
+    )  # transfer-tuning measures what it replays, all of it

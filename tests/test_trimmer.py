@@ -79,7 +79,9 @@ def test_a_task_that_stopped_improving_measures_every_fresh_sample():
     assert any(i % 2 == 1 for i in improving.dropped)  # fresh samples judged like the rest
     stalled = trimmer.split("t", scores, np.random.default_rng(0), fresh, batches_without_improvement=2)
     assert set(range(1, 40, 2)) <= set(stalled.keep) and stalled.dropped and all(i % 2 == 0 for i in stalled.dropped)
-    never = _trusted_with(spare_fresh=0.0, spare_fresh_when_stalled=0).split("t", scores, np.random.default_rng(0), fresh, 50)
+    never = _trusted_with(spare_fresh=0.0, spare_fresh_when_stalled=0).split(
+        "t", scores, np.random.default_rng(0), fresh, 50
+    )
     assert any(i % 2 == 1 for i in never.dropped)
 
 
@@ -111,7 +113,15 @@ def test_a_resumed_run_keeps_the_trust_its_model_earned(tmp_path):
         return TrimmerFilter(min_tau=-1.0, full_trust_tau=-0.9)
 
     for trials in (24, 32):
-        tune("matmul-128", trials=trials, work_dir=tmp_path, batch_size=8, progress=False, verify=False, trimmer=lenient())
+        tune(
+            "matmul-128",
+            trials=trials,
+            work_dir=tmp_path,
+            batch_size=8,
+            progress=False,
+            verify=False,
+            trimmer=lenient(),
+        )
     entries = [json.loads(line) for line in (tmp_path / "logs" / "costmodel.jsonl").read_text().splitlines()]
     resumed = entries[-1]
     assert resumed["trials"] == 32 and resumed["trust"] == 1.0  # without the stored batches: 0, nothing judged yet
@@ -157,7 +167,15 @@ def test_a_run_reports_rank_quality_and_what_the_filter_saved(tmp_path):
 def test_a_run_takes_the_filter_it_is_given(tmp_path):
     from tuner import tune
 
-    result = tune("matmul-128", trials=24, work_dir=tmp_path, batch_size=8, progress=False, verify=False, trimmer=TrimmerFilter(enabled=False))
+    result = tune(
+        "matmul-128",
+        trials=24,
+        work_dir=tmp_path,
+        batch_size=8,
+        progress=False,
+        verify=False,
+        trimmer=TrimmerFilter(enabled=False),
+    )
     assert result.filtered["dropped"] == 0 and result.filtered["proposed"] == 24
     with pytest.raises(ValueError, match="max_drop"):
         TrimmerFilter(max_drop=1.0)

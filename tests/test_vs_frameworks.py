@@ -20,7 +20,12 @@ def _rows(path: Path) -> list[dict]:
 
 
 def test_the_quick_run_times_every_runtime_and_writes_its_tables(tmp_path):
-    subprocess.run([sys.executable, "experiments/vs_frameworks.py", "--quick", "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=900)
+    subprocess.run(
+        [sys.executable, "experiments/vs_frameworks.py", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        check=True,
+        timeout=900,
+    )
     models = {row["workload"]: row for row in _rows(tmp_path / "vs_frameworks.csv")}
     assert set(models) == {"tiny-resnet", "op-softmax-bert"}
     for row in models.values():
@@ -42,7 +47,9 @@ def test_the_roofline_bound_is_the_slower_of_compute_and_memory():
     sys.path.insert(0, str(ROOT))
     from experiments.machine_limits import MachineLimits
 
-    limits = MachineLimits(threads=2, fma_gflops=200.0, numpy_sgemm_gflops=250.0, torch_sgemm_gflops=None, copy_gbs=10.0)
+    limits = MachineLimits(
+        threads=2, fma_gflops=200.0, numpy_sgemm_gflops=250.0, torch_sgemm_gflops=None, copy_gbs=10.0
+    )
     assert limits.peak_gflops == 250.0
     assert limits.bound_seconds(flops=250e9, bytes_moved=1e9) == pytest.approx(1.0)  # compute-bound
     assert limits.bound_seconds(flops=1e9, bytes_moved=20e9) == pytest.approx(2.0)  # memory-bound

@@ -18,22 +18,30 @@ from measure import DeviceUnavailable, EngineConfig, MeasureEngine
 from measure.cluster import ClusterEngine, ClusterLost, ClusterOptions, ClusterUnavailable
 from workloads import Workload
 
+from . import metaschedule as msc
 from .compile import UNTUNED_TIMING, best_schedules, compile_workload, time_workload
 from .database import TuningDatabase
 from .errors import NoDeviceError, TunerError
 from .loop import LoopConfig, TuningLoop
-from . import metaschedule as msc
+from .lowering import LoweringOptions
 from .metaschedule import schedule_from_json
 from .objectives import Objectives, check_measurable
 from .progress import Progress
 from .result import TaskResult, TuneResult
 from .scheduler import check_scheduler
 from .targets import require_device, resolve_target
-from .lowering import LoweringOptions
 from .tasks import Task, extract_tasks, load_model, lower_workload
 from .transfer import read_model_sources, read_sources, transfer, warm_start
-from .workdir import ARTIFACT_FILE, COST_MODEL_FILE, DATABASE_FILE, STORAGE_FAILURES, UNTUNED_FILE, WorkDirLock, prepare_work_dir, storage_errno
-
+from .workdir import (
+    ARTIFACT_FILE,
+    COST_MODEL_FILE,
+    DATABASE_FILE,
+    STORAGE_FAILURES,
+    UNTUNED_FILE,
+    WorkDirLock,
+    prepare_work_dir,
+    storage_errno,
+)
 
 
 def tune(
@@ -118,11 +126,28 @@ def tune(
                 objectives = replace(objectives, trials=trials_per_task * len(tasks))
             _record_job(db, workload, tvm_target, tasks, lowering)
             cost_model = CostModel(seed=seed)
-            config = LoopConfig(batch_size=batch_size, verify=verify, scheduler=scheduler, trimmer=trimmer if isinstance(trimmer, TrimmerFilter) else TrimmerFilter(enabled=trimmer))
+            config = LoopConfig(
+                batch_size=batch_size,
+                verify=verify,
+                scheduler=scheduler,
+                trimmer=trimmer if isinstance(trimmer, TrimmerFilter) else TrimmerFilter(enabled=trimmer),
+            )
             loop = TuningLoop(tasks, tvm_target, db, engine, cost_model, seed, config, report)
             tuning_started = time.monotonic()
             if model_sources:
-                db.set_meta("cost_model_from", {"samples": warm_start(cost_model, model_sources, loop.runs[0].search.features.width, report, strict=True, prefix="model")})
+                db.set_meta(
+                    "cost_model_from",
+                    {
+                        "samples": warm_start(
+                            cost_model,
+                            model_sources,
+                            loop.runs[0].search.features.width,
+                            report,
+                            strict=True,
+                            prefix="model",
+                        )
+                    },
+                )
             if sources:
                 db.set_meta("transfer", transfer(sources, loop.runs, cost_model, tvm_target, report))
             transfer_seconds = time.monotonic() - tuning_started
@@ -132,11 +157,18 @@ def tune(
             cost_model.save(work_dir / COST_MODEL_FILE)
             report.line("compiling the tuned and the untuned program")
             compiling = time.monotonic()
-            artifact = compile_workload(engine, workload, lowered, best_schedules(db, tasks, tvm_target), work_dir / ARTIFACT_FILE)
+            artifact = compile_workload(
+                engine, workload, lowered, best_schedules(db, tasks, tvm_target), work_dir / ARTIFACT_FILE
+            )
             untuned = compile_workload(engine, workload, lowered, [], work_dir / UNTUNED_FILE)
             latency_after = time_workload(engine, workload, artifact)
             latency_before = time_workload(engine, workload, untuned, UNTUNED_TIMING)
-            seconds = {"start-up": tuning_started - started, **({"transfer": transfer_seconds} if sources else {}), **loop.phase_seconds, "compile and time": time.monotonic() - compiling}
+            seconds = {
+                "start-up": tuning_started - started,
+                **({"transfer": transfer_seconds} if sources else {}),
+                **loop.phase_seconds,
+                "compile and time": time.monotonic() - compiling,
+            }
             result = TuneResult(
                 model=workload.name,
                 kind=workload.kind,
@@ -182,7 +214,11 @@ def tune(
             problem, fix = STORAGE_FAILURES[code]
             raise TunerError(f"{problem}: {_saved(db)}; {fix}, then run the same command again to resume") from None
         except KeyboardInterrupt as interrupt:
-            print(f"tuner: {interrupt or 'interrupted'}; {_saved(db)}: run the same command again to resume", file=sys.stderr, flush=True)
+            print(
+                f"tuner: {interrupt or 'interrupted'}; {_saved(db)}: run the same command again to resume",
+                file=sys.stderr,
+                flush=True,
+            )
             raise
 
 
@@ -193,14 +229,20 @@ def _saved(db: TuningDatabase) -> str:
         return f"every measurement before it is committed in {db.path}"
 
 
-def make_engine(target: tvm.target.Target, work_dir: Path, build_workers: int | None, cluster: str | None) -> MeasureEngine | ClusterEngine:
+def make_engine(
+    target: tvm.target.Target, work_dir: Path, build_workers: int | None, cluster: str | None
+) -> MeasureEngine | ClusterEngine:
     """This machine's worker processes, or, given a cluster address, the Ray cluster's."""
     if cluster is None:
         return MeasureEngine(target, work_dir, EngineConfig(build_workers=build_workers))
     if not isinstance(cluster, str) or not cluster.strip():
-        raise TunerError(f"cluster must be a Ray address ('auto', 'HOST:PORT', 'ray://HOST:PORT' or 'local'), got {cluster!r}")
+        raise TunerError(
+            f"cluster must be a Ray address ('auto', 'HOST:PORT', 'ray://HOST:PORT' or 'local'), got {cluster!r}"
+        )
     if build_workers is not None:
-        raise TunerError("build_workers sizes this machine's build processes; on a Ray cluster every CPU builds: leave it out")
+        raise TunerError(
+            "build_workers sizes this machine's build processes; on a Ray cluster every CPU builds: leave it out"
+        )
     return ClusterEngine(target, work_dir, ClusterOptions(cluster.strip()))
 
 
@@ -217,7 +259,9 @@ def start_engine(engine: MeasureEngine | ClusterEngine, report: Progress) -> Non
         ) from None
     nodes, measurers = engine.description["nodes"], engine.description["measurers"]
     devices = ", ".join(sorted({m["device"] for m in measurers if m["device"]}))
-    report.line(f"cluster at {engine.options.address}: {len(nodes)} node(s), {sum(n['cpus'] for n in nodes):.0f} CPUs; {len(measurers)} measuring actor(s) on {devices}")
+    report.line(
+        f"cluster at {engine.options.address}: {len(nodes)} node(s), {sum(n['cpus'] for n in nodes):.0f} CPUs; {len(measurers)} measuring actor(s) on {devices}"
+    )
 
 
 def run_objectives(trials: Any, stop: Objectives | None) -> Objectives:
@@ -228,11 +272,15 @@ def run_objectives(trials: Any, stop: Objectives | None) -> Objectives:
         raise TunerError(f"stop must be a tuner.Objectives, got {type(stop).__name__}")
     objectives = replace(stop or Objectives(), trials=trials if trials is not None else (stop.trials if stop else None))
     if objectives.empty:
-        raise TunerError("nothing would end this run: give trials, or a time, energy, money or no-improvement objective in stop")
+        raise TunerError(
+            "nothing would end this run: give trials, or a time, energy, money or no-improvement objective in stop"
+        )
     return objectives
 
 
-def _record_job(db: TuningDatabase, workload: Workload, target: tvm.target.Target, tasks: list[Task], lowering: LoweringOptions) -> None:
+def _record_job(
+    db: TuningDatabase, workload: Workload, target: tvm.target.Target, tasks: list[Task], lowering: LoweringOptions
+) -> None:
     db.set_meta(
         "job",
         {
@@ -241,7 +289,10 @@ def _record_job(db: TuningDatabase, workload: Workload, target: tvm.target.Targe
             "target": str(target),
             "lowering": lowering.as_dict(),
             "inputs": [[s.name, list(s.shape), s.dtype] for s in workload.inputs],
-            "tasks": [{"name": t.name, "workload_id": db.workload_id(t.mod, t.name), "weight": t.weight, "flops": t.flops} for t in tasks],
+            "tasks": [
+                {"name": t.name, "workload_id": db.workload_id(t.mod, t.name), "weight": t.weight, "flops": t.flops}
+                for t in tasks
+            ],
         },
     )
 

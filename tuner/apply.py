@@ -12,13 +12,13 @@ import tvm
 
 from measure import EngineConfig, MeasureEngine
 
-from .workdir import DATABASE_FILE
 from .compile import best_schedules, compile_workload
 from .database import TuningDatabase
 from .errors import TunerError
-from .targets import resolve_target
 from .lowering import LoweringOptions
+from .targets import resolve_target
 from .tasks import extract_tasks, load_model, lower_workload
+from .workdir import DATABASE_FILE
 
 
 def apply(
@@ -36,7 +36,9 @@ def apply(
     work_dir, output = Path(work_dir), Path(output).resolve()
     db_path = work_dir / DATABASE_FILE
     if not db_path.exists():
-        raise TunerError(f"{work_dir} holds no tuning database ({DATABASE_FILE}): run `tuner tune MODEL --work-dir {work_dir}` first")
+        raise TunerError(
+            f"{work_dir} holds no tuning database ({DATABASE_FILE}): run `tuner tune MODEL --work-dir {work_dir}` first"
+        )
     db = TuningDatabase(db_path, read_only=True)
     try:
         job = db.get_meta("job")

@@ -13,13 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import workloads
-from workloads import WorkloadEntry, WorkloadError, get_workload
-
 from measure.host import user_cache_dir
+from workloads import WorkloadEntry, WorkloadError, get_workload
 
 from .targets import resolve_target
 from .tasks import extract_tasks
-
 
 
 @dataclass
@@ -58,7 +56,9 @@ def describe(entry: WorkloadEntry) -> WorkloadInfo:
     return info
 
 
-def catalog(entries: list[WorkloadEntry], on_build: Callable[[str], None] | None = None, cache: Path | None = None) -> list[WorkloadInfo]:
+def catalog(
+    entries: list[WorkloadEntry], on_build: Callable[[str], None] | None = None, cache: Path | None = None
+) -> list[WorkloadInfo]:
     """Every entry described, from the cache where it is current."""
     cache = cache or user_cache_dir() / "catalog.json"
     stored = _load(cache)

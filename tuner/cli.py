@@ -64,7 +64,9 @@ def _shape(text: str) -> tuple[int, ...]:
 def _add_model_options(command: argparse.ArgumentParser) -> None:
     """The options that pick which variant of MODEL is meant (tune and apply must agree)."""
     command.add_argument("--batch", type=_positive_int, help="batch size of a built-in model (default: 1)")
-    command.add_argument("--dtype", choices=("float32", "float16"), help="precision of a built-in model (default: float32)")
+    command.add_argument(
+        "--dtype", choices=("float32", "float16"), help="precision of a built-in model (default: float32)"
+    )
     command.add_argument(
         "--input-shape",
         type=_shape,
@@ -75,12 +77,14 @@ def _add_model_options(command: argparse.ArgumentParser) -> None:
 
 
 def _plateau(text: str) -> tuple[int, float]:
-    """"N,PCT": no improvement by PCT percent over N batches."""
+    """ "N,PCT": no improvement by PCT percent over N batches."""
     try:
         batches, percent = text.split(",")
         return int(batches), float(percent) / 100
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected BATCHES,PERCENT like 4,1 (1% over 4 batches), got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected BATCHES,PERCENT like 4,1 (1% over 4 batches), got {text!r}"
+        ) from None
 
 
 def _add_objective_options(command: argparse.ArgumentParser) -> None:
@@ -90,9 +94,19 @@ def _add_objective_options(command: argparse.ArgumentParser) -> None:
     group.add_argument("--max-joules", type=_positive_float, help="energy budget (GPUs whose driver reports energy)")
     group.add_argument("--max-cost", type=_positive_float, help="money budget, with --price-per-hour")
     group.add_argument("--price-per-hour", type=_positive_float, help="what an hour of the device costs")
-    group.add_argument("--plateau", type=_plateau, metavar="N,PCT", help="stop when the model's latency improved less than PCT%% over N batches")
+    group.add_argument(
+        "--plateau",
+        type=_plateau,
+        metavar="N,PCT",
+        help="stop when the model's latency improved less than PCT%% over N batches",
+    )
     group.add_argument("--task-trials", type=_positive_int, help="drop a task after this many trials")
-    group.add_argument("--task-plateau", type=_plateau, metavar="N,PCT", help="drop a task that improved less than PCT%% over its last N batches")
+    group.add_argument(
+        "--task-plateau",
+        type=_plateau,
+        metavar="N,PCT",
+        help="drop a task that improved less than PCT%% over its last N batches",
+    )
 
 
 def objectives_from_args(args: argparse.Namespace):
@@ -100,7 +114,14 @@ def objectives_from_args(args: argparse.Namespace):
     from .objectives import Objectives
 
     patience, gain = args.plateau or (None, 0.01)
-    run = Objectives(seconds=args.max_seconds, joules=args.max_joules, money=args.max_cost, price_per_hour=args.price_per_hour, patience=patience, min_improvement=gain)
+    run = Objectives(
+        seconds=args.max_seconds,
+        joules=args.max_joules,
+        money=args.max_cost,
+        price_per_hour=args.price_per_hour,
+        patience=patience,
+        min_improvement=gain,
+    )
     task_patience, task_gain = args.task_plateau or (None, 0.01)
     task = Objectives(trials=args.task_trials, patience=task_patience, min_improvement=task_gain)
     return (None if run.empty else run), (None if task.empty else task)
@@ -118,20 +139,37 @@ def build_parser() -> argparse.ArgumentParser:
         "and --trials counts what earlier runs measured.",
     )
     tune.add_argument("model", help="a built-in workload name (see `tuner workloads`) or an .onnx file")
-    tune.add_argument("--target", default="llvm", help="'llvm' (this CPU), 'cuda', 'cuda -arch=sm_90', ... (default: llvm)")
+    tune.add_argument(
+        "--target", default="llvm", help="'llvm' (this CPU), 'cuda', 'cuda -arch=sm_90', ... (default: llvm)"
+    )
     budget = tune.add_mutually_exclusive_group()
     budget.add_argument("--trials", type=_positive_int, default=64, help="candidates to measure in total (default: 64)")
     budget.add_argument(
-        "--trials-per-task", type=_positive_int, help="the budget as candidates per kernel of the model: N x its tasks in total (the scheduler still decides where they go)"
+        "--trials-per-task",
+        type=_positive_int,
+        help="the budget as candidates per kernel of the model: N x its tasks in total (the scheduler still decides where they go)",
     )
-    tune.add_argument("--exact-math", action="store_true", help="compute exp, erf, tanh, sigmoid and softmax with libm instead of vectorised approximations")
+    tune.add_argument(
+        "--exact-math",
+        action="store_true",
+        help="compute exp, erf, tanh, sigmoid and softmax with libm instead of vectorised approximations",
+    )
     _add_objective_options(tune)
     tune.add_argument(
-        "--scheduler", choices=("gradient", "round-robin"), default="gradient", help="which task gets the next batch (default: gradient)"
+        "--scheduler",
+        choices=("gradient", "round-robin"),
+        default="gradient",
+        help="which task gets the next batch (default: gradient)",
     )
-    tune.add_argument("--no-filter", action="store_true", help="measure every proposed candidate (no cost-model filter)")
-    tune.add_argument("--work-dir", type=Path, help="where the database, logs and compiled model go (default: tuner-runs/MODEL-KIND)")
-    tune.add_argument("--batch-size", type=_positive_int, help="candidates measured per round (default: chosen from the budget)")
+    tune.add_argument(
+        "--no-filter", action="store_true", help="measure every proposed candidate (no cost-model filter)"
+    )
+    tune.add_argument(
+        "--work-dir", type=Path, help="where the database, logs and compiled model go (default: tuner-runs/MODEL-KIND)"
+    )
+    tune.add_argument(
+        "--batch-size", type=_positive_int, help="candidates measured per round (default: chosen from the budget)"
+    )
     tune.add_argument("--build-workers", type=_positive_int, help="parallel build processes (default: one per core)")
     _add_model_options(tune)
     tune.add_argument("--seed", type=_positive_int, default=1, help="random seed (default: 1)")
@@ -154,16 +192,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="build and measure on a Ray cluster: 'auto', HOST:PORT of its head, ray://HOST:PORT, or 'local' (default: this machine's processes)",
     )
-    tune.add_argument("--no-verify", action="store_true", help="skip checking the best schedules' outputs against the untuned kernels")
+    tune.add_argument(
+        "--no-verify", action="store_true", help="skip checking the best schedules' outputs against the untuned kernels"
+    )
     tune.add_argument("--quiet", action="store_true", help="print only the final summary")
 
     apply = commands.add_parser(
-        "apply", help="compile a model with tuned schedules", description="Compile MODEL with the best schedules in DIR's database."
+        "apply",
+        help="compile a model with tuned schedules",
+        description="Compile MODEL with the best schedules in DIR's database.",
     )
     apply.add_argument("work_dir", type=Path, metavar="DIR", help="a work dir written by `tuner tune`")
     apply.add_argument("model", help="the model to compile (a built-in workload name or an .onnx file)")
     _add_model_options(apply)
-    apply.add_argument("-o", "--output", type=Path, required=True, help="the shared library to write (load it with tvm.runtime.load_module)")
+    apply.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        help="the shared library to write (load it with tvm.runtime.load_module)",
+    )
     apply.add_argument("--target", help="compile for this target (default: the one DIR was tuned for)")
 
     report = commands.add_parser(
@@ -192,7 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
         "can be tuned here, 1 otherwise.",
     )
     doctor.add_argument("--target", choices=("llvm", "cuda"), help="the target to check (default: both)")
-    doctor.add_argument("--ray", metavar="ADDRESS", help="the Ray cluster to check (default: $RAY_ADDRESS, or the last one started here)")
+    doctor.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="the Ray cluster to check (default: $RAY_ADDRESS, or the last one started here)",
+    )
     return parser
 
 
@@ -244,7 +296,15 @@ def _tune(args: argparse.Namespace) -> int:
 def _apply(args: argparse.Namespace) -> int:
     from .apply import apply
 
-    path = apply(args.work_dir, args.model, args.output, target=args.target, example_inputs=args.input_shape, batch=args.batch, dtype=args.dtype)
+    path = apply(
+        args.work_dir,
+        args.model,
+        args.output,
+        target=args.target,
+        example_inputs=args.input_shape,
+        batch=args.batch,
+        dtype=args.dtype,
+    )
     print(f"wrote {path}")
     return 0
 
@@ -265,7 +325,12 @@ def _workloads(args: argparse.Namespace) -> int:
     entries = list_workloads()
     if args.action == "show":
         return _show_workload(args.name, entries)
-    infos = catalog(entries, on_build=lambda name: print(f"tuner: building {name} to count its kernels (cached afterwards)", file=sys.stderr))
+    infos = catalog(
+        entries,
+        on_build=lambda name: print(
+            f"tuner: building {name} to count its kernels (cached afterwards)", file=sys.stderr
+        ),
+    )
     width = max(len(i.name) for i in infos)
     print(f"{'workload':<{width}}  {'kind':<8}  {'family':<20}  {'GFLOP':>8}  {'tasks':>5}  source")
     for info in infos:
@@ -290,7 +355,9 @@ def _show_workload(name: str | None, entries) -> int:
     if info.unavailable:
         raise TunerError(info.unavailable)
     print(f"{info.name}: {info.source}")
-    print(f"{info.flops / 1e9:.3f} GFLOP per run, {info.distinct_tasks} distinct kernels, {sum(t.weight for t in info.tasks)} launches")
+    print(
+        f"{info.flops / 1e9:.3f} GFLOP per run, {info.distinct_tasks} distinct kernels, {sum(t.weight for t in info.tasks)} launches"
+    )
     width = max(len(t.name) for t in info.tasks)
     print(f"  {'kernel':<{width}}  {'launches':>8}  {'MFLOP/launch':>12}")
     for task in info.tasks:

@@ -30,7 +30,9 @@ def best_schedules(db: TuningDatabase, tasks: list[Task], target: tvm.target.Tar
     return schedules
 
 
-def compile_workload(engine: MeasureEngine, workload: Workload, lowered: tvm.IRModule, schedules: list, artifact: Path) -> Path:
+def compile_workload(
+    engine: MeasureEngine, workload: Workload, lowered: tvm.IRModule, schedules: list, artifact: Path
+) -> Path:
     """Compile ``workload`` (``lowered``: its ``tasks.lower_workload``) with ``schedules`` (none:
     TVM's default schedules) into ``artifact``."""
     artifact.parent.mkdir(parents=True, exist_ok=True)
@@ -38,7 +40,9 @@ def compile_workload(engine: MeasureEngine, workload: Workload, lowered: tvm.IRM
     return engine.compile_program(artifact, mod=mod, kind=workload.kind, schedules=schedules)
 
 
-def time_workload(engine: MeasureEngine, workload: Workload, artifact: Path, timing: TimingConfig = _MODEL_TIMING) -> float:
+def time_workload(
+    engine: MeasureEngine, workload: Workload, artifact: Path, timing: TimingConfig = _MODEL_TIMING
+) -> float:
     """Median seconds per run of a compiled workload, timed in the measuring worker."""
     args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
     return statistics.median(engine.time_program(artifact, workload.kind, args, timing))

@@ -84,7 +84,11 @@ class TuningDatabase:
         one, of this schema or an older one, without ever writing to it (nor migrating it)."""
         self.path = Path(path)
         self._mods: dict[int, tvm.IRModule] = {}
-        fix = "pass the work dir of a `tuner tune` run" if read_only else "choose another --work-dir or move the file away"
+        fix = (
+            "pass the work dir of a `tuner tune` run"
+            if read_only
+            else "choose another --work-dir or move the file away"
+        )
         self._conn: sqlite3.Connection | None = None
         try:
             if read_only:
@@ -98,7 +102,9 @@ class TuningDatabase:
                 self._conn.close()
             if isinstance(err, DatabaseError):
                 raise
-            raise DatabaseError(f"{self.path} is not a usable tensor-tuner database ({err}); it was left untouched: {fix}") from None
+            raise DatabaseError(
+                f"{self.path} is not a usable tensor-tuner database ({err}); it was left untouched: {fix}"
+            ) from None
 
     def _schema(self) -> tuple[str | None, set[str]]:
         """The schema named in the meta table (None if there is none) and the tables present."""
@@ -113,7 +119,9 @@ class TuningDatabase:
                 "upgrade tensor-tuner to use it, or choose another work dir"
             )
         found = schema or "tables " + (", ".join(sorted(tables)) or "none")
-        return DatabaseError(f"{self.path} is a SQLite file of something else ({found}), not a {SCHEMA} database; it was left untouched: {fix}")
+        return DatabaseError(
+            f"{self.path} is a SQLite file of something else ({found}), not a {SCHEMA} database; it was left untouched: {fix}"
+        )
 
     def _check_readable(self, fix: str) -> None:
         schema, tables = self._schema()
@@ -127,7 +135,9 @@ class TuningDatabase:
             self._conn.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA,))
         else:
             if schema in _MIGRATIONS:  # an older database of ours: bring it up to date
-                self._conn.executescript(f"BEGIN; {_MIGRATIONS[schema]}; UPDATE meta SET value='{SCHEMA}' WHERE key='schema'; COMMIT;")
+                self._conn.executescript(
+                    f"BEGIN; {_MIGRATIONS[schema]}; UPDATE meta SET value='{SCHEMA}' WHERE key='schema'; COMMIT;"
+                )
                 schema = SCHEMA
             if schema != SCHEMA:
                 raise self._foreign(schema, tables, fix)
@@ -165,7 +175,8 @@ class TuningDatabase:
         if found is not None:
             return found
         cursor = self._conn.execute(
-            "INSERT INTO workloads (shash, mod_json, name) VALUES (?, ?, ?)", (msc.structural_key(mod), tvm.ir.save_json(mod), name)
+            "INSERT INTO workloads (shash, mod_json, name) VALUES (?, ?, ?)",
+            (msc.structural_key(mod), tvm.ir.save_json(mod), name),
         )
         self._mods[cursor.lastrowid] = mod
         return cursor.lastrowid
@@ -227,17 +238,22 @@ class TuningDatabase:
         """Attach a re-measurement: the latency becomes the median of the new samples, all are kept."""
         (old,) = self._conn.execute("SELECT samples FROM records WHERE id=?", (record_id,)).fetchone()
         self._conn.execute(
-            "UPDATE records SET samples=?, latency=? WHERE id=?", (json.dumps(json.loads(old) + samples), statistics.median(samples), record_id)
+            "UPDATE records SET samples=?, latency=? WHERE id=?",
+            (json.dumps(json.loads(old) + samples), statistics.median(samples), record_id),
         )
 
     def set_verified(self, record_id: int, ok: bool, detail: str | None = None) -> None:
         if ok:
             self._conn.execute("UPDATE records SET verified=1 WHERE id=?", (record_id,))
         else:
-            self._conn.execute("UPDATE records SET verified=0, status='wrong_result', error=? WHERE id=?", (detail, record_id))
+            self._conn.execute(
+                "UPDATE records SET verified=0, status='wrong_result', error=? WHERE id=?", (detail, record_id)
+            )
 
     def measured_candidates(self, workload_id: int, target: str) -> set[str]:
-        rows = self._conn.execute("SELECT candidate FROM records WHERE workload_id=? AND target=?", (workload_id, target))
+        rows = self._conn.execute(
+            "SELECT candidate FROM records WHERE workload_id=? AND target=?", (workload_id, target)
+        )
         return {row[0] for row in rows}
 
     def count_records(self) -> int:
@@ -247,7 +263,8 @@ class TuningDatabase:
     def best(self, workload_id: int, target: str, k: int = 1) -> list[Record]:
         """The ``k`` fastest successful records of a workload (wrong results excluded)."""
         return self._select(
-            "WHERE workload_id=? AND target=? AND status='ok' ORDER BY latency ASC, id ASC LIMIT ?", (workload_id, target, k)
+            "WHERE workload_id=? AND target=? AND status='ok' ORDER BY latency ASC, id ASC LIMIT ?",
+            (workload_id, target, k),
         )
 
     def records(self, target: str | None = None) -> list[Record]:
@@ -264,7 +281,8 @@ class TuningDatabase:
 
     def _select(self, where: str, params: tuple) -> list[Record]:
         rows = self._conn.execute(
-            "SELECT id, workload_id, target, candidate, trace, status, latency, samples, error, args, elapsed, verified FROM records " + where,
+            "SELECT id, workload_id, target, candidate, trace, status, latency, samples, error, args, elapsed, verified FROM records "
+            + where,
             params,
         )
         return [
@@ -350,4 +368,3 @@ class _MetaScheduleView(PyDatabase):
 
     def __len__(self) -> int:
         return len(self.db.records(self.key))
-

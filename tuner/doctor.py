@@ -47,9 +47,21 @@ def check_tvm() -> list[Check]:
 
     ffi = _version("apache-tvm-ffi")
     if ffi.startswith(_BROKEN_FFI):
-        return [_fail("TVM", f"apache-tvm-ffi {ffi} crashes serializing TVM modules: pip install apache-tvm-ffi==0.1.14.post1", *TARGETS)]
+        return [
+            _fail(
+                "TVM",
+                f"apache-tvm-ffi {ffi} crashes serializing TVM modules: pip install apache-tvm-ffi==0.1.14.post1",
+                *TARGETS,
+            )
+        ]
     if getattr(tvm, "_RUNTIME_ONLY", False):
-        return [_fail("TVM", f"{tvm.__version__} runtime only (no compiler library, or TVM_USE_RUNTIME_LIB=1): this host can time built kernels but not tune", *TARGETS)]
+        return [
+            _fail(
+                "TVM",
+                f"{tvm.__version__} runtime only (no compiler library, or TVM_USE_RUNTIME_LIB=1): this host can time built kernels but not tune",
+                *TARGETS,
+            )
+        ]
     return [_ok("TVM", f"{tvm.__version__} with its compiler (tvm-ffi {ffi})")]
 
 
@@ -63,7 +75,14 @@ def check_cuda() -> tuple[list[Check], list[str]]:
     if problem:
         return [_fail("CUDA runtime", problem, "cuda")], []
     version = driver_cuda_version()
-    checks = [_ok("CUDA runtime", f"TVM's CUDA runtime loads; the driver supports CUDA {version // 1000}.{version % 1000 // 10}" if version else "TVM's CUDA runtime loads")]
+    checks = [
+        _ok(
+            "CUDA runtime",
+            f"TVM's CUDA runtime loads; the driver supports CUDA {version // 1000}.{version % 1000 // 10}"
+            if version
+            else "TVM's CUDA runtime loads",
+        )
+    ]
     gpus = [tvm.cuda(i) for i in range(visible_gpu_count())]
     gpus = [dev for dev in gpus if dev.exist]
     if not gpus:
@@ -82,7 +101,12 @@ def check_nvml() -> list[Check]:
     monitor = NvmlMonitor()
     try:
         if not monitor.available:
-            return [_warn("NVML", f"not available ({monitor.unavailable}): GPU energy and health are not recorded, energy budgets are refused")]
+            return [
+                _warn(
+                    "NVML",
+                    f"not available ({monitor.unavailable}): GPU energy and health are not recorded, energy budgets are refused",
+                )
+            ]
         if monitor.missing:
             return [_warn("NVML", monitor.describe().removeprefix("NVML: "))]
         return [_ok("NVML", monitor.describe().removeprefix("NVML: "))]
@@ -102,7 +126,11 @@ def check_cuda_compiler(arch: str) -> list[Check]:
         _compile_probe(mode.mode, arch)
     except Exception as err:  # noqa: BLE001 - any compiler failure is the finding
         lines = [line for line in str(err).splitlines() if line.strip()]
-        return [_fail("CUDA compiler", f"{mode.describe()} cannot compile for {arch}: {lines[-1] if lines else err}", "cuda")]
+        return [
+            _fail(
+                "CUDA compiler", f"{mode.describe()} cannot compile for {arch}: {lines[-1] if lines else err}", "cuda"
+            )
+        ]
     return [_ok("CUDA compiler", f"{mode.describe()}; compiles for {arch}")]
 
 
@@ -111,7 +139,9 @@ def _compile_probe(mode: str, arch: str) -> None:
     from tvm.support import nvcc
 
     with tvm.target.Target({"kind": "cuda", "arch": arch}):
-        nvcc.compile_cuda('extern "C" __global__ void probe(float* x) { x[threadIdx.x] += 1.0f; }', "cubin", compiler=mode)
+        nvcc.compile_cuda(
+            'extern "C" __global__ void probe(float* x) { x[threadIdx.x] += 1.0f; }', "cubin", compiler=mode
+        )
 
 
 def check_ray(address: str | None) -> list[Check]:
@@ -121,7 +151,11 @@ def check_ray(address: str | None) -> list[Check]:
 
     version = _version("ray")
     if not version:
-        return [_fail("Ray", "not installed: pip install 'ray[client]==2.60.0'", *TARGETS)] if address else [_warn("Ray", "not installed: only this machine's workers can be used")]
+        return (
+            [_fail("Ray", "not installed: pip install 'ray[client]==2.60.0'", *TARGETS)]
+            if address
+            else [_warn("Ray", "not installed: only this machine's workers can be used")]
+        )
     where, source = address, "--ray"
     if where is None and os.environ.get("RAY_ADDRESS"):
         where, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
@@ -130,14 +164,23 @@ def check_ray(address: str | None) -> list[Check]:
         if latest.is_file() and latest.read_text().strip():
             where, source = latest.read_text().strip(), "the last cluster started on this machine"
     if where is None:
-        return [_ok("Ray", f"{version}; no cluster to join (no RAY_ADDRESS, none started here): tuning uses this machine, `--ray local` starts a private cluster")]
+        return [
+            _ok(
+                "Ray",
+                f"{version}; no cluster to join (no RAY_ADDRESS, none started here): tuning uses this machine, `--ray local` starts a private cluster",
+            )
+        ]
     if where in ("auto", "local"):
         return [_ok("Ray", f"{version}; would use {where!r} (from {source})")]
     try:
         check_reachable(where)
     except ClusterUnavailable as err:
         fix = f"{err}: start it with `ray start --head`, or give another address"
-        return [_fail("Ray", f"{version}; cannot join {where} (from {source}): {fix}", *TARGETS)] if address else [_warn("Ray", f"{version}; {fix}")]
+        return (
+            [_fail("Ray", f"{version}; cannot join {where} (from {source}): {fix}", *TARGETS)]
+            if address
+            else [_warn("Ray", f"{version}; {fix}")]
+        )
     return [_ok("Ray", f"{version}; would join {where} (from {source}), which answers")]
 
 
@@ -149,7 +192,12 @@ def check_cpu() -> list[Check]:
     mcpu = tvm.target.codegen.llvm_get_system_cpu()
     text = f"{cpu_model()}, {physical_cores()} physical cores, mcpu={mcpu}"
     if mcpu in ("", "generic"):
-        return [_warn("CPU", f"{text}: LLVM does not know this CPU, so kernels get no vector extensions; give one with --target 'llvm -mcpu=NAME'")]
+        return [
+            _warn(
+                "CPU",
+                f"{text}: LLVM does not know this CPU, so kernels get no vector extensions; give one with --target 'llvm -mcpu=NAME'",
+            )
+        ]
     return [_ok("CPU", text)]
 
 
@@ -177,7 +225,9 @@ def doctor(targets: Sequence[str] = TARGETS, ray_address: str | None = None, out
         out(check.line(width))
     blocked = verdicts(checks, targets)
     for target, reasons in blocked.items():
-        out(f"{target}: " + ("can be tuned here" if not reasons else f"cannot be tuned here (see {', '.join(reasons)})"))
+        out(
+            f"{target}: " + ("can be tuned here" if not reasons else f"cannot be tuned here (see {', '.join(reasons)})")
+        )
     return 0 if not any(blocked.values()) else 1
 
 

@@ -9,23 +9,30 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 import tvm
 
-import numpy as np
-
-from costmodel import CandidateFeatures, CostModel, FilterDecision, FilterLedger, RankQuality, TrimmerFilter, rank_quality
+from costmodel import (
+    CandidateFeatures,
+    CostModel,
+    FilterDecision,
+    FilterLedger,
+    RankQuality,
+    TrimmerFilter,
+    rank_quality,
+)
 from measure import MeasureEngine, MeasureInput, TimingConfig
 
 from . import metaschedule as msc
 from .database import Record, TuningDatabase
 from .errors import TunerError
-from .progress import Progress
-from .workdir import stop_on_storage_failure
 from .objectives import Objectives, Spending, check_measurable, met
+from .progress import Progress
 from .scheduler import TaskProgress, make_scheduler, task_kind
 from .search import Candidate, SearchConfig, TaskSearch
 from .targets import describe_target
 from .tasks import Task
+from .workdir import stop_on_storage_failure
 
 
 @dataclass
@@ -35,7 +42,9 @@ class LoopConfig:
     scheduler: str = "gradient"  # or "round-robin"
     trimmer: TrimmerFilter = field(default_factory=TrimmerFilter)
     remeasure_top: int = 5  # re-measured at the end with final_timing before the best is chosen
-    final_timing: TimingConfig = field(default_factory=lambda: TimingConfig(min_repeats=5, max_repeats=50, budget_seconds=0.25))
+    final_timing: TimingConfig = field(
+        default_factory=lambda: TimingConfig(min_repeats=5, max_repeats=50, budget_seconds=0.25)
+    )
     verify: bool = True
     give_up_after: int = 32  # failures in a row, with no success at all yet, that end the run
 
@@ -114,8 +123,12 @@ class TuningLoop:
         self.runs: list[TaskRun] = []
         for index, task in enumerate(tasks):
             workload_id = db.workload_id(task.mod, task.name)
-            search = TaskSearch(task.mod, target, seed + index, cost_model, features, group=str(workload_id), config=self.config.search)
-            self.runs.append(TaskRun(task, workload_id, search, TaskProgress(task.weight, task.flops, task_kind(task.name))))
+            search = TaskSearch(
+                task.mod, target, seed + index, cost_model, features, group=str(workload_id), config=self.config.search
+            )
+            self.runs.append(
+                TaskRun(task, workload_id, search, TaskProgress(task.weight, task.flops, task_kind(task.name)))
+            )
         self._restore()
 
     @property
@@ -177,7 +190,9 @@ class TuningLoop:
         self.progress.line(f"stopped: {self.stop_reason}")
         return self.stop_reason
 
-    def _batch_limit(self, batch_size: int, run_objectives: Objectives, task_objectives: Objectives, run: TaskRun) -> int:
+    def _batch_limit(
+        self, batch_size: int, run_objectives: Objectives, task_objectives: Objectives, run: TaskRun
+    ) -> int:
         limit = batch_size
         if run_objectives.trials:
             limit = min(limit, run_objectives.trials - self.trials_done)
@@ -206,7 +221,9 @@ class TuningLoop:
             # Transferred schedules are measured whatever the model says: they are what transfer-tuning
             # brings, and a model warm-started on other kernels is least sure about this one's.
             transferred = [c.transferred for c in candidates]
-            decision = self.trimmer.split(run.group, mean + spread, self._rng, fresh, run.progress.batches_without_improvement, transferred)
+            decision = self.trimmer.split(
+                run.group, mean + spread, self._rng, fresh, run.progress.batches_without_improvement, transferred
+            )
         for i in decision.dropped:
             run.search.skip(candidates[i])
         measured = [candidates[i] for i in decision.keep]
@@ -217,7 +234,11 @@ class TuningLoop:
         per_candidate = (time.monotonic() - measuring) / max(1, len(measured))
         joules_each = outcome.joules / len(measured) if outcome.joules is not None and measured else None
         self.ledger.add(decision, per_candidate, joules_each)
-        quality = rank_quality(scores[decision.keep], outcome.latencies) if trained else RankQuality(None, None, 0, len(measured))
+        quality = (
+            rank_quality(scores[decision.keep], outcome.latencies)
+            if trained
+            else RankQuality(None, None, 0, len(measured))
+        )
         if trained:
             self.trimmer.record(run.group, scores[decision.keep], outcome.latencies)
         if not any(r.trials == 0 and r.search.seeds_waiting for r in self.runs):
@@ -251,7 +272,13 @@ class TuningLoop:
         self.db.set_meta("trimmer", self.ledger.as_dict())
         self.db.set_meta("trimmer_judged", self.trimmer.state())
         entry = {"time": time.time(), "task": run.task.name, "trials": self.trials_done, **quality.as_dict()}
-        entry |= {"pooled_tau": self.trimmer.rank_quality(run.group), "trust": decision.trust, "threshold": decision.threshold, "dropped": len(decision.dropped), "explored": len(decision.explored)}
+        entry |= {
+            "pooled_tau": self.trimmer.rank_quality(run.group),
+            "trust": decision.trust,
+            "threshold": decision.threshold,
+            "dropped": len(decision.dropped),
+            "explored": len(decision.explored),
+        }
         self._quality_log.parent.mkdir(parents=True, exist_ok=True)
         with open(self._quality_log, "a") as log:
             log.write(json.dumps(entry) + "\n")
@@ -327,7 +354,9 @@ class TuningLoop:
             outcome = self.engine.verify(run.task.mod, sch.mod, tolerance(run.task.mod), group=run.group)
             if outcome.ok is False:
                 self.db.set_verified(record.id, False, outcome.detail)
-                self.progress.line(f"{run.task.name}: candidate {record.candidate} gives wrong results ({outcome.detail}); skipped")
+                self.progress.line(
+                    f"{run.task.name}: candidate {record.candidate} gives wrong results ({outcome.detail}); skipped"
+                )
                 continue
             if outcome.ok:
                 self.db.set_verified(record.id, True)

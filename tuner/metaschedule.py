@@ -17,8 +17,8 @@ import tvm_ffi
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule import _ffi_api
-from tvm.s_tir.schedule import _ffi_api as _ffi_api_schedule
 from tvm.s_tir.schedule import Trace
+from tvm.s_tir.schedule import _ffi_api as _ffi_api_schedule
 
 from measure.tensor_cores import ensure_tensor_intrinsics, trace_uses_tensor_intrinsics
 
@@ -90,7 +90,11 @@ def tensor_core_rules() -> list:
     never share an allocation, and build. Its second, MMA-intrinsic rule is left out: its
     candidates fail in TransformMmaBufferLayout and InjectPermutedLayout in this TVM.
     """
-    groups = [_wmma_group(inputs, output, trans) for inputs, output in (("f16", "f32"), ("f16", "f16"), ("s8", "s32")) for trans in (False, True)]
+    groups = [
+        _wmma_group(inputs, output, trans)
+        for inputs, output in (("f16", "f32"), ("f16", "f16"), ("s8", "s32"))
+        for trans in (False, True)
+    ]
     tiling = ms.schedule_rule.MultiLevelTilingTensorCore(
         intrin_groups=groups,
         structure="SSSRRSRS",
@@ -123,7 +127,9 @@ def mutators(context: ms.TuneContext) -> tuple[list, list[float]]:
 Retile = Callable[[list[int], int, int], list[int]]
 
 
-def replay(mod: tvm.IRModule, trace: Trace, seed: int, postprocs: Sequence, retile: Retile | None = None) -> Schedule | None:
+def replay(
+    mod: tvm.IRModule, trace: Trace, seed: int, postprocs: Sequence, retile: Retile | None = None
+) -> Schedule | None:
     """Apply ``trace`` without its postprocessing part (its random decisions kept where present,
     drawn anew where not), then the postprocessors, as MetaSchedule does; None if the trace does
     not apply or a postprocessor rejects the result. ``retile`` rewrites each SamplePerfectTile
@@ -132,7 +138,9 @@ def replay(mod: tvm.IRModule, trace: Trace, seed: int, postprocs: Sequence, reti
     provider = None if retile is None else _tile_provider(sch, retile)
     try:
         trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provider)
-    except Exception:  # a mutated or transferred trace can be invalid for this module (TVM raises InternalError); skip it
+    except (
+        Exception
+    ):  # a mutated or transferred trace can be invalid for this module (TVM raises InternalError); skip it
         return None
     sch.enter_postproc()  # marks where the postprocessors' instructions start, so a replay can drop them
     for postproc in postprocs:
@@ -258,5 +266,7 @@ def kernel_blocks(mod: tvm.IRModule) -> list[BlockShape]:
             kinds.setdefault(int(iv.iter_type), []).append(int(extent) if isinstance(extent, tvm.tirx.IntImm) else -1)
         dtypes = sorted({str(region.source.dtype) for region in (*block.reads, *block.writes)})
         spatial, reduction = kinds.pop(tvm.tirx.IterVar.DataPar, []), kinds.pop(tvm.tirx.IterVar.CommReduce, [])
-        blocks.append(BlockShape(block.name_hint, tuple(spatial), tuple(reduction), sum(map(len, kinds.values())), tuple(dtypes)))
+        blocks.append(
+            BlockShape(block.name_hint, tuple(spatial), tuple(reduction), sum(map(len, kinds.values())), tuple(dtypes))
+        )
     return blocks

@@ -55,7 +55,9 @@ def write_report(work_dir: str | Path, output_dir: str | Path | None = None) -> 
     work_dir = Path(work_dir)
     db_path = work_dir / DATABASE_FILE
     if not db_path.exists():
-        raise TunerError(f"{work_dir} holds no tuning database ({DATABASE_FILE}): run `tuner tune ... --work-dir {work_dir}` first")
+        raise TunerError(
+            f"{work_dir} holds no tuning database ({DATABASE_FILE}): run `tuner tune ... --work-dir {work_dir}` first"
+        )
     db = TuningDatabase(db_path, read_only=True)
     try:
         job = db.get_meta("job")
@@ -79,7 +81,16 @@ def write_report(work_dir: str | Path, output_dir: str | Path | None = None) -> 
     return md, png
 
 
-def _markdown(job: dict, result: dict, filtered: dict, transferred: dict, records: list[Record], curve: Curve, png_name: str, work_dir: Path) -> str:
+def _markdown(
+    job: dict,
+    result: dict,
+    filtered: dict,
+    transferred: dict,
+    records: list[Record],
+    curve: Curve,
+    png_name: str,
+    work_dir: Path,
+) -> str:
     by_task: dict[int, list[Record]] = {}
     for record in records:
         by_task.setdefault(record.workload_id, []).append(record)
@@ -92,7 +103,9 @@ def _markdown(job: dict, result: dict, filtered: dict, transferred: dict, record
     ]
     if result.get("latency_after"):
         before, after = result["latency_before"], result["latency_after"]
-        lines.append(f"- latency: {format_latency(before)} with TVM's default schedules, {format_latency(after)} tuned ({before / after:.2f}x)")
+        lines.append(
+            f"- latency: {format_latency(before)} with TVM's default schedules, {format_latency(after)} tuned ({before / after:.2f}x)"
+        )
     if result.get("seconds"):
         lines.append("- time of the last run: " + format_phases(result["seconds"]))
     if result.get("stop_reason"):
@@ -106,12 +119,18 @@ def _markdown(job: dict, result: dict, filtered: dict, transferred: dict, record
             f"seeded {source['tasks']} of {len(job['tasks'])} tasks"
         )
     if transferred.get("cost_model_samples"):
-        lines.append(f"- cost model warm-started with {transferred['cost_model_samples']} measurements of the source runs")
+        lines.append(
+            f"- cost model warm-started with {transferred['cost_model_samples']} measurements of the source runs"
+        )
     failures = Counter(r.status for r in records if r.status != "ok")
     if failures:
         lines.append("- failed candidates: " + ", ".join(f"{n} {status}" for status, n in sorted(failures.items())))
     lines += _dop_summary(work_dir)
-    lines += ["", "| task | launches | trials | best | spread | samples | GFLOP/s | failed | verified |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines += [
+        "",
+        "| task | launches | trials | best | spread | samples | GFLOP/s | failed | verified |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for task in job["tasks"]:
         mine = by_task.get(task["workload_id"], [])
         ok = [r for r in mine if r.status == "ok"]
@@ -159,7 +178,9 @@ def _dop_summary(work_dir: Path) -> list[str]:
     losses = sum(d["reason"].startswith("loss") for d in decisions)
     counts = Counter(d["dop"] for d in decisions)
     spread = ", ".join(f"{n} at {dop}" for dop, n in sorted(counts.items()))
-    return [f"- measurement parallelism: {len(decisions)} windows ({spread}), {losses} loss(es); every decision in logs/dop.jsonl"]
+    return [
+        f"- measurement parallelism: {len(decisions)} windows ({spread}), {losses} loss(es); every decision in logs/dop.jsonl"
+    ]
 
 
 def _plot(curve: Curve, title: str, path: Path) -> None:

@@ -12,8 +12,8 @@ import tvm
 
 from workloads import TensorSpec
 
-from .runtime import CompiledModel, ModelDescription
 from .progress import filter_summary, format_latency, format_phases, format_seconds
+from .runtime import CompiledModel, ModelDescription
 from .targets import describe_target, target_kind
 
 
@@ -54,7 +54,9 @@ class TuneResult:
     wall_seconds: float
     seconds: dict[str, float] = field(default_factory=dict)  # where the wall time went, by phase
     stop_reason: str | None = None  # the objective that ended the tuning
-    filtered: dict = field(default_factory=dict)  # what the cost-model filter dropped and saved (costmodel.FilterLedger)
+    filtered: dict = field(
+        default_factory=dict
+    )  # what the cost-model filter dropped and saved (costmodel.FilterLedger)
     _module: Any = field(default=None, repr=False)
     _compiled: Any = field(default=None, repr=False)
 
@@ -105,7 +107,9 @@ class TuneResult:
         return [t.numpy() for t in tensors]
 
     def summary(self) -> str:
-        lines = [f"{self.model} on {describe_target(self.target)}: {self.trials} trials in {format_seconds(self.wall_seconds)}"]
+        lines = [
+            f"{self.model} on {describe_target(self.target)}: {self.trials} trials in {format_seconds(self.wall_seconds)}"
+        ]
         if self.seconds:
             lines.append("time: " + format_phases(self.seconds))
         if self.stop_reason:
@@ -114,10 +118,14 @@ class TuneResult:
             lines.append(filter_summary(self.filtered))
         if self.latency_before is not None:
             speedup = f" ({self.speedup:.2f}x)" if self.speedup else ""
-            lines.append(f"latency {format_latency(self.latency_before)} untuned -> {format_latency(self.latency_after)} tuned{speedup}")
+            lines.append(
+                f"latency {format_latency(self.latency_before)} untuned -> {format_latency(self.latency_after)} tuned{speedup}"
+            )
         for task in self.tasks:
             speed = f"  {task.gflops:.1f} GFLOP/s" if task.gflops else ""
             check = {True: "verified", False: "WRONG", None: "unverified"}[task.verified]
-            lines.append(f"  {task.name} x{task.weight}: {format_latency(task.best_latency)}{speed}, {task.trials} trials, {check}")
+            lines.append(
+                f"  {task.name} x{task.weight}: {format_latency(task.best_latency)}{speed}, {task.trials} trials, {check}"
+            )
         lines.append(f"artifact {self.artifact_path}  database {self.database_path}")
         return "\n".join(lines)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,12 @@ class ModelDescription:
 
     def save(self, library: Path) -> Path:
         path = description_path(library)
-        data = {"name": self.name, "kind": self.kind, "target": self.target, "inputs": [[s.name, list(s.shape), s.dtype] for s in self.inputs]}
+        data = {
+            "name": self.name,
+            "kind": self.kind,
+            "target": self.target,
+            "inputs": [[s.name, list(s.shape), s.dtype] for s in self.inputs],
+        }
         path.write_text(json.dumps(data, indent=1) + "\n")
         return path
 
@@ -50,7 +54,9 @@ class ModelDescription:
     def read(cls, library: Path) -> ModelDescription:
         path = description_path(library)
         if not path.exists():
-            raise TunerError(f"{library} has no description beside it ({path.name}): export compiled models with TuneResult.export, which writes both")
+            raise TunerError(
+                f"{library} has no description beside it ({path.name}): export compiled models with TuneResult.export, which writes both"
+            )
         try:
             data = json.loads(path.read_text())
             inputs = [TensorSpec(name, tuple(shape), dtype) for name, shape, dtype in data["inputs"]]
@@ -68,7 +74,9 @@ class CompiledModel:
 
     def __init__(self, library: str | Path, description: ModelDescription, device: tvm.runtime.Device | None = None):
         if description.kind != "relax":
-            raise TunerError(f"{library} is a single kernel, not a model: load it with tvm.runtime.load_module and call it with every buffer")
+            raise TunerError(
+                f"{library} is a single kernel, not a model: load it with tvm.runtime.load_module and call it with every buffer"
+            )
         self.library = Path(library)
         self.description = description
         self.device = device or (tvm.cuda(0) if target_kind(description.target) == "cuda" else tvm.cpu(0))
@@ -95,7 +103,9 @@ class CompiledModel:
         spec = self.inputs[index]
         shape, dtype = tuple(value.shape), str(value.dtype).removeprefix("torch.")
         if shape != tuple(spec.shape) or dtype != spec.dtype:
-            raise TunerError(f"input {spec.name} of {self.description.name} must be {spec.dtype}{list(spec.shape)}, got {dtype}{list(shape)}")
+            raise TunerError(
+                f"input {spec.name} of {self.description.name} must be {spec.dtype}{list(spec.shape)}, got {dtype}{list(shape)}"
+            )
         if self._zero_copy(value):
             return tvm_ffi.from_dlpack(value)
         buffer = self._buffers[index]
@@ -104,10 +114,18 @@ class CompiledModel:
 
     def _zero_copy(self, value: Any) -> bool:
         if _is_torch(value):
-            device_ok = (value.device.type == "cuda") == (self.device.dlpack_device_type() == tvm.cuda(0).dlpack_device_type())
-            return device_ok and value.is_contiguous() and value.data_ptr() % _ALIGNMENT == 0 and not value.requires_grad
+            device_ok = (value.device.type == "cuda") == (
+                self.device.dlpack_device_type() == tvm.cuda(0).dlpack_device_type()
+            )
+            return (
+                device_ok and value.is_contiguous() and value.data_ptr() % _ALIGNMENT == 0 and not value.requires_grad
+            )
         if isinstance(value, np.ndarray):
-            return self.device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type() and value.flags.c_contiguous and value.ctypes.data % _ALIGNMENT == 0
+            return (
+                self.device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
+                and value.flags.c_contiguous
+                and value.ctypes.data % _ALIGNMENT == 0
+            )
         return False
 
     def _result(self, out: tvm.runtime.Tensor, as_torch: bool) -> Any:
@@ -115,7 +133,9 @@ class CompiledModel:
             import torch
 
             return torch.from_dlpack(out)
-        return np.from_dlpack(out) if out.device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type() else out.numpy()
+        return (
+            np.from_dlpack(out) if out.device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type() else out.numpy()
+        )
 
 
 def load(path: str | Path, device: tvm.runtime.Device | None = None) -> CompiledModel:
@@ -142,4 +162,3 @@ def _set_threads(target: str) -> None:
 
 def _is_torch(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "data_ptr")
-

@@ -94,7 +94,9 @@ class TaskSearch:
     def restore(self, measured: list[tuple[str, str, float | None]]) -> None:
         """Take in candidates (key, trace JSON, latency or None) measured by earlier runs of this work dir."""
         schedules = _parallel(lambda item: _replayed_or_none(self.mod, item[1]), measured)
-        kept = [(Candidate(key, sch), latency) for (key, _, latency), sch in zip(measured, schedules) if sch is not None]
+        kept = [
+            (Candidate(key, sch), latency) for (key, _, latency), sch in zip(measured, schedules) if sch is not None
+        ]
         self.feature_rows([candidate for candidate, _ in kept])  # one batched extraction
         for candidate, latency in kept:
             self.observe(candidate, latency)
@@ -139,7 +141,9 @@ class TaskSearch:
         fresh = self._refresh_pool(max(1, n - n_mutants) * self.config.fresh_per_pick)
         fresh_scores = self._scores(fresh)
         elites = [c for _, c in self.elites[: int(self.config.population * self.config.elite_share)]]
-        best_fresh = [fresh[i] for i in np.argsort(-fresh_scores, kind="stable")[: self.config.population - len(elites)]]
+        best_fresh = [
+            fresh[i] for i in np.argsort(-fresh_scores, kind="stable")[: self.config.population - len(elites)]
+        ]
         population = elites + best_fresh
         scores = self._scores(population)
         mutants: dict[str, Candidate] = {}
@@ -196,7 +200,9 @@ class TaskSearch:
             rows = self.features.extract(self.context, [msc.measure_candidate(c.schedule) for c in missing])
             for candidate, row in zip(missing, rows):
                 self._features[candidate.key] = row
-        return np.stack([self._features[c.key] for c in candidates]) if candidates else np.zeros((0, self.features.width))
+        return (
+            np.stack([self._features[c.key] for c in candidates]) if candidates else np.zeros((0, self.features.width))
+        )
 
     def _scores(self, candidates: list[Candidate]) -> np.ndarray:
         return self.cost_model.predict(self.feature_rows(candidates), self.rng)

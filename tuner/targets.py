@@ -44,7 +44,9 @@ def resolve_target(spec: str | dict | Target) -> Target:
         raise TargetError(f"invalid target {spec!r}: use {_EXAMPLES}")
     kind = config.get("kind")
     if kind not in SUPPORTED_KINDS:
-        raise TargetError(f"unsupported target kind {kind!r} in {spec!r}: the tuner supports {', '.join(SUPPORTED_KINDS)}; use {_EXAMPLES}")
+        raise TargetError(
+            f"unsupported target kind {kind!r} in {spec!r}: the tuner supports {', '.join(SUPPORTED_KINDS)}; use {_EXAMPLES}"
+        )
     config = _complete_llvm(config) if kind == "llvm" else _complete_cuda(config)
     try:
         return Target(config)
@@ -107,7 +109,23 @@ def _config_of(target: Target) -> dict[str, Any]:
 
 
 # The GPU architectures TVM 0.27 compiles for (NVCC/NVRTC names).
-CUDA_ARCHS = ("sm_70", "sm_72", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_101", "sm_103", "sm_120", "sm_121")
+CUDA_ARCHS = (
+    "sm_70",
+    "sm_72",
+    "sm_75",
+    "sm_80",
+    "sm_86",
+    "sm_87",
+    "sm_89",
+    "sm_90",
+    "sm_90a",
+    "sm_100",
+    "sm_100a",
+    "sm_101",
+    "sm_103",
+    "sm_120",
+    "sm_121",
+)
 
 
 def _closest(name: str, known: list[str] | tuple[str, ...]) -> str:
@@ -125,13 +143,17 @@ def _check_mcpu(config: dict[str, Any]) -> None:
     if codegen.llvm_is_valid_cpu(mcpu, triple):
         return
     known = list(codegen.llvm_get_cpu_archlist(Target({"kind": "llvm", "mtriple": triple})))
-    raise TargetError(f"unknown CPU -mcpu={mcpu} for {triple}: {_closest(mcpu, known)} (`llc -mcpu=help` lists them; leave -mcpu out for this machine's CPU)")
+    raise TargetError(
+        f"unknown CPU -mcpu={mcpu} for {triple}: {_closest(mcpu, known)} (`llc -mcpu=help` lists them; leave -mcpu out for this machine's CPU)"
+    )
 
 
 def _check_arch(config: dict[str, Any]) -> None:
     arch = config.get("arch")
     if arch is not None and arch not in CUDA_ARCHS:
-        raise TargetError(f"unknown GPU architecture -arch={arch}: {_closest(str(arch), CUDA_ARCHS)} (known: {', '.join(CUDA_ARCHS)})")
+        raise TargetError(
+            f"unknown GPU architecture -arch={arch}: {_closest(str(arch), CUDA_ARCHS)} (known: {', '.join(CUDA_ARCHS)})"
+        )
 
 
 def _complete_llvm(config: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,9 @@ def load_model(model, example_inputs=None, *, batch: int | None = None, dtype: s
         raise ModelError(str(err)) from None
 
 
-def lower_workload(workload: Workload, target: tvm.target.Target, options: LoweringOptions | None = None) -> tvm.IRModule:
+def lower_workload(
+    workload: Workload, target: tvm.target.Target, options: LoweringOptions | None = None
+) -> tvm.IRModule:
     """What is tuned and compiled: a model lowered to fused kernels (``tuner.lowering``), or a
     single kernel keyed as MetaSchedule keys it."""
     if workload.kind == "tir":

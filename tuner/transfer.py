@@ -97,14 +97,18 @@ def _as_paths(work_dirs: Sequence[str | Path] | str | Path) -> list[Path]:
     return [Path(work_dirs)] if isinstance(work_dirs, (str, Path)) else [Path(d) for d in work_dirs]
 
 
-def read_model_sources(work_dirs: Sequence[str | Path], database_file: str, cost_model_file: str) -> list[TransferSource]:
+def read_model_sources(
+    work_dirs: Sequence[str | Path], database_file: str, cost_model_file: str
+) -> list[TransferSource]:
     """Sources for ``warm_start`` alone: each work dir's saved cost model, no schedules. Raises
     TunerError for a missing dir or one whose run saved no cost model with its training data."""
     sources = []
     for work_dir in _as_paths(work_dirs):
         model = work_dir / cost_model_file
         if not work_dir.is_dir() or not (work_dir / database_file).is_file():
-            raise TunerError(f"cannot warm-start the cost model from {str(work_dir)!r}: it is not a work dir; pass the --work-dir of an earlier `tuner tune` run")
+            raise TunerError(
+                f"cannot warm-start the cost model from {str(work_dir)!r}: it is not a work dir; pass the --work-dir of an earlier `tuner tune` run"
+            )
         if not training_data_path(model).is_file():
             raise TunerError(
                 f"cannot warm-start the cost model from {str(work_dir)!r}: it holds no {cost_model_file} with its training data "
@@ -116,7 +120,9 @@ def read_model_sources(work_dirs: Sequence[str | Path], database_file: str, cost
 
 def _read_source(work_dir: Path, database_file: str, cost_model_file: str, top_k: int) -> TransferSource:
     if not work_dir.is_dir():
-        raise TunerError(f"cannot transfer from {str(work_dir)!r}: no such directory; pass the --work-dir of an earlier `tuner tune` run")
+        raise TunerError(
+            f"cannot transfer from {str(work_dir)!r}: no such directory; pass the --work-dir of an earlier `tuner tune` run"
+        )
     path = work_dir / database_file
     if not path.is_file():
         raise TunerError(
@@ -183,7 +189,14 @@ def transfer(
     return {**seed_runs(sources, runs, target, progress, config), "cost_model_samples": samples}
 
 
-def warm_start(cost_model: CostModel, sources: Sequence[TransferSource], width: int, progress: Progress, strict: bool = False, prefix: str = "transfer") -> int:
+def warm_start(
+    cost_model: CostModel,
+    sources: Sequence[TransferSource],
+    width: int,
+    progress: Progress,
+    strict: bool = False,
+    prefix: str = "transfer",
+) -> int:
     """Add the source runs' cost-model training data to ``cost_model`` (as groups named ``prefix``,
     the source's index, ":" and its own group); returns the samples added.
     A source model that cannot be used is reported and skipped (the transfer of schedules still
@@ -197,7 +210,9 @@ def warm_start(cost_model: CostModel, sources: Sequence[TransferSource], width: 
             n = cost_model.warm_start(source.cost_model, prefix=f"{prefix}{index}:", width=width, fit=False)
         except Exception as err:  # unreadable, or saved by another version
             if strict:
-                raise TunerError(f"cannot warm-start the cost model from {str(source.work_dir)!r}: {err}; leave it out") from None
+                raise TunerError(
+                    f"cannot warm-start the cost model from {str(source.work_dir)!r}: {err}; leave it out"
+                ) from None
             progress.line(f"transfer: the cost model in {source.work_dir} is not used ({err})")
             continue
         added += n

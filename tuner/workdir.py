@@ -33,7 +33,9 @@ def prepare_work_dir(work_dir: str | Path | None, name: str, target: Target) -> 
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        raise TunerError(f"cannot write to work dir {str(path)!r} ({err.strerror or err}): choose a directory you can write to") from None
+        raise TunerError(
+            f"cannot write to work dir {str(path)!r} ({err.strerror or err}): choose a directory you can write to"
+        ) from None
     return path
 
 
@@ -48,7 +50,9 @@ def storage_errno(err: BaseException | str) -> int | None:
     """ENOSPC or EROFS when ``err`` (or an error line) is the work dir's storage failing, else None."""
     text = str(err).lower()
     code = getattr(err, "errno", None)
-    if code in (errno.ENOSPC, errno.EDQUOT) or any(e in text for e in ("disk is full", "no space left", "quota exceeded")):
+    if code in (errno.ENOSPC, errno.EDQUOT) or any(
+        e in text for e in ("disk is full", "no space left", "quota exceeded")
+    ):
         return errno.ENOSPC
     if code == errno.EROFS or "readonly database" in text or "read-only file system" in text:
         return errno.EROFS

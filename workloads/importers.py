@@ -63,7 +63,9 @@ def from_prim_func(func: tvm.tirx.PrimFunc, name: str) -> Workload:
     try:
         inputs = prim_func_inputs(func)
     except TypeError as err:
-        raise WorkloadError(f"PrimFunc {name!r} has an argument that is not a buffer; only buffer arguments can be tuned") from err
+        raise WorkloadError(
+            f"PrimFunc {name!r} has an argument that is not a buffer; only buffer arguments can be tuned"
+        ) from err
     for spec in inputs:
         check_static(f"argument {spec.name}", spec.shape)
     return prim_func_workload(name, func, f"PrimFunc {name}")
@@ -117,7 +119,9 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
     except Exception as err:  # noqa: BLE001 - the importer signals unsupported programs with several types
         ops = re.search(r"Unsupported function types (\[.*\])", str(err))
         if ops is not None:
-            raise WorkloadError(f"torch module {name} uses operators TVM's importer does not support: {ops.group(1)}") from None
+            raise WorkloadError(
+                f"torch module {name} uses operators TVM's importer does not support: {ops.group(1)}"
+            ) from None
         raise WorkloadError(f"TVM's torch importer cannot translate module {name}: {_first_line(err)}") from None
     return from_ir_module(mod, name)
 
@@ -132,7 +136,9 @@ def from_onnx(path: Path, example_inputs: Sequence[Any] | None = None, name: str
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
     except Exception as err:  # onnx raises DecodeError, ValidationError, ...: all mean a broken file
-        raise WorkloadError(f"{path} is not a valid ONNX model ({_first_line(err)}): re-export it, or check the file is complete") from None
+        raise WorkloadError(
+            f"{path} is not a valid ONNX model ({_first_line(err)}): re-export it, or check the file is complete"
+        ) from None
     initializers = {init.name for init in model.graph.initializer}
     graph_inputs = [i for i in model.graph.input if i.name not in initializers]
     overrides = list(_as_sequence(example_inputs)) if example_inputs is not None else []
@@ -140,11 +146,18 @@ def from_onnx(path: Path, example_inputs: Sequence[Any] | None = None, name: str
         raise WorkloadError(f"{path} has {len(graph_inputs)} inputs but {len(overrides)} example inputs were given")
     shapes, dtypes = {}, _onnx_dtypes(onnx, graph_inputs)
     for index, graph_input in enumerate(graph_inputs):
-        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in graph_input.type.tensor_type.shape.dim]
+        dims = [
+            d.dim_value if d.HasField("dim_value") else d.dim_param or "?"
+            for d in graph_input.type.tensor_type.shape.dim
+        ]
         shape = tuple(_shape_of(overrides[index])) if overrides else dims
         if overrides:
-            _check_fits_onnx_input(f"ONNX input {graph_input.name!r} of {path.name}", dims, overrides[index], dtypes[graph_input.name])
-        check_static(f"ONNX input {graph_input.name!r} of {path.name}", shape, hint="give its shape with example_inputs")
+            _check_fits_onnx_input(
+                f"ONNX input {graph_input.name!r} of {path.name}", dims, overrides[index], dtypes[graph_input.name]
+            )
+        check_static(
+            f"ONNX input {graph_input.name!r} of {path.name}", shape, hint="give its shape with example_inputs"
+        )
         shapes[graph_input.name] = list(shape)
     from tvm.relax.frontend.onnx import from_onnx as relax_from_onnx
 
@@ -162,10 +175,14 @@ def _check_fits_onnx_input(what: str, declared: Sequence[Any], example: Any, dty
     fixed = [d if isinstance(d, int) and d > 0 else None for d in declared]
     if len(shape) != len(fixed) or any(d is not None and d != s for d, s in zip(fixed, shape)):
         shown = tuple(d if d is not None else "?" for d in fixed)
-        raise WorkloadError(f"{what} has shape {shown} but the example input has shape {shape}: give a shape that fits it")
+        raise WorkloadError(
+            f"{what} has shape {shown} but the example input has shape {shape}: give a shape that fits it"
+        )
     given = getattr(example, "dtype", None)
     if given is not None and str(given).removeprefix("torch.") != dtype:
-        raise WorkloadError(f"{what} takes {dtype} but the example input is {str(given).removeprefix('torch.')}: pass {dtype} data or a shape")
+        raise WorkloadError(
+            f"{what} takes {dtype} but the example input is {str(given).removeprefix('torch.')}: pass {dtype} data or a shape"
+        )
 
 
 def _onnx_dtypes(onnx: Any, graph_inputs: Sequence[Any]) -> dict[str, str]:

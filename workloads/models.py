@@ -37,11 +37,23 @@ def _image(size: int) -> Callable[[int], tuple[int, ...]]:
 MODELS = [
     ModelSpec("resnet18", "ResNet-18 (He et al. 2016), ImageNet 224x224", "convnets:resnet18", _image(224)),
     ModelSpec("resnet50", "ResNet-50 (He et al. 2016), ImageNet 224x224", "convnets:resnet50", _image(224)),
-    ModelSpec("mobilenetv2", "MobileNetV2 1.0 (Sandler et al. 2018), ImageNet 224x224", "convnets:MobileNetV2", _image(224)),
-    ModelSpec("vgg16", "VGG-16 configuration D (Simonyan & Zisserman 2015), ImageNet 224x224", "convnets:VGG16", _image(224)),
-    ModelSpec("squeezenet1.1", "SqueezeNet 1.1 (Iandola et al. 2016), ImageNet 224x224", "convnets:SqueezeNet11", _image(224)),
+    ModelSpec(
+        "mobilenetv2", "MobileNetV2 1.0 (Sandler et al. 2018), ImageNet 224x224", "convnets:MobileNetV2", _image(224)
+    ),
+    ModelSpec(
+        "vgg16", "VGG-16 configuration D (Simonyan & Zisserman 2015), ImageNet 224x224", "convnets:VGG16", _image(224)
+    ),
+    ModelSpec(
+        "squeezenet1.1", "SqueezeNet 1.1 (Iandola et al. 2016), ImageNet 224x224", "convnets:SqueezeNet11", _image(224)
+    ),
     ModelSpec("convnext-t", "ConvNeXt-T (Liu et al. 2022), ImageNet 224x224", "convnets:ConvNeXtT", _image(224)),
-    ModelSpec("bert-base", "BERT-base uncased (Devlin et al. 2019), 128 tokens", "transformers:BertBase", lambda batch: (batch, 128), token_ids=30522),
+    ModelSpec(
+        "bert-base",
+        "BERT-base uncased (Devlin et al. 2019), 128 tokens",
+        "transformers:BertBase",
+        lambda batch: (batch, 128),
+        token_ids=30522,
+    ),
     ModelSpec(
         "llama3-8b-layer",
         "one Llama-3-8B decoder layer (hidden 4096, 32/8 GQA heads, SwiGLU 14336, RoPE), 128 tokens",
@@ -54,7 +66,12 @@ MODELS = [
         "blocks:AttentionBlock",
         lambda batch: (batch, 64, 16, 16),
     ),
-    ModelSpec("tiny-resnet", "a 2-stage residual CNN on 32x32 images (CIFAR-sized), for quick end-to-end runs", "convnets:tiny_resnet", _image(32)),
+    ModelSpec(
+        "tiny-resnet",
+        "a 2-stage residual CNN on 32x32 images (CIFAR-sized), for quick end-to-end runs",
+        "convnets:tiny_resnet",
+        _image(32),
+    ),
 ]
 
 
@@ -114,4 +131,6 @@ def _torch_reference(module) -> Callable[..., np.ndarray]:
 
 
 for _spec in MODELS:
-    register(_spec.name, "model", _spec.source, family="model")(lambda batch=1, dtype="float32", _spec=_spec: build_model(_spec, batch, dtype))
+    register(_spec.name, "model", _spec.source, family="model")(
+        lambda batch=1, dtype="float32", _spec=_spec: build_model(_spec, batch, dtype)
+    )

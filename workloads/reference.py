@@ -21,7 +21,9 @@ def conv(x: np.ndarray, w: np.ndarray, stride=1, padding=0, dilation=1, groups: 
     kernel = w.shape[2:]
     span = [(k - 1) * d + 1 for k, d in zip(kernel, dilation)]
     windows = sliding_window_view(x, span, axis=tuple(range(2, 2 + nd)))
-    windows = windows[(slice(None), slice(None), *(slice(None, None, s) for s in stride), *(slice(None, None, d) for d in dilation))]
+    windows = windows[
+        (slice(None), slice(None), *(slice(None, None, s) for s in stride), *(slice(None, None, d) for d in dilation))
+    ]
     n, c = x.shape[:2]
     o = w.shape[0]
     out_spatial = windows.shape[2 : 2 + nd]

@@ -24,7 +24,9 @@ class WorkloadEntry:
 _REGISTRY: dict[str, WorkloadEntry] = {}
 
 
-def register(name: str, category: str, source: str, family: str = "") -> Callable[[Callable[[], Workload]], Callable[[], Workload]]:
+def register(
+    name: str, category: str, source: str, family: str = ""
+) -> Callable[[Callable[[], Workload]], Callable[[], Workload]]:
     """Register ``fn`` (which builds the workload) under ``name``."""
 
     def wrap(fn: Callable[[], Workload]) -> Callable[[], Workload]:

@@ -52,12 +52,21 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         passes += [relax.transform.FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference()]
     # before constants are folded: a broadcast of a weight, once folded, is a constant of its own
     passes.append(SimplifyImportedGraph(fast_math=options.fast_math))
-    channels_last = options.channels_last if options.channels_last is not None else (target is not None and target.kind.name == "llvm")
+    channels_last = (
+        options.channels_last
+        if options.channels_last is not None
+        else (target is not None and target.kind.name == "llvm")
+    )
     if channels_last:
         passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions()]  # biases must be constants to move past
     if options.fast_math:
         passes.append(relax.transform.FastMathTransform())
-    return [*passes, relax.transform.RemoveRedundantReshape(), relax.transform.FoldConstant(), relax.transform.CanonicalizeBindings()]
+    return [
+        *passes,
+        relax.transform.RemoveRedundantReshape(),
+        relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),
+    ]
 
 
 def fusion_passes(target: tvm.target.Target, options: LoweringOptions) -> list[tvm.transform.Pass]:
@@ -70,7 +79,11 @@ def fusion_passes(target: tvm.target.Target, options: LoweringOptions) -> list[t
     ]
     if options.fuse_layout:
         passes.append(FuseLayoutIntoConsumers())
-    passes += [relax.transform.FuseTIR(), relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination(["main"])]
+    passes += [
+        relax.transform.FuseTIR(),
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.DeadCodeElimination(["main"]),
+    ]
     if options.layout_free_weights:
         passes += [relax.transform.AttachAttrLayoutFreeBuffers(), KeepLayoutFreeWeightsOfReductions()]
     return passes

@@ -33,7 +33,22 @@ MAX_PADDING = 0.125
 
 TO_NHWC = [0, 2, 3, 1]
 TO_NCHW = [0, 3, 1, 2]
-_UNARY = {f"relax.{op}" for op in ("nn.relu", "nn.relu6", "clip", "sigmoid", "nn.silu", "nn.gelu", "nn.gelu_tanh", "tanh", "exp", "negative", "astype")}
+_UNARY = {
+    f"relax.{op}"
+    for op in (
+        "nn.relu",
+        "nn.relu6",
+        "clip",
+        "sigmoid",
+        "nn.silu",
+        "nn.gelu",
+        "nn.gelu_tanh",
+        "tanh",
+        "exp",
+        "negative",
+        "astype",
+    )
+}
 _BINARY = {f"relax.{op}" for op in ("add", "subtract", "multiply", "divide", "maximum", "minimum")}
 _POOLS = {"relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d"}
 
@@ -55,11 +70,20 @@ class _ChannelsLast(PyExprMutator):
         ``ceil_mode`` imports as ``(max_pool2d(x),)[0]``)."""
         value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
         if isinstance(value, relax.TupleGetItem):
-            tuple_value = self.lookup_binding(value.tuple_value) if isinstance(value.tuple_value, relax.Var) else value.tuple_value
+            tuple_value = (
+                self.lookup_binding(value.tuple_value)
+                if isinstance(value.tuple_value, relax.Var)
+                else value.tuple_value
+            )
             if isinstance(tuple_value, relax.Tuple):
                 return self._nchw_source(tuple_value.fields[int(value.index)])
             return None
-        if isinstance(value, Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.permute_dims" and _axes(value) == TO_NCHW:
+        if (
+            isinstance(value, Call)
+            and isinstance(value.op, tvm.ir.Op)
+            and value.op.name == "relax.permute_dims"
+            and _axes(value) == TO_NCHW
+        ):
             return value.args[0]
         return None
 
@@ -82,7 +106,11 @@ class _ChannelsLast(PyExprMutator):
             return rewrite(call)
         if name in _UNARY:
             source = self._nchw_source(call.args[0])
-            return call if source is None else self._to_nchw(relax.Call(call.op, [source, *call.args[1:]], call.attrs, call.ty_args))
+            return (
+                call
+                if source is None
+                else self._to_nchw(relax.Call(call.op, [source, *call.args[1:]], call.attrs, call.ty_args))
+            )
         if name in _BINARY:
             return self._binary(call)
         if name in _POOLS:
@@ -91,13 +119,19 @@ class _ChannelsLast(PyExprMutator):
 
     def _conv2d(self, call: Call) -> Expr:
         attrs = call.attrs
-        if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW") or static_shape(call) is None:
+        if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "OIHW", "NCHW") or static_shape(
+            call
+        ) is None:
             return call
         data, weight = call.args
         source = self._nchw_source(data)
         data = source if source is not None else relax.op.permute_dims(data, TO_NHWC)
         channels = static_shape(call)[1]
-        padded = _padded_channels(channels) if int(attrs.groups) == 1 and isinstance(weight, tvm.ir.expr.Constant) else channels
+        padded = (
+            _padded_channels(channels)
+            if int(attrs.groups) == 1 and isinstance(weight, tvm.ir.expr.Constant)
+            else channels
+        )
         hwio = relax.op.permute_dims(weight, [2, 3, 1, 0])  # OIHW -> HWIO (a constant weight is folded)
         if padded != channels:
             hwio = relax.op.nn.pad(hwio, [0, 0, 0, 0, 0, 0, 0, padded - channels])
@@ -121,7 +155,10 @@ class _ChannelsLast(PyExprMutator):
         """Two transposes in a row as one, or none where they undo each other."""
         inner = self.lookup_binding(call.args[0]) if isinstance(call.args[0], relax.Var) else None
         outer = _axes(call)
-        if not (isinstance(inner, Call) and isinstance(inner.op, tvm.ir.Op) and inner.op.name == "relax.permute_dims") or outer is None:
+        if (
+            not (isinstance(inner, Call) and isinstance(inner.op, tvm.ir.Op) and inner.op.name == "relax.permute_dims")
+            or outer is None
+        ):
             return call
         first = _axes(inner)
         if first is None or len(first) != len(outer):
@@ -207,7 +244,15 @@ class _ChannelsLast(PyExprMutator):
         if source is None or int(attrs.channel_axis) != 1 or sorted(int(a) for a in attrs.axes) != [2, 3]:
             return call
         normed = relax.op.nn.group_norm(
-            source, call.args[1], call.args[2], int(attrs.num_groups), 3, [1, 2], float(attrs.epsilon), bool(attrs.center), bool(attrs.scale)
+            source,
+            call.args[1],
+            call.args[2],
+            int(attrs.num_groups),
+            3,
+            [1, 2],
+            float(attrs.epsilon),
+            bool(attrs.center),
+            bool(attrs.scale),
         )
         return self._to_nchw(normed)
 

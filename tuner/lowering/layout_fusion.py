@@ -55,7 +55,9 @@ class _Unit:
     name: str  # of the kernel this binding calls
     steps: list[_Step]
     inputs: list[Any] = field(default_factory=list)  # outer expressions the steps read
-    arithmetic: float = 0.0  # operations per element (of a layout unit), recomputed at each read once pulled into a consumer
+    arithmetic: float = (
+        0.0  # operations per element (of a layout unit), recomputed at each read once pulled into a consumer
+    )
 
     def computes(self, key: Any) -> bool:
         return any(_same(step.out, key) for step in self.steps)
@@ -63,9 +65,13 @@ class _Unit:
     def merged_into(self, consumer: _Unit) -> _Unit:
         """``self`` placed before ``consumer``, which reads what it computes (steps ``consumer``
         already has, from another path to the same producer, are not repeated)."""
-        steps = _in_dependency_order([*(step for step in self.steps if not consumer.computes(step.out)), *consumer.steps])
+        steps = _in_dependency_order(
+            [*(step for step in self.steps if not consumer.computes(step.out)), *consumer.steps]
+        )
         merged = _Unit(consumer.name, steps)
-        merged.inputs = _unique([arg for step in steps for arg in step.args if not isinstance(arg, _Temp) and not merged.computes(arg)])
+        merged.inputs = _unique(
+            [arg for step in steps for arg in step.args if not isinstance(arg, _Temp) and not merged.computes(arg)]
+        )
         return merged
 
 
@@ -74,7 +80,11 @@ def _in_dependency_order(steps: list[_Step]) -> list[_Step]:
     ordered: list[_Step] = []
     pending = list(steps)
     while pending:
-        ready = next(step for step in pending if not any(_same(other.out, arg) for arg in step.args for other in pending if other is not step))
+        ready = next(
+            step
+            for step in pending
+            if not any(_same(other.out, arg) for arg in step.args for other in pending if other is not step)
+        )
         ordered.append(ready)
         pending.remove(ready)
     return ordered
@@ -128,7 +138,7 @@ class _Analysis:
         return _Unit(call.op.name_hint, steps, _unique(list(call.args)))
 
     def classify(self, unit: _Unit) -> str:
-        """"layout" (moves data, at most one operation per element: ``unit.arithmetic`` is set),
+        """ "layout" (moves data, at most one operation per element: ``unit.arithmetic`` is set),
         "reducing" (holds a reduction or a matmul), or "".
 
         A convolution takes no producers: it reads each input element (kernel size x output
@@ -140,7 +150,9 @@ class _Analysis:
         if all(pattern <= _INJECTIVE and arithmetic is not None for pattern, arithmetic in kernels):
             unit.arithmetic = sum(arithmetic for _, arithmetic in kernels)
             return "layout" if unit.arithmetic <= _MAX_ARITHMETIC else ""
-        if any(pattern in _REDUCING for pattern, _ in kernels) and not any("conv" in step.prim.name_hint for step in unit.steps):
+        if any(pattern in _REDUCING for pattern, _ in kernels) and not any(
+            "conv" in step.prim.name_hint for step in unit.steps
+        ):
             return "reducing"
         return ""
 
@@ -216,19 +228,28 @@ class FuseLayoutIntoConsumers:
         for gv, func in mod.functions_items():
             if not isinstance(func, relax.Function) or (func.attrs and func.attrs.get("Primitive")):
                 continue
-            blocks = [self._rewrite_block(block, analysis, builder) if isinstance(block, relax.DataflowBlock) else block for block in func.body.blocks]
+            blocks = [
+                self._rewrite_block(block, analysis, builder) if isinstance(block, relax.DataflowBlock) else block
+                for block in func.body.blocks
+            ]
             body = relax.SeqExpr(blocks, func.body.body)
             builder.update_func(gv, relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs))
         return builder.get()
 
-    def _rewrite_block(self, block: relax.DataflowBlock, analysis: _Analysis, builder: relax.BlockBuilder) -> relax.DataflowBlock:
+    def _rewrite_block(
+        self, block: relax.DataflowBlock, analysis: _Analysis, builder: relax.BlockBuilder
+    ) -> relax.DataflowBlock:
         units: list[tuple[relax.Var, _Unit, str]] = []
         for binding in block.bindings:
             unit = analysis.unit(binding.var, binding.value) if isinstance(binding, relax.VarBinding) else None
             if unit is not None:
                 units.append((binding.var, unit, analysis.classify(unit)))
         users = relax.analysis.udchain(block)
-        layouts = [(var, unit, len(users.get(var, [])) + (0 if isinstance(var, relax.DataflowVar) else 1)) for var, unit, kind in units if kind == "layout"]
+        layouts = [
+            (var, unit, len(users.get(var, [])) + (0 if isinstance(var, relax.DataflowVar) else 1))
+            for var, unit, kind in units
+            if kind == "layout"
+        ]
         replaced: list[tuple[relax.Var, relax.Call]] = []
         for var, unit, kind in units:
             if kind != "reducing":
@@ -238,7 +259,9 @@ class FuseLayoutIntoConsumers:
             while (producer := _next_producer(read_costs, layouts)) is not None:
                 pulled_var, pulled, cost = producer
                 merged = pulled.merged_into(merged)
-                read_costs = [(e, c) for e, c in read_costs if not _same(e, pulled_var)] + [(e, cost) for e in pulled.inputs if not merged.computes(e)]
+                read_costs = [(e, c) for e, c in read_costs if not _same(e, pulled_var)] + [
+                    (e, cost) for e in pulled.inputs if not merged.computes(e)
+                ]
             if merged is not unit:
                 name = _unit_name(merged)
                 gvar = builder.add_func(_emit_unit(merged, name), name)
@@ -252,7 +275,9 @@ class FuseLayoutIntoConsumers:
         return relax.DataflowBlock(bindings)
 
 
-def _next_producer(read_costs: list[tuple[Any, float]], layouts: list[tuple[relax.Var, _Unit, int]]) -> tuple[relax.Var, _Unit, float] | None:
+def _next_producer(
+    read_costs: list[tuple[Any, float]], layouts: list[tuple[relax.Var, _Unit, int]]
+) -> tuple[relax.Var, _Unit, float] | None:
     """A layout kernel the consumer reads that it may absorb, with the operations then recomputed per
     read along that path: one that only moves data (copied into every consumer), or one with
     arithmetic whose only reader is this consumer, within what a read may recompute."""

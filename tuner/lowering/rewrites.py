@@ -23,7 +23,9 @@ def static_shape(expr: Expr) -> tuple[int, ...] | None:
 
 def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
     exp = topi.fast_exp(topi.negative(x))
-    return te.compute(x.shape, lambda *i: tvm.tirx.const(1.0, x.dtype) / (tvm.tirx.const(1.0, x.dtype) + exp(*i)), name="fast_sigmoid")
+    return te.compute(
+        x.shape, lambda *i: tvm.tirx.const(1.0, x.dtype) / (tvm.tirx.const(1.0, x.dtype) + exp(*i)), name="fast_sigmoid"
+    )
 
 
 def _fast_silu(x: te.Tensor) -> te.Tensor:
@@ -33,7 +35,11 @@ def _fast_silu(x: te.Tensor) -> te.Tensor:
 def _fast_gelu(x: te.Tensor) -> te.Tensor:
     """0.5 x (1 + erf(x / sqrt 2)), torch's exact GELU, with TOPI's polynomial erf."""
     erf = topi.fast_erf(topi.multiply(x, tvm.tirx.const(0.7071067811865476, x.dtype)))
-    return te.compute(x.shape, lambda *i: x(*i) * tvm.tirx.const(0.5, x.dtype) * (tvm.tirx.const(1.0, x.dtype) + erf(*i)), name="fast_gelu")
+    return te.compute(
+        x.shape,
+        lambda *i: x(*i) * tvm.tirx.const(0.5, x.dtype) * (tvm.tirx.const(1.0, x.dtype) + erf(*i)),
+        name="fast_gelu",
+    )
 
 
 def _softmax(x: te.Tensor, fast: bool, safe: bool) -> te.Tensor:
@@ -52,7 +58,11 @@ def _softmax(x: te.Tensor, fast: bool, safe: bool) -> te.Tensor:
     if not safe:
         return te.compute(x.shape, lambda *i: stored(*i) / total(*i[:-1]), name="softmax")
     zero, minus_inf = tvm.tirx.const(0.0, x.dtype), tvm.tirx.const(float("-inf"), x.dtype)
-    return te.compute(x.shape, lambda *i: tvm.tirx.Select(row_max(*i[:-1]) == minus_inf, zero, stored(*i) / total(*i[:-1])), name="safe_softmax")
+    return te.compute(
+        x.shape,
+        lambda *i: tvm.tirx.Select(row_max(*i[:-1]) == minus_inf, zero, stored(*i) / total(*i[:-1])),
+        name="safe_softmax",
+    )
 
 
 # float32 activations whose legalized forms call libm once per element (LLVM does not vectorise
@@ -60,7 +70,22 @@ def _softmax(x: te.Tensor, fast: bool, safe: bool) -> te.Tensor:
 _FAST_FORMS = {"relax.sigmoid": _fast_sigmoid, "relax.nn.silu": _fast_silu, "relax.nn.gelu": _fast_gelu}
 _UNARY_ELEMENTWISE = {
     *_FAST_FORMS,
-    *(f"relax.{op}" for op in ("exp", "erf", "tanh", "negative", "sqrt", "rsqrt", "abs", "clip", "nn.relu", "nn.gelu_tanh", "nn.relu6")),
+    *(
+        f"relax.{op}"
+        for op in (
+            "exp",
+            "erf",
+            "tanh",
+            "negative",
+            "sqrt",
+            "rsqrt",
+            "abs",
+            "clip",
+            "nn.relu",
+            "nn.gelu_tanh",
+            "nn.relu6",
+        )
+    ),
 }
 _BINARY_ELEMENTWISE = {f"relax.{op}" for op in ("add", "subtract", "multiply", "divide")}
 
@@ -193,7 +218,12 @@ class _Rewriter(PyExprMutator):
         """``take`` with one constant index is a slice; as a gather it is opaque to fusion."""
         indices = call.args[1]
         shape = static_shape(call.args[0])
-        if not isinstance(indices, tvm.ir.expr.Constant) or tuple(indices.value.shape) != () or shape is None or call.attrs.axis is None:
+        if (
+            not isinstance(indices, tvm.ir.expr.Constant)
+            or tuple(indices.value.shape) != ()
+            or shape is None
+            or call.attrs.axis is None
+        ):
             return call
         axis = int(call.attrs.axis) % len(shape)
         index = int(indices.value.numpy()) % shape[axis]
@@ -205,7 +235,11 @@ class _Rewriter(PyExprMutator):
         scaled_dot_product_attention): three kernels and two passes over the scores, as one."""
         condition, zeros, softmax = call.args
         softmax = self._bound_call(softmax, "relax.nn.softmax")
-        if softmax is None or int(softmax.attrs.axis) not in (-1, len(static_shape(softmax) or ()) - 1) or not self._is_zeros(zeros):
+        if (
+            softmax is None
+            or int(softmax.attrs.axis) not in (-1, len(static_shape(softmax) or ()) - 1)
+            or not self._is_zeros(zeros)
+        ):
             return call
         scores = softmax.args[0]
         if not self._all_minus_inf(condition, scores):
@@ -233,11 +267,18 @@ class _Rewriter(PyExprMutator):
             call = self._bound_call(expr, op_name)
             if call is None:
                 return False
-            if op_name == "relax.max" and (not call.attrs.keepdims or [int(a) for a in call.attrs.axis] not in ([-1], [len(static_shape(scores) or ()) - 1])):
+            if op_name == "relax.max" and (
+                not call.attrs.keepdims
+                or [int(a) for a in call.attrs.axis] not in ([-1], [len(static_shape(scores) or ()) - 1])
+            ):
                 return False
             if op_name == "relax.equal":
                 bound = call.args[1]
-                return call.args[0].same_as(scores) and isinstance(bound, tvm.ir.expr.Constant) and float(bound.value.numpy()) == float("-inf")
+                return (
+                    call.args[0].same_as(scores)
+                    and isinstance(bound, tvm.ir.expr.Constant)
+                    and float(bound.value.numpy()) == float("-inf")
+                )
             expr = call.args[0]
         return False
 
@@ -249,7 +290,11 @@ class _Rewriter(PyExprMutator):
     def _square_as_product(self, call: Call) -> Expr:
         """``x ** 2`` as ``x * x``: a multiply, instead of one libm pow call per element."""
         exponent = call.args[1]
-        if isinstance(exponent, tvm.ir.expr.Constant) and tuple(exponent.value.shape) == () and float(exponent.value.numpy()) == 2.0:
+        if (
+            isinstance(exponent, tvm.ir.expr.Constant)
+            and tuple(exponent.value.shape) == ()
+            and float(exponent.value.numpy()) == 2.0
+        ):
             return relax.op.multiply(call.args[0], call.args[0])
         return call
 
@@ -284,7 +329,9 @@ class _SoftmaxRewriter(PyExprMutator):
         shape = static_shape(call)
         if shape is None or int(call.attrs.axis) not in (-1, len(shape) - 1):
             return call
-        return self.builder_.call_te(_softmax, call.args[0], self.fast_math and _is_float32(call), False, primfunc_name_hint="softmax")
+        return self.builder_.call_te(
+            _softmax, call.args[0], self.fast_math and _is_float32(call), False, primfunc_name_hint="softmax"
+        )
 
 
 @tvm.transform.module_pass(opt_level=0, name="SimplifyImportedGraph")

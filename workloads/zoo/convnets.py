@@ -6,8 +6,13 @@ import torch
 from torch import nn
 
 
-def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1, act: type[nn.Module] | None = nn.ReLU) -> nn.Sequential:
-    layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+def _conv_bn(
+    cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1, act: type[nn.Module] | None = nn.ReLU
+) -> nn.Sequential:
+    layers: list[nn.Module] = [
+        nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(cout),
+    ]
     if act is not None:
         layers.append(act(inplace=True))
     return nn.Sequential(*layers)
@@ -31,7 +36,9 @@ class Bottleneck(nn.Module):
     def __init__(self, cin: int, width: int, stride: int = 1):
         super().__init__()
         out = width * self.expansion
-        self.body = nn.Sequential(_conv_bn(cin, width, 1), _conv_bn(width, width, 3, stride), _conv_bn(width, out, 1, act=None))
+        self.body = nn.Sequential(
+            _conv_bn(cin, width, 1), _conv_bn(width, width, 3, stride), _conv_bn(width, out, 1, act=None)
+        )
         self.shortcut = _conv_bn(cin, out, 1, stride, act=None) if stride != 1 or cin != out else nn.Identity()
 
     def forward(self, x):
@@ -41,7 +48,15 @@ class Bottleneck(nn.Module):
 class ResNet(nn.Module):
     """He et al. 2016, ImageNet configuration."""
 
-    def __init__(self, block: type[nn.Module], depths: list[int], widths=(64, 128, 256, 512), stem: int = 64, classes: int = 1000, small_input: bool = False):
+    def __init__(
+        self,
+        block: type[nn.Module],
+        depths: list[int],
+        widths=(64, 128, 256, 512),
+        stem: int = 64,
+        classes: int = 1000,
+        small_input: bool = False,
+    ):
         super().__init__()
         if small_input:  # CIFAR-style stem for 32x32 images
             self.stem = _conv_bn(3, stem, 3)
@@ -78,7 +93,10 @@ class InvertedResidual(nn.Module):
         super().__init__()
         hidden = cin * expand
         layers: list[nn.Module] = [] if expand == 1 else [_conv_bn(cin, hidden, 1, act=nn.ReLU6)]
-        layers += [_conv_bn(hidden, hidden, 3, stride, groups=hidden, act=nn.ReLU6), _conv_bn(hidden, cout, 1, act=None)]
+        layers += [
+            _conv_bn(hidden, hidden, 3, stride, groups=hidden, act=nn.ReLU6),
+            _conv_bn(hidden, cout, 1, act=None),
+        ]
         self.body = nn.Sequential(*layers)
         self.residual = stride == 1 and cin == cout
 
@@ -89,7 +107,15 @@ class InvertedResidual(nn.Module):
 class MobileNetV2(nn.Module):
     """Sandler et al. 2018, width multiplier 1.0."""
 
-    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+    SETTINGS = [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ]
 
     def __init__(self, classes: int = 1000):
         super().__init__()
@@ -124,7 +150,11 @@ class VGG16(nn.Module):
                 cin = item
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(
-            nn.Linear(512 * 7 * 7, 4096), nn.ReLU(inplace=True), nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Linear(4096, classes)
+            nn.Linear(512 * 7 * 7, 4096),
+            nn.ReLU(inplace=True),
+            nn.Linear(4096, 4096),
+            nn.ReLU(inplace=True),
+            nn.Linear(4096, classes),
         )
 
     def forward(self, x):

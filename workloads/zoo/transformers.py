@@ -32,7 +32,15 @@ class BertLayer(nn.Module):
 class BertBase(nn.Module):
     """Devlin et al. 2019, BERT-base (uncased vocabulary): 12 layers, hidden 768, 12 heads."""
 
-    def __init__(self, seq: int = 128, vocab: int = 30522, hidden: int = 768, layers: int = 12, heads: int = 12, intermediate: int = 3072):
+    def __init__(
+        self,
+        seq: int = 128,
+        vocab: int = 30522,
+        hidden: int = 768,
+        layers: int = 12,
+        heads: int = 12,
+        intermediate: int = 3072,
+    ):
         super().__init__()
         self.words = nn.Embedding(vocab, hidden)
         self.positions = nn.Parameter(torch.randn(seq, hidden) * 0.02)
@@ -59,7 +67,15 @@ class LlamaDecoderLayer(nn.Module):
     (grouped-query attention), head dim 128, SwiGLU MLP 14336, RMSNorm, rotary embedding
     (theta 500000), causal attention over ``seq`` tokens."""
 
-    def __init__(self, seq: int = 128, hidden: int = 4096, heads: int = 32, kv_heads: int = 8, intermediate: int = 14336, theta: float = 500000.0):
+    def __init__(
+        self,
+        seq: int = 128,
+        hidden: int = 4096,
+        heads: int = 32,
+        kv_heads: int = 8,
+        intermediate: int = 14336,
+        theta: float = 500000.0,
+    ):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
         self.input_norm = RMSNorm(hidden)
@@ -90,8 +106,16 @@ class LlamaDecoderLayer(nn.Module):
         k = self._rotate(self.k(h).reshape(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2))
         v = self.v(h).reshape(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         group = self.heads // self.kv_heads
-        k = k[:, :, None].expand(batch, self.kv_heads, group, seq, self.head_dim).reshape(batch, self.heads, seq, self.head_dim)
-        v = v[:, :, None].expand(batch, self.kv_heads, group, seq, self.head_dim).reshape(batch, self.heads, seq, self.head_dim)
+        k = (
+            k[:, :, None]
+            .expand(batch, self.kv_heads, group, seq, self.head_dim)
+            .reshape(batch, self.heads, seq, self.head_dim)
+        )
+        v = (
+            v[:, :, None]
+            .expand(batch, self.kv_heads, group, seq, self.head_dim)
+            .reshape(batch, self.heads, seq, self.head_dim)
+        )
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + self.mask.to(x.dtype)
         context = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(batch, seq, hidden)
         x = x + self.o(context)
