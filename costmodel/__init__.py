@@ -5,13 +5,15 @@ from .features import CandidateFeatures
 from .model import CostModel
 from .quality import RankQuality, kendall_tau, rank_quality
 from .selection import TopKWithExploration
-from .trimmer import FilterDecision, FilterLedger, TrimmerFilter
+from .trimmer import CandidateFilter, FilterDecision, FilterLedger, FilterSettings, TrimmerFilter
 
 __all__ = [
     "CandidateFeatures",
+    "CandidateFilter",
     "CostModel",
     "FilterDecision",
     "FilterLedger",
+    "FilterSettings",
     "RankQuality",
     "TopKWithExploration",
     "TrimmerFilter",

@@ -26,8 +26,14 @@ class RankQuality:
 
 
 def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Kendall's tau-b of two equally long sequences; None when either is constant or too short."""
+    """Kendall's tau-b of two equally long sequences: (concordant - discordant pairs) over the
+    geometric mean of the pairs each sequence orders, so a pair tied in either sequence counts as
+    neither and ties lower the denominator, not the score. None where the correlation is undefined:
+    fewer than two values, or either sequence constant (it orders nothing; that is no evidence of
+    agreement, so it is not reported as 1 or 0)."""
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(x) != len(y):
+        raise ValueError(f"kendall_tau needs sequences of one length, got {len(x)} and {len(y)}")
     if len(x) < 2:
         return None
     dx = np.sign(x[:, None] - x[None, :])

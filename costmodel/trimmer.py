@@ -4,14 +4,14 @@ model predicts to be competitive, trusting the model only as far as its measured
 Trust comes from the Kendall tau of the model's predictions against the measured speeds, the
 predictions each taken before their batch was measured, pooled over the task's last ``window``
 batches: 0 below ``min_tau`` (nothing is filtered), 1 from ``full_trust_tau``. One filtered batch
-is too small a sample (its tau swung from -0.2 to 0.9 between consecutive batches of one run);
+is too small a sample (its tau swings widely from one batch to the next);
 a task with no judged batch yet borrows the mean trust of the tasks that have one.
 With trust t, a candidate is predicted poor when even an optimistic estimate puts it
 ``poor_ratio ** (1 / t)`` times slower than the task's best measured candidate (the model predicts
 log-speed relative to that best): twice as slow at full trust, four times at half. A threshold
-beats dropping a fixed share of each batch: replayed on 16 unfiltered conv2d runs, "at least 2x
-slower" saved 34% of the measurements and lost the gain of 10 of 71 improving batches, where
-dropping the worst-scored half lost 23 (``experiments/filter_replay.py``). The search's fresh random
+beats dropping a fixed share of each batch: replayed on unfiltered runs, it lost the gains of far
+fewer improving batches than dropping the worst-scored half (``experiments/filter_replay.py``;
+numbers in experiments/README.md, "Replaying filters offline"). The search's fresh random
 samples are judged only while the task improves (see ``spare_fresh``). At most ``max_drop`` of a
 batch is dropped, and a share ``exploration`` of what would be is measured anyway, picked at
 random, so the model keeps seeing (and correcting) what it rates poorly; a batch is never dropped
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -39,8 +39,10 @@ class FilterDecision:
     threshold: float | None  # only candidates scored below this could count as poor; None = no filtering
 
 
-@dataclass
-class TrimmerFilter:
+@dataclass(frozen=True)
+class FilterSettings:
+    """How much the filter drops (the user's setting; what it learns lives in ``CandidateFilter``)."""
+
     poor_ratio: float = 2.0  # at full trust, predicted this many times slower than the task's best = poor
     min_tau: float = 0.1  # below this measured rank quality, filter nothing
     full_trust_tau: float = 0.5
@@ -48,26 +50,24 @@ class TrimmerFilter:
     exploration: float = 0.1
     window: int = 4  # a task's batches whose rank quality sets its trust
     # The search's fresh random samples are its way out of the region it has measured, where the
-    # model knows least. Judged with the rest they were nearly all that was dropped (measured
-    # candidates far from any measured before: 43% without the filter, 26% with it), and filtered
-    # searches got stuck 1.1-1.6x slower more often (conv2d-resnet18-l2, 16 seeds: 5 against 2);
-    # sparing all of them left nothing to drop (mutants of the best are rated near it). So they are
-    # spared when the way out is needed: once the task has gone ``spare_fresh_when_stalled``
-    # batches without a new best (0: never). Against sparing the best-rated half of them in every batch,
-    # the final latency held better (compiled, equal budget: 1.013 and 0.975 of unfiltered, against
-    # 1.056 and 1.026; 8 seeds of each of two conv2d layers), at about the same share dropped.
+    # model knows least. Judged with the rest they were nearly all that was dropped (with the
+    # filter far fewer of the measured candidates were far from any measured before), and filtered
+    # searches got stuck more often; sparing all of them left nothing to drop (mutants of the best
+    # are rated near it). So they are spared when the way out is needed: once the task has gone
+    # ``spare_fresh_when_stalled`` batches without a new best (0: never). Against sparing the
+    # best-rated half of them in every batch, the final latency held better at about the same
+    # share dropped (experiments/README.md, "History of the filter").
     spare_fresh: float = 0.0  # of the fresh samples in a batch, the best-rated share always measured
     spare_fresh_when_stalled: int = 1
     enabled: bool = True
-    _recent: dict[str, deque] = field(init=False, repr=False)  # group -> (scores, latencies) of its last batches
 
     def __post_init__(self) -> None:
-        self._recent = {}
         if not 0 <= self.max_drop < 1:
             raise ValueError(f"max_drop must be in [0, 1), got {self.max_drop}")
         if not self.poor_ratio > 1:
             raise ValueError(
-                f"poor_ratio must be above 1 (a candidate that many times slower than the best is poor), got {self.poor_ratio}"
+                "poor_ratio must be above 1 (a candidate that many times slower than the best is poor), got "
+                f"{self.poor_ratio}"
             )
         if not 0 <= self.spare_fresh <= 1:
             raise ValueError(
@@ -75,15 +75,30 @@ class TrimmerFilter:
             )
         if self.spare_fresh_when_stalled < 0:
             raise ValueError(
-                f"spare_fresh_when_stalled counts batches without improvement (0 = never), got {self.spare_fresh_when_stalled}"
+                "spare_fresh_when_stalled counts batches without improvement (0 = never), got "
+                f"{self.spare_fresh_when_stalled}"
             )
         if not 0 < self.exploration <= 1:
             raise ValueError(f"exploration must be in (0, 1], got {self.exploration}")
 
+
+TrimmerFilter = FilterSettings  # its name before settings and state were split; tune(trimmer=TrimmerFilter(...)) works
+
+
+class CandidateFilter:
+    """The filter at work on one run: the tasks' judged batches, the trust they earn, the split of
+    each proposed batch."""
+
+    def __init__(self, settings: FilterSettings | None = None) -> None:
+        self.settings = settings or FilterSettings()
+        self._recent: dict[str, deque] = {}  # group -> (scores, latencies) of its last batches
+
     def record(self, group: str, scores: Sequence[float], latencies: Sequence[float | None]) -> None:
         """A measured batch of task ``group``: the model's scores, taken before it was measured, and
         the latencies (None for a failure)."""
-        self._recent.setdefault(group, deque(maxlen=self.window)).append(([float(s) for s in scores], list(latencies)))
+        self._recent.setdefault(group, deque(maxlen=self.settings.window)).append(
+            ([float(s) for s in scores], list(latencies))
+        )
 
     def state(self) -> dict[str, list]:
         """The judged batches the trust comes from, per task, as JSON-ready lists: a resumed run
@@ -95,7 +110,9 @@ class TrimmerFilter:
     def restore(self, state: dict[str, list]) -> None:
         """Take back the judged batches ``state`` gave (replacing any this filter holds)."""
         self._recent = {
-            group: deque(((list(scores), list(latencies)) for scores, latencies in batches), maxlen=self.window)
+            group: deque(
+                ((list(scores), list(latencies)) for scores, latencies in batches), maxlen=self.settings.window
+            )
             for group, batches in state.items()
         }
 
@@ -110,7 +127,7 @@ class TrimmerFilter:
 
     def trust(self, group: str) -> float:
         """0 (filter nothing) to 1 (the full ``poor_ratio``), from the task's pooled rank quality."""
-        if not self.enabled:
+        if not self.settings.enabled:
             return 0.0
         tau = self.rank_quality(group)
         if tau is not None:
@@ -120,7 +137,9 @@ class TrimmerFilter:
         return float(np.mean(judged)) if judged else 0.0
 
     def _trust_at(self, tau: float) -> float:
-        return float(np.clip((tau - self.min_tau) / (self.full_trust_tau - self.min_tau), 0.0, 1.0))
+        return float(
+            np.clip((tau - self.settings.min_tau) / (self.settings.full_trust_tau - self.settings.min_tau), 0.0, 1.0)
+        )
 
     def split(
         self,
@@ -140,17 +159,17 @@ class TrimmerFilter:
         scores = np.asarray(scores, dtype=float)
         everything = list(range(len(scores)))
         trust = self.trust(group)
-        stalled = 0 < self.spare_fresh_when_stalled <= batches_without_improvement
-        spared = self._spared(scores, fresh, 1.0 if stalled else self.spare_fresh) | {
+        stalled = 0 < self.settings.spare_fresh_when_stalled <= batches_without_improvement
+        spared = self._spared(scores, fresh, 1.0 if stalled else self.settings.spare_fresh) | {
             i for i, flag in enumerate(unjudged) if flag
         }
         judged = [i for i in everything if i not in spared]
         if trust <= 0 or len(judged) < 2:
             return FilterDecision(everything, [], [], trust, None)
-        threshold = -math.log(self.poor_ratio) / trust
+        threshold = -math.log(self.settings.poor_ratio) / trust
         worst_first = [judged[int(i)] for i in np.argsort(scores[judged], kind="stable")]
-        poor = [i for i in worst_first[: int(len(judged) * self.max_drop)] if scores[i] < threshold]
-        explore = min(len(poor), math.ceil(len(poor) * self.exploration))
+        poor = [i for i in worst_first[: int(len(judged) * self.settings.max_drop)] if scores[i] < threshold]
+        explore = min(len(poor), math.ceil(len(poor) * self.settings.exploration))
         explored = [int(i) for i in rng.choice(poor, size=explore, replace=False)] if explore else []
         dropped = sorted(set(poor) - set(explored))
         keep = [i for i in everything if i not in set(dropped)]

@@ -34,6 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tuner.workdir import WorkDir  # noqa: E402
+
 TAG_ENV = "TENSOR_TUNER_CHAOS_TAG"  # inherited by the tuner's workers: finds them after a kill
 
 
@@ -201,12 +205,12 @@ def kill_cycle(
         tuner.process.wait()
         kills += 1
         orphans += len(orphans_after(tuner))
-        state = read_database(work_dir / "tuning.db")
+        state = read_database(WorkDir(work_dir).database)
         lost += len(committed - state.candidates)
         committed = state.candidates
-    final = read_database(work_dir / "tuning.db")
+    final = read_database(WorkDir(work_dir).database)
     lost += len(committed - final.candidates)
-    result = job_result(work_dir / "tuning.db") if tuner.process.returncode == 0 else {}
+    result = job_result(WorkDir(work_dir).database) if tuner.process.returncode == 0 else {}
     return {
         "kills": kills,
         "phases": dict(phases),
@@ -230,7 +234,7 @@ def timed_run(work_dir: Path, args: list[str], env: dict[str, str] | None = None
     seconds = time.monotonic() - started
     if tuner.process.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed: {tuner.stderr_path.read_text()[-2000:]}")
-    return {**job_result(work_dir / "tuning.db"), "seconds": seconds}
+    return {**job_result(WorkDir(work_dir).database), "seconds": seconds}
 
 
 def main() -> None:
@@ -265,7 +269,7 @@ def main() -> None:
         print(f"cycle {len(cycles)}: {json.dumps(cycle)}", flush=True)
     print(f"faults: {options.fault_rate:.0%} of candidates fail", flush=True)
     faulty = timed_run(fresh("faults"), args, {"TENSOR_TUNER_INJECT_FAULTS": str(options.fault_rate)})
-    faults = failures_by_kind(runs / "faults" / "tuning.db")
+    faults = failures_by_kind(WorkDir(runs / "faults").database)
     summary = {
         "model": options.model,
         "trials": options.trials,
@@ -304,7 +308,8 @@ def markdown(s: dict) -> str:
         f"| latency, uninterrupted / each resumed run (ms) | {s['reference_latency_ms']:.3f} / {resumed} |\n"
         f"| 20% faults: failures recorded by kind | {faults} |\n"
         f"| 20% faults: wall time vs uninterrupted | {s['faults_seconds']:.0f} s vs {s['reference_seconds']:.0f} s "
-        f"({s['faults_seconds'] / s['reference_seconds']:.2f}x); latency {s['faults_latency_ms']:.3f} ms, verified: {s['faults_verified']} |\n"
+        f"({s['faults_seconds'] / s['reference_seconds']:.2f}x); latency {s['faults_latency_ms']:.3f} ms, verified: "
+        f"{s['faults_verified']} |\n"
     )
 
 

@@ -48,8 +48,9 @@ def time_side_by_side(
     artifacts: dict[str, str], kind: str, args: list, device: str, log: Path, processes: int = 3
 ) -> dict[str, float]:
     """Time two artifacts ("ours" and "stock") in ``processes`` fresh processes, alternating
-    between them within each. On a shared machine the speed of a whole process varies by ~10%,
-    so the ratio is taken within each process and the median over processes is reported."""
+    between them within each. On a shared machine the speed of a whole process varies more than
+    the differences measured, so the ratio is taken within each process and the median over
+    processes is reported."""
     request = json.dumps({"artifacts": artifacts, "kind": kind, "args": args, "device": device})
     per_process = []
     for _ in range(processes):

@@ -11,8 +11,10 @@ have lost: the batches whose improvement of the task's best would have been miss
 latency (the model's: launches x best, summed over tasks) the run would have ended with. No
 candidate is built or run: only the stored results are used.
 
-    python experiments/filter_replay.py experiments/results/trimmer/sixteen-runs-conv2d-resnet18-l2/*-filter-off-seed*[0-9]
-    python experiments/filter_replay.py --batch 8 experiments/results/transfer_tuning/resnet18-stock-seed1   # a whole model
+    python experiments/filter_replay.py \
+        experiments/results/trimmer/sixteen-runs-conv2d-resnet18-l2/*-filter-off-seed*[0-9]
+    python experiments/filter_replay.py --batch 8 \
+        experiments/results/transfer_tuning/resnet18-stock-seed1   # a whole model
 """
 
 from __future__ import annotations
@@ -49,16 +51,16 @@ def replay_run(
 
     from costmodel import CostModel
     from costmodel.model import read_training_data
-    from tuner.database import TuningDatabase
+    from tuner.workdir import JobRecord, WorkDir, read_meta
 
-    db = TuningDatabase(work_dir / "tuning.db", read_only=True)
+    db = WorkDir(work_dir).open_database(read_only=True)
     try:
         records = db.records()
-        mods = {w: db.workload_mod(w) for w in dict.fromkeys(r.workload_id for r in records)}
-        job = db.get_meta("job")
+        mods = {w: db.kernel_mod(w) for w in dict.fromkeys(r.kernel_id for r in records)}
+        job = read_meta(db, JobRecord)
     finally:
         db.close()
-    weights = {t["workload_id"]: t["weight"] for t in job["tasks"]} if job else dict.fromkeys(mods, 1)
+    weights = job.weights if job else dict.fromkeys(mods, 1)
     target = tvm.target.Target(records[0].target)
     warm = [
         (f"warm{index}:{group}", x, y)
@@ -68,9 +70,9 @@ def replay_run(
     rows = {} if score == "oracle" else _feature_rows(records, mods, target)  # a perfect model needs no features
 
     batches = []
-    measured: dict[int, list] = {workload_id: [] for workload_id in mods}  # each task's records before the batch
+    measured: dict[int, list] = {kernel_id: [] for kernel_id in mods}  # each task's records before the batch
     for chunk in _task_batches(records, batch):
-        mine = measured[chunk[0].workload_id]
+        mine = measured[chunk[0].kernel_id]
         best_before = min((r.latency for r in mine if r.latency is not None), default=None)
         if best_before is not None and score == "oracle":
             speeds = [math.log(best_before / r.latency) if r.latency is not None else -math.inf for r in chunk]
@@ -79,9 +81,9 @@ def replay_run(
             model = CostModel(seed=1)
             for group, x, y in warm:
                 model.add(group, x, y)
-            for workload_id, done in measured.items():
+            for kernel_id, done in measured.items():
                 if done:
-                    model.add(str(workload_id), np.stack([rows[r.id] for r in done]), [r.latency for r in done])
+                    model.add(str(kernel_id), np.stack([rows[r.id] for r in done]), [r.latency for r in done])
             if model.fit():
                 mean, spread = model.predict_spread(np.stack([rows[r.id] for r in chunk]))
                 scores = {"mean": mean, "optimistic": mean + spread, "pessimistic": mean - spread}[score]
@@ -97,11 +99,11 @@ def _feature_rows(records: list, mods: dict, target) -> dict[int, np.ndarray]:
     from tuner.search import Candidate, TaskSearch
 
     rows = {}
-    for workload_id, mod in mods.items():
+    for kernel_id, mod in mods.items():
         search = TaskSearch(mod, target, 1, CostModel(seed=1), CandidateFeatures(), group="replay")
-        mine = [r for r in records if r.workload_id == workload_id]
+        mine = [r for r in records if r.kernel_id == kernel_id]
         features = search.feature_rows([Candidate(r.candidate, msc.schedule_from_json(mod, r.trace)) for r in mine])
-        rows.update({r.id: row for r, row in zip(mine, features)})
+        rows.update({r.id: row for r, row in zip(mine, features, strict=True)})
     return rows
 
 
@@ -110,7 +112,7 @@ def _task_batches(records: list, batch: int) -> list[list]:
     pieces, start = [], 0
     while start < len(records):
         end = start + 1
-        while end < len(records) and end - start < batch and records[end].workload_id == records[start].workload_id:
+        while end < len(records) and end - start < batch and records[end].kernel_id == records[start].kernel_id:
             end += 1
         pieces.append(records[start:end])
         start = end
@@ -158,7 +160,7 @@ def model_latency_curve(records: list, weights: dict[int, float]) -> list[float]
 
     curve = [math.inf] * len(records)
     measured = best_latency_curve(records, weights)
-    for n, latency in zip(measured.trials, measured.latency):
+    for n, latency in zip(measured.trials, measured.latency, strict=True):
         curve[n - 1 :] = [latency] * (len(records) - n + 1)
     return curve
 

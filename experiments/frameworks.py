@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import statistics
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from measure.error_text import error_line
 
 
 @dataclass
@@ -43,8 +44,7 @@ def _prepare(name: str, build: Callable[[], Callable[[], Any]]) -> Contender:
     try:
         return Contender(name, build())
     except Exception as err:  # noqa: BLE001 - any failure to set a runtime up is reported, not fatal
-        first = str(err).strip().splitlines()
-        return Contender(name, None, f"{type(err).__name__}: {first[0][:160] if first else ''}")
+        return Contender(name, None, f"{type(err).__name__}: {error_line(err)[:160]}")
 
 
 def torch_eager(module: Any, example: Any) -> Contender:
@@ -158,7 +158,3 @@ def relative_error(output: Any, reference: np.ndarray) -> float:
 
 def reference_output(contender: Contender) -> np.ndarray:
     return _as_numpy(contender.call()).astype(np.float64)
-
-
-def describe_failure() -> str:
-    return traceback.format_exc(limit=2)

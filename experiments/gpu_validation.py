@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # faulty.py: the project's failing kern
 
 from experiments.common import markdown_table, sample_candidates  # noqa: E402
 from experiments.measurement_engine import compare, copies, timed_pass  # noqa: E402
+from measure.error_text import error_line  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,10 @@ def step_one_kernel(ctx: Context) -> StepResult:
     error = float(np.max(np.abs(outputs[-1].astype(np.float64) - expected)) / max(1.0, float(np.max(np.abs(expected)))))
     latency = statistics.median(samples)
     ok = error < 1e-3 and (ctx.device != "cuda" or bool(binaries))
-    summary = f"{workload.name}: {latency * 1e3:.3f} ms ({len(samples)} samples), max relative error against NumPy {error:.1e}"
+    summary = (
+        f"{workload.name}: {latency * 1e3:.3f} ms ({len(samples)} samples), max relative error against NumPy "
+        f"{error:.1e}"
+    )
     return StepResult(
         ok,
         summary,
@@ -185,7 +189,8 @@ def step_engine(ctx: Context) -> StepResult:
     dops = [d.dop for d in engine.dop_decisions]
     summary = (
         f"{len(keys)} candidates: serial {len(keys) / serial_wall:.1f}/s, engine {len(keys) / parallel_wall:.1f}/s; "
-        f"error median {accuracy['median_error']:.1%} worst {accuracy['worst_error']:.1%}; same top-1 {accuracy['same_top1']}; "
+        f"error median {accuracy['median_error']:.1%} worst {accuracy['worst_error']:.1%}; same top-1 "
+        f"{accuracy['same_top1']}; "
         f"device busy {busy['serial']:.0%} serial, {busy['engine']:.0%} engine; DOP {dops}"
     )
     details = {
@@ -212,7 +217,10 @@ def step_flush(ctx: Context) -> StepResult:
             )
         )
     megabytes = 3 * ctx.plan.l2_elements * 4 / 2**20
-    summary = f"add of {megabytes:.1f} MB in all: cold {timings['cold'] * 1e6:.1f} us, warm {timings['warm'] * 1e6:.1f} us ({timings['cold'] / timings['warm']:.2f}x)"
+    summary = (
+        f"add of {megabytes:.1f} MB in all: cold {timings['cold'] * 1e6:.1f} us, warm {timings['warm'] * 1e6:.1f} us "
+        f"({timings['cold'] / timings['warm']:.2f}x)"
+    )
     details: dict = {"buffers_mb": megabytes, "cold_s": timings["cold"], "warm_s": timings["warm"]}
     if (
         ctx.device == "cuda"
@@ -223,7 +231,8 @@ def step_flush(ctx: Context) -> StepResult:
         details["launch_delay"] = delay
         summary += (
             f"; a 256-element kernel cold: {delay['queued'] * 1e6:.2f} us queued behind the flush (ours), "
-            f"{delay['tvm_evaluator'] * 1e6:.2f} us TVM's way: host launch delay ~{(delay['tvm_evaluator'] - delay['queued']) * 1e6:.2f} us"
+            f"{delay['tvm_evaluator'] * 1e6:.2f} us TVM's way: host launch delay "
+            f"~{(delay['tvm_evaluator'] - delay['queued']) * 1e6:.2f} us"
         )
     return StepResult(timings["cold"] > 1.05 * timings["warm"], summary, details)
 
@@ -275,7 +284,8 @@ def step_faults(ctx: Context) -> StepResult:
             }
         )
     summary = "; ".join(
-        f"{r['candidate']}: {r['status']} ({(r['error'] or '')[:70]}), replaced {r['worker_replaced']}, next ok {r['next_measured']}"
+        f"{r['candidate']}: {r['status']} ({(r['error'] or '')[:70]}), replaced {r['worker_replaced']}, next ok "
+        f"{r['next_measured']}"
         for r in rows
     )
     return StepResult(ok, summary, {"cases": rows})
@@ -310,7 +320,8 @@ def step_nvml(ctx: Context) -> StepResult:
     mapping = _device_mapping()
     mapped = all(row["nvml_index"] == row["expected"] for row in mapping)
     summary = (
-        f"{monitor.name}: {energy:.1f} J over {wall:.2f} s of back-to-back kernels ({energy / wall:.0f} W average, {len(samples)} samples)"
+        f"{monitor.name}: {energy:.1f} J over {wall:.2f} s of back-to-back kernels ({energy / wall:.0f} W average, "
+        f"{len(samples)} samples)"
         if energy is not None
         else f"{monitor.name}: no energy counter ({monitor.describe_missing()})"
     )
@@ -476,10 +487,8 @@ def run_step(number: int, name: str, step: Callable[[Context], StepResult], ctx:
         result = step(ctx)
     except Exception as err:  # noqa: BLE001 - a failing step is a finding; the others still run
         traceback.print_exc()
-        lines = [line for line in str(err).splitlines() if line.strip()]
-        result = StepResult(
-            False, f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300], {"traceback": traceback.format_exc()}
-        )
+        why = f"{type(err).__name__}: {error_line(err, last=True)}"[:300]
+        result = StepResult(False, why, {"traceback": traceback.format_exc()})
     seconds = time.monotonic() - started
     verdict = {True: "PASS", False: "FAIL", None: "n/a"}[result.ok]
     print(f"[{number}/8] {verdict} in {seconds:.0f} s: {result.summary}", file=sys.stderr, flush=True)
@@ -526,7 +535,10 @@ def write_outputs(out: Path, env: dict, steps: list[dict], wall: float) -> str:
     ]
     table = markdown_table(rows, ["step", "check", "verdict", "seconds", "result"])
     passed = sum(s["ok"] is True for s in steps)
-    header = f"GPU validation on {env['target']} ({env['gpu'] or 'no GPU'}), {env['host']}, commit {env['commit']}, TVM {env['tvm']}: {passed} of {len(steps)} steps passed in {wall:.0f} s."
+    header = (
+        f"GPU validation on {env['target']} ({env['gpu'] or 'no GPU'}), {env['host']}, commit {env['commit']}, TVM "
+        f"{env['tvm']}: {passed} of {len(steps)} steps passed in {wall:.0f} s."
+    )
     (out / "gpu_validation.md").write_text(header + "\n\n" + table + "\n")
     (out / "gpu_validation.json").write_text(
         json.dumps({"environment": env, "wall_s": wall, "steps": steps}, indent=1, default=str)
@@ -547,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from measure import EngineConfig, MeasureEngine
-    from measure.engine import device_kind
+    from measure.contract import device_kind
     from tuner.targets import resolve_target
 
     target = resolve_target(args.target)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from costmodel.quality import kendall_tau  # noqa: E402
 from experiments.common import markdown_table, sample_candidates, write_csv  # noqa: E402
 from measure import EngineConfig, MeasureEngine, TimingConfig  # noqa: E402
 from measure.dop import DopController  # noqa: E402
@@ -52,21 +53,10 @@ def timed_pass(
     return results, time.monotonic() - started
 
 
-def kendall_tau(a: list[float], b: list[float]) -> float:
-    concordant = discordant = 0
-    for i in range(len(a)):
-        for j in range(i + 1, len(a)):
-            sign = (a[i] - a[j]) * (b[i] - b[j])
-            concordant += sign > 0
-            discordant += sign < 0
-    pairs = concordant + discordant
-    return (concordant - discordant) / pairs if pairs else 1.0
-
-
 def compare(reference: dict[str, MeasureResult], other: dict[str, MeasureResult], keys: list[str]) -> dict:
     ref = [reference[k].latency for k in keys]
     got = [other[k].latency for k in keys]
-    errors = [abs(g - r) / r for r, g in zip(ref, got)]
+    errors = [abs(g - r) / r for r, g in zip(ref, got, strict=True)]
     top = lambda values: {keys[i] for i in sorted(range(len(keys)), key=values.__getitem__)[:5]}  # noqa: E731
     return {
         "median_error": statistics.median(errors),
@@ -97,7 +87,7 @@ def row(
         "median_err_%": round(100 * accuracy["median_error"], 2) if accuracy else "",
         "worst_err_%": round(100 * accuracy["worst_error"], 1) if accuracy else "",
         "top5": accuracy.get("top5_overlap", ""),
-        "tau": round(accuracy["kendall_tau"], 3) if accuracy else "",
+        "tau": round(accuracy["kendall_tau"], 3) if accuracy.get("kendall_tau") is not None else "",
         "top1": accuracy.get("same_top1", ""),
         "device_busy_%": round(100 * timed / wall, 1) if wall else "",
     }
@@ -202,7 +192,8 @@ def main() -> None:
         f"built once in {build_wall:.1f} s; engine DOP per window: {dops} "
         f"(max {engine.dop.max_dop}); errors are against (a). Building and measuring in one go "
         f"({end_to_end} measured) took {end_to_end_wall:.1f} s against {build_wall:.1f} s of building plus "
-        f"{parallel_wall:.1f} s of measuring apart: {max(0.0, build_wall + parallel_wall - end_to_end_wall):.1f} s overlapped."
+        f"{parallel_wall:.1f} s of measuring apart: {max(0.0, build_wall + parallel_wall - end_to_end_wall):.1f} s "
+        "overlapped."
     )
     print(summary)
     print(table)

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from experiments.common import markdown_table, sample_candidates, write_csv  # noqa: E402
 from measure import EngineConfig, MeasureEngine, MeasureInput  # noqa: E402
 from measure.cluster import ClusterEngine, ClusterOptions  # noqa: E402
+from measure.contract import is_cuda  # noqa: E402
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private instance on this machine: no token file in ~/.ray
 
@@ -78,7 +79,7 @@ def main() -> None:
     from tuner.targets import resolve_target
 
     target = resolve_target(args.target)
-    gpus = _gpu_count() if target.kind.name == "cuda" else 0
+    gpus = _gpu_count() if is_cuda(target) else 0
     inputs = sample_candidates(args.workload, target, args.candidates, seed=1)
     scratch = Path(tempfile.mkdtemp(prefix="scaling-"))
     rows = []

@@ -84,7 +84,8 @@ def main() -> None:
     trials = min(_measured(d) for d in work_dirs)
     curves = [run_curve(d, trials)["latency"] for d in work_dirs]
     print(
-        f"{len(curves)} runs without the filter, {trials} measurements each; 'saved' between two sets that differ only by seed (10-90%):"
+        f"{len(curves)} runs without the filter, {trials} measurements each; 'saved' between two sets that differ "
+        "only by seed (10-90%):"
     )
     for size in args.sets:
         cells = [
@@ -95,9 +96,9 @@ def main() -> None:
 
 
 def _measured(work_dir: Path) -> int:
-    from tuner.database import TuningDatabase
+    from tuner.workdir import WorkDir
 
-    db = TuningDatabase(work_dir / "tuning.db", read_only=True)
+    db = WorkDir(work_dir).open_database(read_only=True)
     try:
         return len(db.records())
     finally:

@@ -41,8 +41,8 @@ def parse_workload(spec: str) -> tuple[str, int | None]:
 def tune_step(spec: str, target: str, trials: int, work_dir: Path, seed: int, transfer_from: list[str]) -> dict:
     """Tune one workload; its model-latency curve from the database."""
     from tuner import tune
-    from tuner.database import TuningDatabase
     from tuner.report import job_curve
+    from tuner.workdir import TransferRecord, WorkDir, read_meta
 
     name, batch = parse_workload(spec)
     result = tune(
@@ -54,10 +54,10 @@ def tune_step(spec: str, target: str, trials: int, work_dir: Path, seed: int, tr
         seed=seed,
         transfer_from=transfer_from or None,
     )
-    db = TuningDatabase(result.database_path, read_only=True)
+    db = WorkDir(result.work_dir).open_database(read_only=True)
     try:
         curve = job_curve(db)
-        transfer = db.get_meta("transfer")
+        transfer = read_meta(db, TransferRecord)
     finally:
         db.close()
     return {
@@ -66,14 +66,14 @@ def tune_step(spec: str, target: str, trials: int, work_dir: Path, seed: int, tr
         "latency_after": result.latency_after,
         "seconds": result.seconds,
         "curve": {"trials": curve.trials, "elapsed": curve.elapsed, "latency": curve.latency},
-        "transfer": transfer,
+        "transfer": transfer.as_dict() if transfer else None,
     }
 
 
 # -- comparing ------------------------------------------------------------------------------------
 def time_to_reach(curve: dict, latency: float) -> float | None:
     """Tuning seconds until ``curve`` first reaches ``latency`` (1% tolerance); None if it never does."""
-    for elapsed, value in zip(curve["elapsed"], curve["latency"]):
+    for elapsed, value in zip(curve["elapsed"], curve["latency"], strict=True):
         if value <= latency * 1.01:
             return elapsed
     return None
@@ -177,13 +177,14 @@ def run(args: argparse.Namespace) -> None:
 
 def _finished_trials(work_dir: Path) -> int | None:
     """The trials of the finished run in ``work_dir``; None if there is none."""
-    from tuner.database import TuningDatabase
+    from tuner.workdir import ResultRecord, WorkDir, read_meta
 
-    if not (work_dir / "tuning.db").exists():
+    if not WorkDir(work_dir).database.exists():
         return None
-    db = TuningDatabase(work_dir / "tuning.db", read_only=True)
+    db = WorkDir(work_dir).open_database(read_only=True)
     try:
-        return (db.get_meta("result") or {}).get("trials")
+        result = read_meta(db, ResultRecord)
+        return result.trials if result else None
     finally:
         db.close()
 
@@ -193,17 +194,19 @@ def _slug(spec: str) -> str:
 
 
 def _markdown(rows: list[dict], args: argparse.Namespace) -> str:
-    columns = ["target", "source", "tasks", "trials_per_task", "transferred_schedules", "transfer_first_round_ms", "transfer_first_round_s",
-               "stock_s_to_first_round", "speedup_first_round", "transfer_final_ms", "transfer_final_s", "stock_s_to_final",
-               "speedup_final", "stock_final_ms", "compiled_ms_stock", "compiled_ms_transfer", "wall_s_stock", "wall_s_transfer"]  # fmt: skip
+    columns = ["target", "source", "tasks", "trials_per_task", "transferred_schedules",
+               "transfer_first_round_ms", "transfer_first_round_s", "stock_s_to_first_round", "speedup_first_round",
+               "transfer_final_ms", "transfer_final_s", "stock_s_to_final", "speedup_final", "stock_final_ms",
+               "compiled_ms_stock", "compiled_ms_transfer", "wall_s_stock", "wall_s_transfer"]  # fmt: skip
     columns = [c for c in columns if all(c in r for r in rows)]
     return (
-        f"# Transfer-tuning\n\ntarget `{args.target}`, seed {args.seed}; {args.trials} trials per task for each target run, "
-        f"{args.source_trials} per task for each source run. Model latency = sum over tasks of launches x best latency measured "
-        "so far; seconds are tuning seconds (the transfer run's include its replays and cost-model warm start; the source's "
-        "tuning is not counted). `speedup` = stock's seconds to reach the transfer run's latency / the transfer run's seconds "
-        "(`>` where stock never reached it: a lower bound); the goal, after the paper, is 5x or more. `compiled_ms`: the tuned "
-        "model as compiled and timed at the end of each run (separate processes); `wall_s`: each run's process, start to end.\n\n"
+        f"# Transfer-tuning\n\ntarget `{args.target}`, seed {args.seed}; {args.trials} trials per task for each target "
+        f"run, {args.source_trials} per task for each source run. Model latency = sum over tasks of launches x best "
+        "latency measured so far; seconds are tuning seconds (the transfer run's include its replays and cost-model "
+        "warm start; the source's tuning is not counted). `speedup` = stock's seconds to reach the transfer run's "
+        "latency / the transfer run's seconds (`>` where stock never reached it: a lower bound); the goal, after the "
+        "paper, is 5x or more. `compiled_ms`: the tuned model as compiled and timed at the end of each run (separate "
+        "processes); `wall_s`: each run's process, start to end.\n\n"
         + markdown_table(rows, columns)
         + "\n\n![latency against tuning time](transfer_tuning.png)\n"
     )
@@ -216,7 +219,7 @@ def _plot(rows: list[dict], runs: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 4), squeeze=False)
-    for ax, row in zip(axes[0], rows):
+    for ax, row in zip(axes[0], rows, strict=True):
         target, source = row["target"], row["source"]
         for label, name in (
             (f"{_slug(target)}-stock", "no transfer"),

@@ -6,7 +6,7 @@ latency after each measurement is averaged over the seeds (geometric mean), one 
 filter and one without; the target latency is where the curve without the filter ends, and each
 curve's measurements to come within 2% of it are compared (the mean over seeds of the tuning
 seconds those measurements took is given beside them). Single seeds are listed too, each against
-its own run without the filter, but one seed's search can be 2x off another's at this budget, so
+its own run without the filter, but one seed's search can be far off another's at this budget, so
 the averaged curves are the result. The two compiled results at equal budget are also timed side
 by side. Goal: at least 30% fewer measurements to reach the target, final latency within 2%.
 
@@ -42,7 +42,7 @@ TOLERANCE = 0.02  # "reached the target" = within 2% of it
 
 
 def tune_step(
-    workload_name: str,
+    kernel_name: str,
     target_spec: str,
     trials: int,
     work_dir: Path,
@@ -56,7 +56,7 @@ def tune_step(
     from tuner import tune
 
     result = tune(
-        workload_name, target=target_spec, trials=trials, work_dir=work_dir, seed=seed,
+        kernel_name, target=target_spec, trials=trials, work_dir=work_dir, seed=seed,
         trimmer=TrimmerFilter(**filter_options) if trimmer else False, cost_model_from=cost_model_from,
     )  # fmt: skip
     return {
@@ -70,16 +70,16 @@ def tune_step(
 def run_curve(work_dir: Path, trials: int) -> dict[str, list[float]]:
     """The run's best latency after each of its measurements (inf before the first success) and
     the tuning seconds at each, from its database."""
-    from tuner.database import TuningDatabase
     from tuner.report import job_curve
+    from tuner.workdir import WorkDir
 
-    db = TuningDatabase(work_dir / "tuning.db", read_only=True)
+    db = WorkDir(work_dir).open_database(read_only=True)
     try:
         curve = job_curve(db)
     finally:
         db.close()
     latency, elapsed = [math.inf] * trials, [0.0] * trials
-    for n, seconds, value in zip(curve.trials, curve.elapsed, curve.latency):
+    for n, seconds, value in zip(curve.trials, curve.elapsed, curve.latency, strict=True):
         if n <= trials:
             latency[n - 1 :] = [value] * (trials - n + 1)
             elapsed[n - 1] = seconds
@@ -97,7 +97,7 @@ def geometric_mean_curve(curves: list[list[float]]) -> list[float]:
     """Per measurement, the geometric mean over runs (inf until every run has a result)."""
     return [
         math.exp(statistics.fmean(map(math.log, point))) if all(map(math.isfinite, point)) else math.inf
-        for point in zip(*curves)
+        for point in zip(*curves, strict=False)  # up to the shortest run
     ]
 
 
@@ -128,16 +128,17 @@ def compare(args: argparse.Namespace) -> None:
         del row["curves"]
     table = markdown_table(summary, list(summary[0]))
     (out / "trimmer.md").write_text(
-        f"# Trimmer filter on / off\n\ntarget `{args.target}`, {args.trials} trials, seeds {args.seeds}. Per workload, the best "
-        "latency after each measurement is averaged over the seeds (geometric mean) with the filter and without; the target "
-        f"is where the curve without the filter ends; `*_trials_to_target`: measurements until each averaged curve came within "
-        f"{TOLERANCE:.0%} of it, `*_seconds_to_target`: the mean tuning seconds those measurements took; `on_end_vs_target`: "
-        "where the filtered curve ends, over the target; `chance_saved_10_90`: the 10-90% range of what two sets of as "
-        "many runs without the filter, drawn from these, score against each other on `measurements_saved` (see "
-        "`experiments/seed_noise.py`): what the seeds alone can make of it (runs that share a start differ less); `*_3q`: the same with the target where the "
-        "curve without the filter is at 3/4 of the budget (its end is nearly flat, which makes the first measure noisy); "
-        "`final_latency_ratio`: the compiled results at equal budget timed "
-        "side by side (median over 3 processes of the ratio within each, averaged over seeds), filter on / off.\n\n"
+        f"# Trimmer filter on / off\n\ntarget `{args.target}`, {args.trials} trials, seeds {args.seeds}. Per workload, "
+        "the best latency after each measurement is averaged over the seeds (geometric mean) with the filter and "
+        "without; the target is where the curve without the filter ends; `*_trials_to_target`: measurements until each "
+        f"averaged curve came within {TOLERANCE:.0%} of it, `*_seconds_to_target`: the mean tuning seconds those "
+        "measurements took; `on_end_vs_target`: where the filtered curve ends, over the target; `chance_saved_10_90`: "
+        "the 10-90% range of what two sets of as many runs without the filter, drawn from these, score against each "
+        "other on `measurements_saved` (see `experiments/seed_noise.py`): what the seeds alone can make of it (runs "
+        "that share a start differ less); `*_3q`: the same with the target where the curve without the filter is at "
+        "3/4 of the budget (its end is nearly flat, which makes the first measure noisy); `final_latency_ratio`: the "
+        "compiled results at equal budget timed side by side (median over 3 processes of the ratio within each, "
+        "averaged over seeds), filter on / off.\n\n"
         + table
         + "\n\n![averaged best latency against measurements](trimmer.png)\n\nPer seed, each against its own run "
         "without the filter:\n\n" + markdown_table(rows, list(rows[0])) + "\n"
@@ -161,7 +162,9 @@ def _compare_one(workload, seed: int, args: argparse.Namespace, target, out: Pat
     target_latency = curves["off"]["latency"][-1]
     off_trials = trials_to_reach(curves["off"]["latency"], target_latency)
     on_trials = trials_to_reach(curves["on"]["latency"], target_latency)
-    device = "cuda" if target.kind.name == "cuda" else "cpu"
+    from measure.contract import device_kind
+
+    device = device_kind(target)
     args_spec = [[s.dtype, list(s.shape)] for s in workload.inputs]
     timed = time_side_by_side(
         {"ours": runs["on"]["artifact"], "stock": runs["off"]["artifact"]},
@@ -282,7 +285,7 @@ def _plot(summary: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(summary), figsize=(6 * len(summary), 4), squeeze=False)
-    for ax, row in zip(axes[0], summary):
+    for ax, row in zip(axes[0], summary, strict=True):
         for variant, label in (("off", "no filter"), ("on", "Trimmer filter")):
             curve = row["curves"][variant]
             ax.step(range(1, len(curve) + 1), [v * 1e3 for v in curve], where="post", label=label)
@@ -314,7 +317,8 @@ def main() -> None:
     parser.add_argument(
         "--filter",
         default="{}",
-        help="the filter's settings, as JSON keyword arguments of costmodel.TrimmerFilter, e.g. '{\"poor_ratio\": 1.5}' (default: its defaults)",
+        help="the filter's settings, as JSON keyword arguments of costmodel.TrimmerFilter, "
+        "e.g. '{\"poor_ratio\": 1.5}' (default: its defaults)",
     )
     parser.add_argument(
         "--cost-model-from",

@@ -1,9 +1,10 @@
 """Tuned models against what a user runs today: for each zoo model and a set of operators, tune with
 a stated budget, then time side by side in one process, on the same input with the same threads,
 the tuned model, PyTorch eager, torch.compile and ONNX Runtime, with every output checked against
-PyTorch's; TVM untuned is the latency tune() measured before tuning (often 10-1000x slower: timing it
-again here would take longer than the rest for the big models). Per kernel: its latency, FLOPs and bytes, its fraction of this machine's
-measured limits (experiments/machine_limits.py) and the time of the matching PyTorch operator.
+PyTorch's; TVM untuned is the latency tune() measured before tuning (often orders of magnitude
+slower: timing it again here would take longer than the rest for the big models). Per kernel: its
+latency, FLOPs and bytes, its fraction of this machine's measured limits
+(experiments/machine_limits.py) and the time of the matching PyTorch operator.
 
     .venv/bin/python experiments/vs_frameworks.py                      # the whole zoo and the operators
     .venv/bin/python experiments/vs_frameworks.py --models resnet18 --operators
@@ -25,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.common import markdown_table, prepare_comparison, run_step, write_csv  # noqa: E402
+from measure.error_text import error_line  # noqa: E402
 
 ZOO = [
     "attention-block",
@@ -203,10 +205,12 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
     lines = [
         "# Tuned models against PyTorch, torch.compile and ONNX Runtime",
         "",
-        f"Machine limits ({limits.threads} threads): FMA peak {limits.fma_gflops:.0f} GFLOP/s, numpy sgemm {limits.numpy_sgemm_gflops:.0f}, "
-        f"torch sgemm {limits.torch_sgemm_gflops or 0:.0f} (peak used: {limits.peak_gflops:.0f} GFLOP/s); memory copy {limits.copy_gbs:.1f} GB/s.",
-        f"Budget: {trials_per_task} trials per task (allocated by the gradient scheduler). Latencies are medians of interleaved calls in one process, "
-        "inputs as torch tensors; `tuned error` is the largest deviation from PyTorch eager's output relative to its largest value.",
+        f"Machine limits ({limits.threads} threads): FMA peak {limits.fma_gflops:.0f} GFLOP/s, numpy sgemm "
+        f"{limits.numpy_sgemm_gflops:.0f}, torch sgemm {limits.torch_sgemm_gflops or 0:.0f} (peak used: "
+        f"{limits.peak_gflops:.0f} GFLOP/s); memory copy {limits.copy_gbs:.1f} GB/s.",
+        f"Budget: {trials_per_task} trials per task (allocated by the gradient scheduler). Latencies are medians of "
+        "interleaved calls in one process, inputs as torch tensors; `tuned error` is the largest deviation from "
+        "PyTorch eager's output relative to its largest value.",
         "",
         markdown_table(_public(models), [k for k in models[0] if not k.startswith("_")])
         if models
@@ -215,7 +219,8 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
     ]
     if ratios:
         lines.append(
-            f"Geometric mean of tuned / best framework: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} over {len(ratios)} workloads."
+            f"Geometric mean of tuned / best framework: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} over "
+            f"{len(ratios)} workloads."
         )
     if gemm:
         lines.append(
@@ -314,7 +319,7 @@ def main() -> None:
             timed = time_workload(name, tuned, threads, run_dir, args.quick)
         except Exception as err:  # noqa: BLE001 - one workload failing must not lose the others' numbers
             print(f"{name}: failed, left out of the tables: {err}", flush=True)
-            failures.append(f"{name}: {str(err).splitlines()[0]}")
+            failures.append(f"{name}: {error_line(err)}")
             continue
         timed_all[name] = timed
         model_rows.append(model_row(name, tuned, timed))

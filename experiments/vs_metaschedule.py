@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from experiments.common import markdown_table, prepare_comparison, run_step, tim
 DEFAULT_WORKLOADS = ["matmul-512", "conv2d-resnet18-l2", "tiny-resnet"]
 
 
-def stock_step(workload_name: str, target_spec: str, trials: int, work_dir: Path, seed: int) -> dict:
+def stock_step(kernel_name: str, target_spec: str, trials: int, work_dir: Path, seed: int) -> dict:
     """Stock MetaSchedule as a user runs it: tune_tir / tune_relax with default settings, then
     compile with the database. The only change: a build timeout long enough for this machine
     (the default 30 s makes every build of a batch time out under load)."""
@@ -33,7 +34,7 @@ def stock_step(workload_name: str, target_spec: str, trials: int, work_dir: Path
     from tuner.targets import resolve_target
     from workloads import get_workload
 
-    workload = get_workload(workload_name)
+    workload = get_workload(kernel_name)
     target = resolve_target(target_spec)
     builder = ms.builder.LocalBuilder(timeout_sec=300)
     if workload.kind == "tir":
@@ -59,11 +60,11 @@ def stock_step(workload_name: str, target_spec: str, trials: int, work_dir: Path
     }
 
 
-def ours_step(workload_name: str, target_spec: str, trials: int, work_dir: Path, seed: int) -> dict:
+def ours_step(kernel_name: str, target_spec: str, trials: int, work_dir: Path, seed: int) -> dict:
     started = time.monotonic()
     from tuner import tune
 
-    result = tune(workload_name, target=target_spec, trials=trials, work_dir=work_dir, seed=seed)
+    result = tune(kernel_name, target=target_spec, trials=trials, work_dir=work_dir, seed=seed)
     return {"seconds": time.monotonic() - started, "artifact": str(result.artifact_path), "trials": result.trials}
 
 
@@ -84,7 +85,8 @@ def compare(args: argparse.Namespace) -> None:
     summary_rows = _summaries(rows)
     table = markdown_table(summary_rows, list(summary_rows[0]))
     (out / "vs_metaschedule.md").write_text(
-        f"# Ours vs stock MetaSchedule\n\ntarget `{args.target}`, {args.trials_per_task} trials per task, seeds {args.seeds}; "
+        f"# Ours vs stock MetaSchedule\n\ntarget `{args.target}`, {args.trials_per_task} trials per task, seeds "
+        f"{args.seeds}; "
         "wall time from process start to a compiled artifact; latency of both artifacts timed side by side "
         "(median over 3 timing processes of the ratio within each).\n\n"
         + table
@@ -122,7 +124,9 @@ def _compare_one(workload, num_tasks: int, trials: int, seed: int, target_spec: 
         results[tuner_name] = run_step(Path(__file__), step, out / f"{name}-{tuner_name}-seed{seed}.log")
         print(f"[{name} seed {seed}] {tuner_name}: {results[tuner_name]['process_seconds']:.1f} s", flush=True)
     args_spec = [[s.dtype, list(s.shape)] for s in workload.inputs]
-    device = "cuda" if target.kind.name == "cuda" else "cpu"
+    from measure.contract import device_kind
+
+    device = device_kind(target)
     latency = time_side_by_side(
         {k: v["artifact"] for k, v in results.items()}, workload.kind, args_spec, device, out / f"{name}-timing.log"
     )
@@ -146,18 +150,17 @@ def _summaries(rows: list[dict]) -> list[dict]:
     summary = []
     for name in dict.fromkeys(r["workload"] for r in rows):
         mine = [r for r in rows if r["workload"] == name]
-        mean = lambda key: sum(r[key] for r in mine) / len(mine)  # noqa: E731
         summary.append(
             {
                 "workload": name,
                 "seeds": len(mine),
                 "trials": mine[0]["trials"],
-                "stock_wall_s": round(mean("stock_wall_s"), 1),
-                "ours_wall_s": round(mean("ours_wall_s"), 1),
-                "wall_ratio": round(mean("wall_ratio"), 3),
-                "stock_latency_ms": round(mean("stock_latency_ms"), 4),
-                "ours_latency_ms": round(mean("ours_latency_ms"), 4),
-                "latency_ratio": round(mean("latency_ratio"), 3),
+                "stock_wall_s": round(statistics.fmean(r["stock_wall_s"] for r in mine), 1),
+                "ours_wall_s": round(statistics.fmean(r["ours_wall_s"] for r in mine), 1),
+                "wall_ratio": round(statistics.fmean(r["wall_ratio"] for r in mine), 3),
+                "stock_latency_ms": round(statistics.fmean(r["stock_latency_ms"] for r in mine), 4),
+                "ours_latency_ms": round(statistics.fmean(r["ours_latency_ms"] for r in mine), 4),
+                "latency_ratio": round(statistics.fmean(r["latency_ratio"] for r in mine), 3),
             }
         )
     return summary

@@ -8,7 +8,8 @@ from importlib import import_module
 
 _EXPORTS = {
     "DeviceUnavailable": "engine",
-    "EngineConfig": "engine",
+    "Engine": "contract",
+    "EngineConfig": "contract",
     "MeasureEngine": "engine",
     "BuildResult": "types",
     "MeasureInput": "types",
@@ -17,6 +18,7 @@ _EXPORTS = {
     "VerifyResult": "types",
     "TimingConfig": "timing",
     "AdaptiveTimeout": "timeouts",
+    "TimeoutPolicy": "timeouts",
 }
 
 __all__ = sorted(_EXPORTS)

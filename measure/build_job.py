@@ -12,6 +12,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+from .contract import is_cuda
 from .tensor_cores import ensure_tensor_intrinsics, trace_uses_tensor_intrinsics
 
 
@@ -46,7 +47,7 @@ def build_kernel(mod: tvm.IRModule, target: str, artifact: str, keep_layout_rewr
     start = time.perf_counter()
     with tvm_target:
         executable = tvm.compile(mod, target=tvm_target)
-    if tvm_target.kind.name == "cuda" and not _has_device_code(executable):
+    if is_cuda(tvm_target) and not _has_device_code(executable):
         raise BuildError("no CUDA kernel was generated: the schedule binds no GPU threads")
     executable.export_library(artifact)
     return {"artifact": artifact, "args": kernel_args(mod), "seconds": time.perf_counter() - start}
@@ -114,7 +115,7 @@ def compile_program(mod: tvm.IRModule, kind: str, target: str, schedules: list, 
         sch = tvm.s_tir.Schedule(mod)
         Trace.apply_json_to_schedule(json.loads(schedules[0][1]), sch)
         mod = sch.mod
-    elif tvm_target.kind.name == "cuda":
+    elif is_cuda(tvm_target):
         mod = default_gpu_schedule(mod, tvm_target)
     return build_kernel(mod, target, artifact, keep_layout_rewrite=True)
 
@@ -138,14 +139,12 @@ def build_lowered_model(
 
     # TVM 0.27's relax.pipeline dispatches to the backend packages, which do not export their
     # dataflow-lowering passes: take them from the backends' own pipeline modules
-    backend = importlib.import_module(
-        f"tvm.relax.backend.{'cuda' if target.kind.name == 'cuda' else 'cpu_generic'}.pipeline"
-    )
+    backend = importlib.import_module(f"tvm.relax.backend.{'cuda' if is_cuda(target) else 'cpu_generic'}.pipeline")
 
     with target, database, tvm.transform.PassContext(opt_level=3):
         passes = [
             relax.transform.MetaScheduleApplyDatabase(),  # reads the target and database in scope
-            *([_DefaultGpuSchedule()] if target.kind.name == "cuda" else []),
+            *([_DefaultGpuSchedule()] if is_cuda(target) else []),
             # a tuned kernel that reads a weight in another layout gets a separate transform of that
             # weight; on constants, FoldConstant runs it now instead of at every call
             relax.transform.SplitLayoutRewritePreproc(),

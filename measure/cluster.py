@@ -16,7 +16,7 @@ from pathlib import Path
 
 import tvm
 
-from .engine import EngineConfig, device_kind, host_target
+from .contract import Engine, EngineConfig, device_kind, host_target
 from .runners import raise_if_no_device
 from .timing import TimingConfig
 from .types import BuildResult, MeasureInput, MeasureResult, VerifyResult
@@ -46,15 +46,14 @@ class ClusterOptions:
     poll_seconds: float = 1.0
 
 
-class ClusterEngine:
+class ClusterEngine(Engine):
+    """A Ray cluster's CPUs building and its measuring actors timing."""
+
     def __init__(
         self, target: tvm.target.Target, work_dir: Path, options: ClusterOptions, config: EngineConfig | None = None
     ):
-        self.target = target
+        super().__init__(target, work_dir, config)
         self.options = options
-        self.config = config or EngineConfig()
-        self.device = device_kind(target)
-        self.log_dir = Path(work_dir) / "logs"
         self.monitor = None  # NVML runs beside each measuring actor; its energy comes with the results
         self.description: dict = {}
         self._activity: dict = {}
@@ -89,12 +88,13 @@ class ClusterEngine:
             pass
         self._driver.close()
 
-    def __enter__(self) -> ClusterEngine:
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def started_line(self) -> str:
+        nodes, measurers = self.description["nodes"], self.description["measurers"]
+        devices = ", ".join(sorted({m["device"] for m in measurers if m["device"]}))
+        return (
+            f"cluster at {self.options.address}: {len(nodes)} node(s), {sum(n['cpus'] for n in nodes):.0f} CPUs; "
+            f"{len(measurers)} measuring actor(s) on {devices}"
+        )
 
     @property
     def energy_measurable(self) -> bool:

@@ -23,8 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from . import cluster_nodes
-from .engine import SERIAL_WINDOW, EngineConfig
+from .contract import EngineConfig
+from .engine import SERIAL_WINDOW
+from .error_text import error_line
 from .runners import DeviceUnavailable
+from .timeouts import AdaptiveTimeout
 from .types import BuildResult, MeasureInput, MeasureResult, Status, VerifyResult
 
 MAX_ATTEMPTS = 3  # times a candidate is sent out again after the node or actor handling it was lost
@@ -145,6 +148,7 @@ class ClusterDriver:
         import ray
 
         self.ray, self.target, self.cuda, self.config = ray, target, cuda, config
+        self.build_timeout = AdaptiveTimeout(config.build_timeout)
         package_root = str(Path(__file__).resolve().parent.parent)
         runtime_env = {
             "env_vars": {
@@ -182,7 +186,8 @@ class ClusterDriver:
             gpus = int(sum(n["Resources"].get("GPU", 0) for n in nodes))
             if gpus == 0:
                 raise ClusterError(
-                    "the Ray cluster has no GPUs: start its GPU nodes with `ray start ... --num-gpus N`, or measure per host (CPU targets)"
+                    "the Ray cluster has no GPUs: start its GPU nodes with `ray start ... --num-gpus N`, "
+                    "or measure per host (CPU targets)"
                 )
             return [dict(num_gpus=1, num_cpus=0) for _ in range(gpus)]
         hosts: dict[str, dict] = {}
@@ -209,7 +214,8 @@ class ClusterDriver:
         if not any(m.state == "up" for m in self.measurers):
             states = "; ".join(m.state + (f" ({m.error})" if m.error else "") for m in self.measurers)
             raise ClusterError(
-                f"no measuring actor started within {timeout:.0f} s ({len(self.measurers)} placed: {states}); see the Ray logs of the cluster"
+                f"no measuring actor started within {timeout:.0f} s ({len(self.measurers)} placed: {states}); "
+                "see the Ray logs of the cluster"
             )
 
     def describe(self) -> dict:
@@ -280,7 +286,7 @@ class ClusterDriver:
     def _submit_build(self, item: MeasureInput, target: str, cuda: bool, keep_layout_rewrite: bool) -> tuple[Any, Any]:
         """A build task: refs to (its result and node, the artifact's bytes)."""
         return self._build.options(num_returns=2).remote(
-            item, target, cuda, keep_layout_rewrite, self.config.build_timeout.value
+            item, target, cuda, keep_layout_rewrite, self.build_timeout.value
         )
 
     def _start_build(self, pending: Pending) -> None:
@@ -318,9 +324,8 @@ class ClusterDriver:
         try:
             built, node = ray.get(ref)
         except ray.exceptions.RayTaskError as err:  # the build task itself raised: a bug, not a node loss
-            results.append(
-                MeasureResult(pending.item.key, Status.BUILD_ERROR, error=f"build task failed: {_first_line(err)}")
-            )
+            cause = error_line(err, last=True)[:300]  # Ray's report ends with the task's own exception
+            results.append(MeasureResult(pending.item.key, Status.BUILD_ERROR, error=f"build task failed: {cause}"))
             return
         except ray.exceptions.RayError as err:  # the node or worker went away, past Ray's own retries
             self._retry_or_fail(pending, Status.BUILD_CRASH, err, results)
@@ -329,7 +334,7 @@ class ClusterDriver:
         if not built.ok:
             results.append(built.as_failure())
             return
-        self.config.build_timeout.record(built.seconds)
+        self.build_timeout.record(built.seconds)
         pending.built = built
         if self.batch is not None:
             self.batch.queue.append(pending)
@@ -360,7 +365,7 @@ class ClusterDriver:
         try:
             info = self.ray.get(ref)
         except self.ray.exceptions.ActorDiedError as err:
-            measurer.state, measurer.error = "dead", _first_line(err)
+            measurer.state, measurer.error = "dead", error_line(err, last=True)[:300]  # Ray's report ends with why
             # a GPU elsewhere may take its place (a host's measurer has no substitute); a measurer
             # that cannot start at all would be replaced for ever, hence the limit
             if self.per_gpu and self.replacements < 2 * len(self.measurers):
@@ -376,16 +381,16 @@ class ClusterDriver:
 
     def _retry_or_fail(self, pending: Pending, status: str, err: Exception, results: list[MeasureResult]) -> None:
         if pending.attempts >= MAX_ATTEMPTS:
+            cause = error_line(err, last=True)[:300]
             results.append(
-                MeasureResult(
-                    pending.item.key, status, error=f"lost {pending.attempts} times on the cluster: {_first_line(err)}"
-                )
+                MeasureResult(pending.item.key, status, error=f"lost {pending.attempts} times on the cluster: {cause}")
             )
         else:
             self._start_build(pending)
 
     def _lost(self, patience: float = 120.0) -> str | None:
-        """Why the batch cannot go on: candidates wait and no measurer of their device has been up for ``patience`` s."""
+        """Why the batch cannot go on: candidates wait and no measurer of their device has been up for
+        ``patience`` s."""
         batch = self.batch
         if batch is None or any(m.state == "up" and m.device == batch.device for m in self.measurers):
             self.lost_since = None
@@ -492,11 +497,6 @@ def assign_device(group: str | None, measurers: Counter, groups: dict) -> str:
     load = Counter(groups.values())
     groups[group] = max(measurers, key=lambda device: (measurers[device] / (1 + load[device]), -load[device]))
     return groups[group]
-
-
-def _first_line(err: BaseException) -> str:
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    return lines[-1].strip()[:300] if lines else type(err).__name__
 
 
 _driver = ClusterDriver()

@@ -79,7 +79,8 @@ class MeasuringActor:
         import ray
         import tvm
 
-        from .engine import MeasureEngine, device_kind
+        from .contract import device_kind
+        from .engine import MeasureEngine
 
         self.target = tvm.target.Target(json.loads(target))
         gpu_ids = ray.get_gpu_ids() if per_gpu else []
@@ -119,7 +120,7 @@ class MeasuringActor:
         self, builds: list[BuildResult], timing: dict, serial: bool, *blobs: bytes
     ) -> tuple[list[MeasureResult], dict]:
         """Time built candidates (``blobs``: their artifacts, in order) as the local engine would."""
-        local = [replace(built, artifact=self._write(blob)) for built, blob in zip(builds, blobs)]
+        local = [replace(built, artifact=self._write(blob)) for built, blob in zip(builds, blobs, strict=True)]
         results = list(self.engine.measure_built(local, TimingConfig(**timing), serial))
         for result in results:
             result.device, result.node = self.device, self.name

@@ -1,8 +1,8 @@
 """Where CPU kernels are timed: how many can run at once and which cores each measuring process gets.
 
 A CPU kernel compiled for ``num-cores`` threads needs that many cores to itself. Two measuring
-processes sharing cores distort each other even when only one is timing (on a 2-core host a
-second, idle runner process made half the timings of a 2-thread matmul 2x slow), so the default
+processes sharing cores distort each other even when only one is timing (a second, idle runner
+process on the same cores slowed many timings of a matmul using all of them), so the default
 is one runner per ``num-cores`` physical cores, and where there are several, each is pinned to its
 own cores.
 """

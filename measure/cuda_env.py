@@ -114,13 +114,15 @@ def choose_compile_mode() -> CompileMode:
     if requested == "nvcc":
         if nvcc is None:
             raise CudaBuildEnvError(
-                f"{COMPILE_MODE_ENV}=nvcc but nvcc is not installed: install the CUDA toolkit, set CUDA_PATH, or unset {COMPILE_MODE_ENV}"
+                f"{COMPILE_MODE_ENV}=nvcc but nvcc is not installed: install the CUDA toolkit, set CUDA_PATH, or "
+                f"unset {COMPILE_MODE_ENV}"
             )
         return CompileMode("nvcc", f"{COMPILE_MODE_ENV}=nvcc; nvcc {nvcc_version(nvcc)} at {nvcc}")
     if requested == "nvrtc":
         if not nvrtc_available():
             raise CudaBuildEnvError(
-                f"{COMPILE_MODE_ENV}=nvrtc but NVRTC's Python bindings are missing: pip install {NVRTC_PACKAGES}, or unset {COMPILE_MODE_ENV}"
+                f"{COMPILE_MODE_ENV}=nvrtc but NVRTC's Python bindings are missing: pip install {NVRTC_PACKAGES}, or "
+                f"unset {COMPILE_MODE_ENV}"
             )
         return CompileMode("nvrtc", f"{COMPILE_MODE_ENV}=nvrtc; cuda-bindings")
     if requested:

@@ -110,7 +110,10 @@ def runtime_problem() -> str | None:
         return None
     driver = _driver()
     if driver is None:
-        return f"no CUDA GPU: no NVIDIA driver on this host (libcuda.so.1 not found); install the NVIDIA driver (release {MIN_DRIVER_RELEASE} or later)"
+        return (
+            "no CUDA GPU: no NVIDIA driver on this host (libcuda.so.1 not found); install the NVIDIA driver (release "
+            f"{MIN_DRIVER_RELEASE} or later)"
+        )
     version = driver_cuda_version()
     if version is not None and version < MIN_DRIVER_CUDA:
         return (
@@ -119,11 +122,17 @@ def runtime_problem() -> str | None:
         )
     missing = load_cudart()
     if missing:
-        return f"TVM's CUDA runtime needs {CUDART_SONAME} (CUDA 13), and {missing}: pip install '{CUDART_WHEEL}', or install the CUDA 13 toolkit"
+        return (
+            f"TVM's CUDA runtime needs {CUDART_SONAME} (CUDA 13), and {missing}: pip install '{CUDART_WHEEL}', or "
+            "install the CUDA 13 toolkit"
+        )
     lib_dir = _tvm_lib_dir()
     library = lib_dir / "libtvm_runtime_cuda.so" if lib_dir else None
     if library is None or not library.exists():
-        return "this TVM has no CUDA runtime (libtvm_runtime_cuda.so): install apache-tvm==0.27.0.post1 from PyPI, which has it"
+        return (
+            "this TVM has no CUDA runtime (libtvm_runtime_cuda.so): install apache-tvm==0.27.0.post1 from PyPI, which "
+            "has it"
+        )
     try:
         ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
     except OSError as err:

@@ -21,12 +21,12 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import tvm
 
 from .building import build_with
+from .contract import Engine, EngineConfig, device_kind, host_target
 from .cpu_slots import default_cpu_dop, pinned_env, runner_cpu_sets
 from .cuda_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode
 from .dop import DopController, DopDecision, relative_error
@@ -47,39 +47,14 @@ _RUN_FAILURES = (Status.RUN_ERROR, Status.RUN_TIMEOUT, Status.RUN_CRASH)
 SERIAL_WINDOW = 4  # built candidates one measuring window takes when each is timed alone
 
 
-@dataclass
-class EngineConfig:
-    build_workers: int | None = None  # default: one per core, fewer if memory is short; 0: measure only
-    timing: TimingConfig = field(default_factory=TimingConfig)
-    runtime_only_runner: bool = True  # measure with the TVM runtime alone, as a GPU host would
-    max_dop: int | None = (
-        None  # most candidates timed at once; default: physical cores / num-cores on a CPU, 8 on a GPU
-    )
-    dop_error_threshold: float = 0.05  # a parallel measurement this far off the serial one is a loss
-    dop_check_fraction: float = 0.2  # share of each parallel window re-measured serially
-    remember_dop: bool = True  # start the DOP controller where the last run on this machine left it
-    build_timeout: AdaptiveTimeout = field(default_factory=lambda: AdaptiveTimeout(initial=120.0, floor=2.0))
-    run_timeout: AdaptiveTimeout = field(default_factory=lambda: AdaptiveTimeout(initial=60.0, floor=5.0, factor=20.0))
-
-
 def default_build_workers() -> int:
     memory_bound = max(1, available_memory_bytes() // (2 << 30))  # ~2 GiB per compiling worker
     return max(1, min(os.cpu_count() or 1, memory_bound))
 
 
-def device_kind(target: tvm.target.Target) -> str:
-    return "cuda" if target.kind.name == "cuda" else "cpu"
-
-
-def host_target(target: tvm.target.Target) -> tvm.target.Target:
-    """The CPU target that runs reference computations for ``target``."""
-    if target.kind.name == "llvm":
-        return target
-    return target.host or tvm.target.Target("llvm")
-
-
-class MeasureEngine:
-    """``monitor``: the NVML monitor of the runners' GPU (default: one is made for a CUDA target)."""
+class MeasureEngine(Engine):
+    """This machine's worker processes. ``monitor``: the NVML monitor of the runners' GPU (default:
+    one is made for a CUDA target)."""
 
     def __init__(
         self,
@@ -88,22 +63,22 @@ class MeasureEngine:
         config: EngineConfig | None = None,
         monitor: NvmlMonitor | None = None,
     ):
-        self.target = target
-        self.config = config or EngineConfig()
-        self.device = device_kind(target)
+        super().__init__(target, work_dir, config)
+        self.build_timeout = AdaptiveTimeout(self.config.build_timeout)
+        self.run_timeout = AdaptiveTimeout(self.config.run_timeout)
         self.overlap_builds_with_runs = self.device != "cpu"
         self._artifact_dir = Path(work_dir) / "artifacts"
-        self.log_dir = log_dir = Path(work_dir) / "logs"
+        log_dir = self.log_dir
         self.notes: list[
             str
         ] = []  # how this engine measures (compile path, GPU watched), as written to logs/engine.log
         workers = default_build_workers() if self.config.build_workers is None else self.config.build_workers
         # A compiling process's idle TVM threads spin for a while after each build; on a CPU that
-        # slowed the first timings after a batch's builds by up to 2x.
+        # slowed the first timings after a batch's builds.
         build_env = {"TVM_THREAD_POOL_SPIN_COUNT": "0"} | (
             self._cuda_build_env() if self.device == "cuda" and workers else {}
         )
-        # The measuring workers create their device's context (1-2 s on a GPU) during start-up, so
+        # The measuring workers create their device's context (seconds, on a GPU) during start-up, so
         # that it counts against the start-up timeout, not the first candidate's run timeout.
         run_env = {RUN_DEVICE_ENV: self.device} | (
             {"TVM_USE_RUNTIME_LIB": "1"} if self.config.runtime_only_runner else {}
@@ -128,7 +103,7 @@ class MeasureEngine:
         self.monitor = monitor if monitor is not None or self.device != "cuda" else NvmlMonitor()
         if self.monitor is not None:
             self._note(self.monitor.describe())
-        self._runners = RunnerPool(runners, self.device, self.config.run_timeout, self.monitor)
+        self._runners = RunnerPool(runners, self.device, self.run_timeout, self.monitor)
         self.dop = DopController(max_dop, self.config.dop_error_threshold, self.config.dop_check_fraction)
         self._dop_memory = DopMemory(machine_key(self.device, self.gpu_name())) if self.config.remember_dop else None
         self._remembered: DopDecision | None = None  # the latest decision whose outcome was saved
@@ -153,13 +128,6 @@ class MeasureEngine:
             self.monitor.close()
         shutil.rmtree(self._artifact_dir, ignore_errors=True)
 
-    def __enter__(self) -> MeasureEngine:
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     @property
     def worker_restarts(self) -> int:
         return sum(w.restarts for w in self._builders) + self._runners.restarts
@@ -168,10 +136,6 @@ class MeasureEngine:
     def energy_measurable(self) -> bool:
         """Whether measurements come with the GPU's energy (NVML counts it on this device)."""
         return self.monitor is not None and self.monitor.energy_supported
-
-    def activity(self) -> str | None:
-        """A line on what the workers are doing, for engines spread over machines; None here."""
-        return None
 
     # -- measuring candidates -------------------------------------------------------------------
     def measure(
@@ -370,7 +334,7 @@ class MeasureEngine:
         try:
             outcome = self._runners.call_alone(
                 "compare_outputs",
-                self.config.run_timeout.value * 10,
+                self.run_timeout.value * 10,
                 candidate=candidate.artifact,
                 candidate_device=self.device,
                 reference=reference.artifact,
@@ -412,7 +376,7 @@ class MeasureEngine:
     # -- looking into CUDA builds -------------------------------------------------------------------
     def cuda_source(self, mod: tvm.IRModule) -> str:
         """The CUDA C a scheduled kernel compiles to (compiled in a build worker)."""
-        return self._builders[0].call("cuda_source", self.config.build_timeout.value, mod=mod, target=str(self.target))
+        return self._builders[0].call("cuda_source", self.build_timeout.value, mod=mod, target=str(self.target))
 
     def load_cuda_artifact(self, artifact: str, kernels: list[str]) -> dict:
         """Load a built library in a build worker: its CUDA module's code format and which of ``kernels`` it has."""
@@ -429,13 +393,11 @@ class MeasureEngine:
     ) -> BuildResult:
         worker = free.get()
         try:
-            built = build_with(
-                worker, item, str(target), self._artifact_path(), keep_layout, self.config.build_timeout.value
-            )
+            built = build_with(worker, item, str(target), self._artifact_path(), keep_layout, self.build_timeout.value)
         finally:
             free.put(worker)
         if built.ok:
-            self.config.build_timeout.record(built.seconds)
+            self.build_timeout.record(built.seconds)
         return built
 
 
@@ -447,7 +409,7 @@ def split_energy(joules: float | None, results: list[MeasureResult]) -> None:
     total = sum(weights)
     if total <= 0:
         weights, total = [1.0] * len(results), float(len(results))
-    for result, weight in zip(results, weights):
+    for result, weight in zip(results, weights, strict=True):
         result.energy_j = None if joules is None else joules * weight / total
 
 

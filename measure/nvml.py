@@ -118,7 +118,10 @@ class NvmlMonitor:
             return f"NVML: not available ({self.unavailable})"
         given = [name for name in FIELDS if name not in self.missing]
         missing = f"; not given: {self.describe_missing()}" if self.missing else ""
-        return f"NVML: watching GPU {self.index} ({self.name}), {self.mapping}; gives {', '.join(given) or 'nothing'}{missing}"
+        return (
+            f"NVML: watching GPU {self.index} ({self.name}), {self.mapping}; gives "
+            f"{', '.join(given) or 'nothing'}{missing}"
+        )
 
     @staticmethod
     def _find(nvml: Any, identity: DeviceIdentity | None) -> tuple[Any, int | None, str]:

@@ -247,7 +247,7 @@ def compare_outputs(
             corrupt_outputs(artifact, tensors)
         results.append([t.numpy() for t in tensors])
     worst, where = 0.0, ""
-    for index, (expected, got) in enumerate(zip(*results)):
+    for index, (expected, got) in enumerate(zip(*results, strict=True)):
         expected64 = expected.astype(np.float64)
         got64 = got.astype(np.float64)
         if not np.all(np.isfinite(got64) | ~np.isfinite(expected64)):

@@ -1,6 +1,6 @@
 """The tensor-core intrinsics MetaSchedule's tensor-core rules and their traces name
 (``wmma_sync_16x16x16_f16f16f32``, ``mma_sync_m16n8k8_f16f16f32``, ...), registered by importing
-``tvm.s_tir.tensor_intrin``. That import parses some seventy TVMScript functions (20-40 s), so a
+``tvm.s_tir.tensor_intrin``. That import parses some seventy TVMScript functions (tens of seconds), so a
 process imports it once, and only when it meets a task or a trace that uses tensor cores.
 """
 

@@ -35,7 +35,7 @@ class TimingConfig:
     # Flush caches before every sample (the L2 on a GPU, the arguments' lines on a CPU) so inputs
     # are not served from cache; each sample is then a single call, the only cold one. None: on
     # a GPU only. On a CPU, cold single calls ranked schedules differently from the warm runs a
-    # whole CPU model makes (matmul-512 tuned 1.6x slower in one seed), so it is opt-in there.
+    # whole CPU model makes (and tuned some kernels slower), so it is opt-in there.
     flush_cache: bool | None = None
     min_sample_seconds: float = 1e-3
     # Calls before timing, for at least this long: a single warm-up call leaves the first samples

@@ -16,6 +16,7 @@ import time
 import traceback
 
 from .cuda_errors import cuda_error_line
+from .error_text import error_line
 from .faults import FAULTS_ENV, inject, plan_from_env
 from .worker import receive_message, send_message
 
@@ -32,18 +33,13 @@ def _storage_line(lines: list[str]) -> str | None:
 
 
 def describe_error(err: BaseException) -> str:
-    """One readable line for the database; TVM errors carry long C++ back-traces, and terse
-    messages ("not implemented") get the TVM function they came from. The line naming a CUDA
-    error is kept wherever it is (``measure.cuda_errors``)."""
+    """One readable line for the database: the error's type and the line naming it, which is the
+    line naming a CUDA error (``measure.cuda_errors``) or a full or read-only disk wherever it is,
+    else the message's last line (a candidate's build failure comes after the IR or the kernel's
+    source). Terse messages ("not implemented") get the TVM function they came from."""
     text = str(err).strip()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    meaningful = [
-        line
-        for line in lines
-        if not line.startswith(("File ", "at ", "0:", "1:", "2:", "3:")) and "Traceback" not in line
-    ]
-    # A CUDA error is named on its own line, often followed by the kernel's source: keep that line.
-    message = cuda_error_line(text) or _storage_line(lines) or (meaningful[-1] if meaningful else "")
+    message = cuda_error_line(text) or _storage_line(lines) or error_line(text, last=True)
     frames = traceback.extract_tb(err.__traceback__)
     if frames and frames[-1].filename.endswith((".cc", ".h")):
         function = frames[-1].name.split("(")[0].split()[-1]
@@ -104,7 +100,7 @@ def main(argv: list[str]) -> int:
     request_fd, reply_fd, role = int(argv[1]), int(argv[2]), argv[3]
     _die_with_parent()
     faulthandler.enable()
-    # tvm_ffi imports torch whenever it is installed (2-3 s); workers never need it.
+    # tvm_ffi imports torch whenever it is installed (seconds); workers never need it.
     sys.modules.setdefault("torch", None)
     started = time.monotonic()
     try:

@@ -33,8 +33,9 @@ class LocalRayCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths must stay short
         self.nodes: list[subprocess.Popen] = []
         self.keep_logs = False
+        client_port = self.client_address.rsplit(":", 1)[1]
         self._start(["--head", f"--port={self.port}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
-                     f"--ray-client-server-port={self.client_address.rsplit(':', 1)[1]}"], num_cpus, num_gpus, resources)  # fmt: skip
+                     f"--ray-client-server-port={client_port}"], num_cpus, num_gpus, resources)  # fmt: skip
         self.wait_for_nodes(1)
 
     def add_node(self, num_cpus: int = 1, num_gpus: int = 0, resources: dict | None = None) -> None:
@@ -43,8 +44,9 @@ class LocalRayCluster:
         self.wait_for_nodes(len(self.nodes))
 
     def _start(self, args: list[str], num_cpus: int, num_gpus: int, resources: dict | None) -> None:
-        ports = [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-                 f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]  # fmt: skip
+        ports = [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
+                 f"--runtime-env-agent-port={free_port()}", f"--node-manager-port={free_port()}",
+                 f"--object-manager-port={free_port()}"]  # fmt: skip
         command = [
             RAY,
             "start",

@@ -31,7 +31,8 @@ def _database(path: Path, *, schema: str | None = None, foreign: bool = False) -
         )
     else:
         conn.executescript(
-            f"CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); INSERT INTO meta VALUES ('schema', '{schema}');"
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); INSERT INTO meta VALUES ('schema', "
+            f"'{schema}');"
         )
     conn.commit()
     conn.close()
@@ -165,7 +166,7 @@ CASES = [
     ),
     (
         "nothing at the Ray address",
-        ["tune", "matmul-128", "--ray", "127.0.0.1:1"],
+        ["tune", "matmul-128", "--cluster", "127.0.0.1:1"],
         lambda: tune("matmul-128", cluster="127.0.0.1:1"),
         "nothing answers at 127.0.0.1:1",
     ),
@@ -282,7 +283,7 @@ def test_every_mistake_at_the_command_line_is_one_line_and_exit_2(files):
     with ThreadPoolExecutor(2) as pool:
         runs = list(pool.map(lambda case: _cli(files, case[1]), cli_cases))
     wrong = []
-    for (name, _, _, expected), run in zip(cli_cases, runs):
+    for (name, _, _, expected), run in zip(cli_cases, runs, strict=True):
         lines = run.stderr.strip().splitlines()
         if not (
             run.returncode == 2
@@ -298,7 +299,8 @@ def test_every_mistake_at_the_command_line_is_one_line_and_exit_2(files):
 def test_a_malformed_option_points_to_help_instead_of_printing_the_usage(files):
     run = _cli(files, ["tune", "matmul-128", "--plateau", "abc"])
     assert run.stderr.strip().splitlines() == [
-        "tuner: error: argument --plateau: expected BATCHES,PERCENT like 4,1 (1% over 4 batches), got 'abc' (see `tuner tune --help`)"
+        "tuner: error: argument --plateau: expected BATCHES,PERCENT like 4,1 (1% over 4 batches), got 'abc' (see "
+        "`tuner tune --help`)"
     ]
 
 

@@ -35,11 +35,11 @@ def test_bad_input_gives_one_line_and_a_nonzero_exit(tmp_path):
         (("tune", "matmul-12"), "did you mean|Did you mean"),
         (("tune", "matmul-128", "--target", "llvm -bogus=1"), "invalid target"),
         (("tune", "matmul-128", "--trials", "0"), "positive integer"),
-        (("report", "nowhere"), "no tuning database"),
+        (("report", "nowhere"), "cannot report on .nowhere.: no such directory"),
         (("tune", "matmul-128", "--transfer-from", "nowhere"), "cannot transfer from 'nowhere': no such directory"),
         (
             ("tune", "matmul-128", "--cost-model-from", "nowhere"),
-            "cannot warm-start the cost model from 'nowhere': it is not a work dir",
+            "cannot warm-start the cost model from 'nowhere': no such directory",
         ),
     ]
     for args, expected in cases:
@@ -76,7 +76,8 @@ def test_workloads_lists_flops_tasks_and_sources(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     fake = {"name": "x", "category": "model", "family": "model", "source": "s", "flops": 4.1e9, "unavailable": None,
-            "tasks": [{"name": "k", "weight": 2, "flops": 2.05e9}], "fingerprint": _definitions_fingerprint()}  # fmt: skip
+            "tasks": [{"name": "k", "weight": 2, "flops": 2.05e9}],
+            "fingerprint": _definitions_fingerprint()}  # fmt: skip
     from workloads import list_workloads
 
     entries = {

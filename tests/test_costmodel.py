@@ -1,6 +1,6 @@
 import numpy as np
 
-from costmodel import CostModel, TopKWithExploration
+from costmodel import CostModel, TopKWithExploration, kendall_tau
 
 
 def _data(rng, n):
@@ -33,7 +33,7 @@ def test_failed_candidates_are_learned_as_worst():
     model = CostModel(seed=1)
     x, latency = _data(rng, 100)
     failed = x[:, 2] > 0.8
-    model.add("task", x, [None if f else float(lat) for f, lat in zip(failed, latency)])
+    model.add("task", x, [None if f else float(lat) for f, lat in zip(failed, latency, strict=True)])
     assert model.fit()
     scores = model.predict(x)
     assert scores[failed].mean() < scores[~failed].mean()
@@ -59,3 +59,9 @@ def test_the_score_is_the_ensembles_mean_less_its_disagreement():
     assert (spread >= 0).all() and spread.any()  # members trained on different subsamples disagree somewhat
     untrained_mean, untrained_spread = CostModel().predict_spread(x[:5], np.random.default_rng(1))
     assert len(untrained_mean) == 5 and not untrained_spread.any()
+
+
+def test_kendall_tau_is_tau_b_and_undefined_for_constant_input():
+    # one tied pair in the first sequence: 5 concordant pairs over sqrt(5 * 6) ordered ones
+    assert abs(kendall_tau([1, 2, 2, 3], [1, 2, 3, 4]) - 5 / 30**0.5) < 1e-12
+    assert kendall_tau([1, 1, 1], [1, 2, 3]) is None and kendall_tau([1], [1]) is None

@@ -10,7 +10,7 @@ from pathlib import Path
 import faulty
 import pytest
 
-from measure import AdaptiveTimeout, EngineConfig, MeasureEngine, MeasureInput, Status
+from measure import EngineConfig, MeasureEngine, MeasureInput, Status, TimeoutPolicy
 from measure.cuda_errors import cuda_error_line, poisons_the_context
 from measure.worker import _last_meaningful_line
 from measure.worker_main import describe_error
@@ -64,7 +64,7 @@ def test_which_errors_leave_the_cuda_context_unusable(message, poisoned):
 
 def _engine(tmp_path: Path, llvm_target) -> MeasureEngine:
     return MeasureEngine(
-        llvm_target, tmp_path, EngineConfig(build_workers=1, run_timeout=AdaptiveTimeout(initial=5.0, floor=5.0))
+        llvm_target, tmp_path, EngineConfig(build_workers=1, run_timeout=TimeoutPolicy(initial=5.0, floor=5.0))
     )
 
 
@@ -78,9 +78,10 @@ def test_a_poisoning_failure_is_recorded_with_its_reason_the_worker_replaced_and
     ]
     with _engine(tmp_path, llvm_target) as engine:
         built = {b.key: b for b in engine.build(inputs)}
-        # A run timeout shorter than a measuring worker's start-up: the replacement's start-up must not count against it.
+        # A run timeout shorter than a measuring worker's start-up: the replacement's start-up must not
+        # count against it.
         startup = min(worker.wait_ready() for worker in engine._runners.workers)
-        engine.config.run_timeout.initial = engine.config.run_timeout.floor = startup / 2
+        engine.run_timeout.policy = TimeoutPolicy(initial=startup / 2, floor=startup / 2)
         restarts = engine.worker_restarts
         (oor,) = engine.measure_built([built["out-of-resources"]])
         assert oor.status == Status.RUN_ERROR and oor.error.endswith(
@@ -110,7 +111,8 @@ def test_a_dead_workers_reason_is_the_cuda_error_its_last_request_logged(tmp_pat
     with open(log, "a") as out:
         out.write(f"Traceback (most recent call last):\nmeasure.cuda_timing.CudaCallError: {ILLEGAL_ADDRESS}\n")
         out.write(
-            "terminate called after throwing an instance of 'tvm::ffi::Error'\nFatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n"
+            "terminate called after throwing an instance of 'tvm::ffi::Error'\nFatal Python error: Aborted\n\nCurrent "
+            "thread 0x1 (most recent call first):\n"
         )
     assert _last_meaningful_line(log, mark) == f"measure.cuda_timing.CudaCallError: {ILLEGAL_ADDRESS}"
     assert _last_meaningful_line(log, log.stat().st_size) == ""

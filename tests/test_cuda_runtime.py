@@ -53,7 +53,8 @@ def test_a_driver_older_than_cuda_13_is_named_with_the_release_to_upgrade_to(tmp
         check=True,
     )
     assert out.stdout.strip() == (
-        "the NVIDIA driver supports CUDA 12.4, but TVM 0.27's CUDA runtime needs CUDA 13: upgrade the driver to release 580 or later"
+        "the NVIDIA driver supports CUDA 12.4, but TVM 0.27's CUDA runtime needs CUDA 13: upgrade the driver to "
+        "release 580 or later"
     )
 
 

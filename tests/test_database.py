@@ -32,7 +32,7 @@ def test_stock_tvm_applies_our_database(tuned_matmul, llvm_target):
     mod = get_workload("matmul-128").mod
     db = TuningDatabase(tuned_matmul.database_path)
     try:
-        best = db.best(db.find_workload(mod), str(llvm_target), 1)[0]
+        best = db.best(db.find_kernel(mod), str(llvm_target), 1)[0]
         sch = ms.tir_integration.compile_tir(db.as_tvm_database(llvm_target), mod, llvm_target)
         assert sch is not None
         from tuner.metaschedule import structural_key
@@ -58,7 +58,7 @@ def test_exported_json_is_read_by_stock_metaschedule(tuned_matmul, llvm_target, 
 
 def test_every_result_is_committed_with_failures_and_reasons(tmp_path):
     db = TuningDatabase(tmp_path / "t.db")
-    wid = db.workload_id(get_workload("matmul-128").mod, "mm")
+    wid = db.kernel_id(get_workload("matmul-128").mod, "mm")
     db.commit(wid, "llvm", "k1", "[]", "ok", samples=[2e-3, 1e-3, 3e-3])
     db.commit(wid, "llvm", "k2", "[]", "build_timeout", error="build timed out after 10.0 s")
     db.commit(wid, "llvm", "k1", "[]", "ok", samples=[9.0])  # a candidate is stored once
@@ -83,7 +83,7 @@ def test_a_foreign_or_corrupt_file_is_refused_and_left_untouched(tmp_path):
 
 def test_a_first_version_database_is_brought_up_to_date_keeping_its_records(tmp_path):
     db = TuningDatabase(tmp_path / "tuning.db")
-    wid = db.workload_id(get_workload("matmul-128").mod, "mm")
+    wid = db.kernel_id(get_workload("matmul-128").mod, "mm")
     db.commit(wid, "llvm", "k1", "[]", "ok", samples=[1e-3])
     db.close()
     conn = sqlite3.connect(tmp_path / "tuning.db")  # as the first schema left it

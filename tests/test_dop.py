@@ -1,5 +1,6 @@
 """The DOP controller: slow start, multiplicative back-off on a loss, binary increase after it."""
 
+import itertools
 import random
 
 import pytest
@@ -90,7 +91,7 @@ def test_repeated_losses_when_probing_make_probes_rarer():
             controller.update(errors=[0.25])  # two candidates at once never measure right here
         else:
             controller.update(errors=[])
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
     assert gaps == sorted(gaps) and gaps[-1] > gaps[0] and len(probes) <= 6
     assert controller.decisions[-1].dop == 1 or controller.decisions[-1].reason.startswith("loss")
 

@@ -6,7 +6,7 @@ import os
 import faulty
 import pytest
 
-from measure import AdaptiveTimeout, EngineConfig, MeasureEngine, MeasureInput, Status, TimingConfig
+from measure import AdaptiveTimeout, EngineConfig, MeasureEngine, MeasureInput, Status, TimeoutPolicy, TimingConfig
 from measure.dop import DopState
 from measure.dop_memory import DopMemory, machine_key
 
@@ -22,8 +22,8 @@ def test_good_candidates_are_built_and_timed(engine):
 def test_each_failure_is_reported_with_its_reason_and_measuring_goes_on(tmp_path, llvm_target):
     config = EngineConfig(
         build_workers=2,
-        build_timeout=AdaptiveTimeout(initial=5, floor=5),
-        run_timeout=AdaptiveTimeout(initial=5, floor=5),
+        build_timeout=TimeoutPolicy(initial=5, floor=5),
+        run_timeout=TimeoutPolicy(initial=5, floor=5),
     )
     inputs = [
         MeasureInput("unbuildable", faulty.unbuildable()),
@@ -80,7 +80,7 @@ def test_closing_leaves_no_worker_behind(tmp_path, llvm_target):
     [([], 60), ([0.1, 0.2, 0.1], 60), ([0.1] * 7 + [0.2], 10), ([3, 4, 5, 4, 4, 3, 5, 40], 40), ([30] * 8, 120)],
 )
 def test_timeouts_follow_the_typical_duration_measured(observed, expected):
-    timeout = AdaptiveTimeout(initial=60, floor=10, factor=10, ceiling=120, warmup=8)
+    timeout = AdaptiveTimeout(TimeoutPolicy(initial=60, floor=10, factor=10, ceiling=120, warmup=8))
     for seconds in observed:
         timeout.record(seconds)
     assert timeout.value == expected

@@ -45,7 +45,7 @@ def test_sets_of_identical_runs_differ_by_nothing_and_sets_of_different_runs_do(
 def _records(*measured: tuple[int, float | None]) -> list[SimpleNamespace]:
     """Records of (task, latency or None for a failure), in measurement order."""
     return [
-        SimpleNamespace(id=i, workload_id=task, latency=latency, elapsed=float(i))
+        SimpleNamespace(id=i, kernel_id=task, latency=latency, elapsed=float(i))
         for i, (task, latency) in enumerate(measured)
     ]
 

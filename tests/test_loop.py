@@ -3,7 +3,7 @@
 import pytest
 
 from costmodel import CostModel
-from measure import AdaptiveTimeout, EngineConfig, MeasureEngine
+from measure import EngineConfig, MeasureEngine, TimeoutPolicy
 from tuner.database import TuningDatabase
 from tuner.errors import TunerError
 from tuner.loop import LoopConfig, TuningLoop, auto_batch_size
@@ -16,7 +16,7 @@ from workloads import get_workload
 def test_a_run_where_every_candidate_fails_stops_with_the_reason(tmp_path, llvm_target):
     tasks = extract_tasks(get_workload("matmul-128"), llvm_target)
     db = TuningDatabase(tmp_path / "tuning.db")
-    config = EngineConfig(build_workers=1, build_timeout=AdaptiveTimeout(initial=1e-3, floor=1e-3))
+    config = EngineConfig(build_workers=1, build_timeout=TimeoutPolicy(initial=1e-3, floor=1e-3))
     with MeasureEngine(llvm_target, tmp_path, config) as engine:
         loop = TuningLoop(tasks, llvm_target, db, engine, CostModel(), config=LoopConfig(batch_size=4, give_up_after=4))
         with pytest.raises(TunerError, match="all 4 candidates .* build_timeout"):

@@ -27,7 +27,7 @@ def test_queued_seeds_make_up_a_batch_of_their_own(llvm_target):
     donor = TaskSearch(mod, llvm_target, seed=1, cost_model=CostModel(), features=CandidateFeatures(), group="donor")
     search = TaskSearch(mod, llvm_target, seed=2, cost_model=CostModel(), features=CandidateFeatures(), group="m")
     seeds = donor.propose(3)
-    assert search.add_seeds(c.schedule for c in seeds) == 3
+    assert search.add_transferred([c.schedule.trace for c in seeds], max_seeds=16, replay_seed=1) == [0, 1, 2]
     first = search.propose(8)
     assert [c.key for c in first] == [c.key for c in seeds]  # the seeds alone, not padded with search
     for candidate in first:

@@ -87,7 +87,7 @@ def test_a_matmul_schedule_replays_on_another_shape_and_computes_the_same(llvm_t
         assert sch is not None
         tuned, replayed = _tiles(trace), _tiles(sch.trace)
         assert sorted(int(np.prod(t)) for t in replayed) == [48, 96, 200]
-        assert replayed == [adapt_tile(old, int(np.prod(new)), 64) for old, new in zip(tuned, replayed)]
+        assert replayed == [adapt_tile(old, int(np.prod(new)), 64) for old, new in zip(tuned, replayed, strict=True)]
         lib = tvm.compile(sch.mod, target=llvm_target)
         a, b = np.random.rand(96, 48).astype("float32"), np.random.rand(48, 200).astype("float32")
         c = tvm.runtime.tensor(np.zeros((96, 200), "float32"))
@@ -123,8 +123,8 @@ def test_transferred_schedules_are_measured_first(tuned_matmul, tmp_path, llvm_t
     # the source's best schedules, adapted to the new shape, are the first measured
     source_db = TuningDatabase(tuned_matmul.database_path, read_only=True)
     try:
-        best = source_db.best(source_db.workload_ids()[0], str(llvm_target), 8)
-        source_mod = source_db.workload_mod(best[0].workload_id)
+        best = source_db.best(source_db.kernel_ids()[0], str(llvm_target), 8)
+        source_mod = source_db.kernel_mod(best[0].kernel_id)
     finally:
         source_db.close()
     mod = msc.normalize_prim_func_module(target)
@@ -204,7 +204,7 @@ def test_a_cost_model_source_without_a_saved_model_is_refused_before_anything_is
     unfinished.mkdir()
     shutil.copy(tuned_matmul.database_path, unfinished / "tuning.db")  # a run that stopped before saving its model
     cases = [
-        (tmp_path / "nowhere", "it is not a work dir"),
+        (tmp_path / "nowhere", "no such directory"),
         (unfinished, "holds no cost_model.ubj with its training data"),
     ]
     for source, reason in cases:
@@ -255,27 +255,25 @@ def test_borrowed_data_does_not_delay_learning_from_this_run(tmp_path):
     assert not model.update()
 
 
+def _transfer_from(source, loop, model, target) -> None:
+    from tuner.progress import Progress
+    from tuner.transfer import read_sources, transfer
+
+    transfer(read_sources([source.work_dir]), loop, model, target, Progress(enabled=False))
+
+
 def test_the_model_waits_for_every_tasks_first_transferred_schedules_before_it_retrains(
     tuned_matmul, tmp_path, engine, llvm_target
 ):
-    from tuner.api import COST_MODEL_FILE, DATABASE_FILE
     from tuner.loop import LoopConfig, TuningLoop
     from tuner.objectives import Objectives
-    from tuner.progress import Progress
-    from tuner.transfer import read_sources, transfer
 
     tasks = [_task(*shape, name=f"matmul{i}") for i, shape in enumerate([(96, 192, 64), (64, 96, 128)])]
     model = CostModel()
     loop = TuningLoop(
         tasks, llvm_target, TuningDatabase(tmp_path / "tuning.db"), engine, model, config=LoopConfig(batch_size=2)
     )
-    transfer(
-        read_sources([tuned_matmul.work_dir], DATABASE_FILE, COST_MODEL_FILE),
-        loop.runs,
-        model,
-        llvm_target,
-        Progress(enabled=False),
-    )
+    _transfer_from(tuned_matmul, loop, model, llvm_target)
     assert (
         all(run.search.seeds_waiting for run in loop.runs) and model.trained
     )  # warm-started on the source's 16 measurements
@@ -287,30 +285,21 @@ def test_the_model_waits_for_every_tasks_first_transferred_schedules_before_it_r
 
 
 def test_the_filter_never_drops_a_transferred_schedule(tuned_matmul, tmp_path, engine, llvm_target):
-    from costmodel import TrimmerFilter
-    from tuner.api import COST_MODEL_FILE, DATABASE_FILE
+    from costmodel import FilterSettings
     from tuner.loop import LoopConfig, TuningLoop
     from tuner.objectives import Objectives
-    from tuner.progress import Progress
-    from tuner.transfer import read_sources, transfer
 
     # trusts any model fully and calls anything rated below the task's best poor
-    eager = TrimmerFilter(min_tau=-1.0, full_trust_tau=-0.9, poor_ratio=1.0001, max_drop=0.9, exploration=0.01)
+    eager = FilterSettings(min_tau=-1.0, full_trust_tau=-0.9, poor_ratio=1.0001, max_drop=0.9, exploration=0.01)
     model = CostModel()
     db = TuningDatabase(tmp_path / "tuning.db")
     loop = TuningLoop(
-        [_task(96, 192, 64)], llvm_target, db, engine, model, config=LoopConfig(batch_size=16, trimmer=eager)
+        [_task(96, 192, 64)], llvm_target, db, engine, model, config=LoopConfig(batch_size=16, filter=eager)
     )
-    eager.record("elsewhere", [3, 2, 1, 0], [1e-3, 2e-3, 3e-3, 4e-3])  # trust a new task borrows: 1
-    transfer(
-        read_sources([tuned_matmul.work_dir], DATABASE_FILE, COST_MODEL_FILE),
-        loop.runs,
-        model,
-        llvm_target,
-        Progress(enabled=False),
-    )
+    loop.filter.record("elsewhere", [3, 2, 1, 0], [1e-3, 2e-3, 3e-3, 4e-3])  # trust a new task borrows: 1
+    _transfer_from(tuned_matmul, loop, model, llvm_target)
     seeds = len(loop.runs[0].search._seeds)
-    assert seeds > 2 and loop.trimmer.trust(loop.runs[0].group) == 1.0
+    assert seeds > 2 and loop.filter.trust(loop.runs[0].group) == 1.0
     loop._tune_batch(0, 16, Objectives(), None)
     assert (
         loop.ledger.dropped == 0 and len(db.records()) == seeds

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from costmodel import FilterLedger, TrimmerFilter, kendall_tau, rank_quality
+from costmodel import CandidateFilter, FilterLedger, FilterSettings, TrimmerFilter, kendall_tau, rank_quality
 
 
 def test_kendall_tau_and_top_k_recall():
@@ -18,9 +18,9 @@ def test_kendall_tau_and_top_k_recall():
     assert rank_quality([4, 3], [1e-3, 2e-3]).tau is None  # too few to say
 
 
-def _trusted(ranks_well: bool, group: str = "t") -> TrimmerFilter:
+def _trusted(ranks_well: bool, group: str = "t") -> CandidateFilter:
     """A filter that has judged two batches of task ``group``: ranked perfectly, or exactly backwards."""
-    trimmer = TrimmerFilter()
+    trimmer = CandidateFilter()
     latencies = [1e-3 * (1 + i) for i in range(8)]
     scores = [-float(i) for i in range(8)]
     for _ in range(2):
@@ -44,7 +44,7 @@ def test_a_trusted_model_drops_what_it_predicts_twice_as_slow_as_the_best_and_ex
 
 
 def test_with_less_trust_only_what_is_predicted_much_slower_counts_as_poor():
-    trimmer = TrimmerFilter()
+    trimmer = CandidateFilter()
     for _ in range(2):  # a model that ranks half-well (tau 1/3): trust 0.58
         trimmer.record("t", [3, 2, 1, 0, -1, -2], [3e-3, 1e-3, 2e-3, 6e-3, 5e-3, 4e-3])
     scores = -np.arange(40, dtype=float) / 10
@@ -55,8 +55,8 @@ def test_with_less_trust_only_what_is_predicted_much_slower_counts_as_poor():
     assert len(poor) < 30
 
 
-def _trusted_with(**settings) -> TrimmerFilter:
-    trimmer = TrimmerFilter(**settings)
+def _trusted_with(**settings) -> CandidateFilter:
+    trimmer = CandidateFilter(FilterSettings(**settings))
     trimmer.restore(_trusted(True).state())
     return trimmer
 
@@ -86,7 +86,7 @@ def test_a_task_that_stopped_improving_measures_every_fresh_sample():
 
 
 def test_trust_pools_a_tasks_recent_batches_and_a_new_task_borrows_it():
-    trimmer = TrimmerFilter(window=2)
+    trimmer = CandidateFilter(FilterSettings(window=2))
     assert trimmer.trust("a") == 0  # nothing judged yet
     trimmer.record("a", [3, 2, 1, 0], [1e-3, 2e-3, 3e-3, 4e-3])
     assert trimmer.rank_quality("a") == 1.0 and trimmer.trust("a") == 1.0
@@ -96,12 +96,12 @@ def test_trust_pools_a_tasks_recent_batches_and_a_new_task_borrows_it():
     for _ in range(2):
         trimmer.record("a", [0, 1, 2, 3], [1e-3, 2e-3, 3e-3, 4e-3])  # only the last `window` batches count
     assert trimmer.rank_quality("a") == -1.0 and trimmer.trust("a") == 0
-    assert TrimmerFilter(enabled=False).trust("a") == 0
+    assert CandidateFilter(FilterSettings(enabled=False)).trust("a") == 0
 
 
 def test_the_judged_batches_survive_a_round_trip_through_json():
     trimmer = _trusted(True)
-    copy = TrimmerFilter()
+    copy = CandidateFilter()
     copy.restore(json.loads(json.dumps(trimmer.state())))
     assert copy.rank_quality("t") == trimmer.rank_quality("t") == 1.0
 
@@ -109,8 +109,7 @@ def test_the_judged_batches_survive_a_round_trip_through_json():
 def test_a_resumed_run_keeps_the_trust_its_model_earned(tmp_path):
     from tuner import tune
 
-    def lenient() -> TrimmerFilter:  # trusts any model that ranks better than at random
-        return TrimmerFilter(min_tau=-1.0, full_trust_tau=-0.9)
+    lenient = FilterSettings(min_tau=-1.0, full_trust_tau=-0.9)  # trusts any model ranking better than at random
 
     for trials in (24, 32):
         tune(
@@ -120,7 +119,7 @@ def test_a_resumed_run_keeps_the_trust_its_model_earned(tmp_path):
             batch_size=8,
             progress=False,
             verify=False,
-            trimmer=lenient(),
+            filter=lenient,
         )
     entries = [json.loads(line) for line in (tmp_path / "logs" / "costmodel.jsonl").read_text().splitlines()]
     resumed = entries[-1]
@@ -174,12 +173,12 @@ def test_a_run_takes_the_filter_it_is_given(tmp_path):
         batch_size=8,
         progress=False,
         verify=False,
-        trimmer=TrimmerFilter(enabled=False),
+        trimmer=TrimmerFilter(enabled=False),  # the spelling before `filter=` and FilterSettings
     )
     assert result.filtered["dropped"] == 0 and result.filtered["proposed"] == 24
     with pytest.raises(ValueError, match="max_drop"):
-        TrimmerFilter(max_drop=1.0)
+        FilterSettings(max_drop=1.0)
     with pytest.raises(ValueError, match="spare_fresh"):
-        TrimmerFilter(spare_fresh=1.5)
+        FilterSettings(spare_fresh=1.5)
     with pytest.raises(ValueError, match="spare_fresh_when_stalled"):
-        TrimmerFilter(spare_fresh_when_stalled=-1)
+        FilterSettings(spare_fresh_when_stalled=-1)

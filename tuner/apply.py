@@ -13,12 +13,11 @@ import tvm
 from measure import EngineConfig, MeasureEngine
 
 from .compile import best_schedules, compile_workload
-from .database import TuningDatabase
 from .errors import TunerError
 from .lowering import LoweringOptions
 from .targets import resolve_target
 from .tasks import extract_tasks, load_model, lower_workload
-from .workdir import DATABASE_FILE
+from .workdir import JobRecord, WorkDir, read_meta
 
 
 def apply(
@@ -33,33 +32,29 @@ def apply(
     """Compile ``model`` with the best schedules tuned in ``work_dir`` and write it to ``output``
     (a shared library for ``tvm.runtime.load_module``). Kernels without a tuned schedule keep
     TVM's default one."""
-    work_dir, output = Path(work_dir), Path(output).resolve()
-    db_path = work_dir / DATABASE_FILE
-    if not db_path.exists():
-        raise TunerError(
-            f"{work_dir} holds no tuning database ({DATABASE_FILE}): run `tuner tune MODEL --work-dir {work_dir}` first"
-        )
-    db = TuningDatabase(db_path, read_only=True)
+    run_dir, output = WorkDir.existing(work_dir, "apply the schedules of"), Path(output).resolve()
+    db = run_dir.open_database(read_only=True)
     try:
-        job = db.get_meta("job")
+        job = read_meta(db, JobRecord)
         if target is None and job is None:
-            raise TunerError(f"{db_path} does not say which target it was tuned for: pass --target")
-        tvm_target = resolve_target(target if target is not None else json.loads(job["target"]))
+            raise TunerError(f"{run_dir.database} does not say which target it was tuned for: pass --target")
+        tvm_target = resolve_target(target if target is not None else json.loads(job.target))
         workload = load_model(model, example_inputs, batch=batch, dtype=dtype)
-        lowering = LoweringOptions(**(job or {}).get("lowering", {}))  # as the work dir was tuned
+        lowering = LoweringOptions(**(job.lowering if job else {}))  # as the work dir was tuned
         lowered = lower_workload(workload, tvm_target, lowering)
         tasks = extract_tasks(workload, tvm_target, lowered)
         schedules = best_schedules(db, tasks, tvm_target)
     finally:
         db.close()
     if not schedules:
-        tuned_for = (job or {}).get("model", "another model")
+        tuned_for = job.model if job else "another model"
         raise TunerError(
-            f"{work_dir} holds no tuned schedule for any of the {len(tasks)} kernels of {workload.name} (it was tuned for {tuned_for}): "
+            f"{work_dir} holds no tuned schedule for any of the {len(tasks)} kernels of {workload.name} (it was tuned "
+            f"for {tuned_for}): "
             f"apply it to {tuned_for}, or tune {workload.name} first"
         )
     print(f"tuner: {len(schedules)} of {len(tasks)} kernels have tuned schedules in {work_dir}", file=sys.stderr)
-    engine = MeasureEngine(tvm_target, work_dir, EngineConfig(build_workers=1))
+    engine = MeasureEngine(tvm_target, run_dir.path, EngineConfig(build_workers=1))
     try:
         return compile_workload(engine, workload, lowered, schedules, output)
     finally:

@@ -130,7 +130,12 @@ def objectives_from_args(args: argparse.Namespace):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tuner", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add_command in (_add_tune, _add_apply, _add_report, _add_workloads, _add_doctor):
+        add_command(commands)
+    return parser
 
+
+def _add_tune(commands) -> None:
     tune = commands.add_parser(
         "tune",
         help="tune a model",
@@ -147,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument(
         "--trials-per-task",
         type=_positive_int,
-        help="the budget as candidates per kernel of the model: N x its tasks in total (the scheduler still decides where they go)",
+        help="the budget as candidates per kernel of the model: N x its tasks in total "
+        "(the scheduler still decides where they go)",
     )
     tune.add_argument(
         "--exact-math",
@@ -178,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         action="append",
         metavar="DIR",
-        help="start from the schedules tuned in DIR (another model's work dir) for kernels of the same kind; repeatable",
+        help="start from the schedules tuned in DIR (another model's work dir) for kernels of the same kind; "
+        "repeatable",
     )
     tune.add_argument(
         "--cost-model-from",
@@ -188,15 +195,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="warm-start the cost model with what the run in DIR measured (its schedules are not used); repeatable",
     )
     tune.add_argument(
-        "--ray",
+        "--cluster",
+        "--ray",  # its name before it matched tune(cluster=...)
+        dest="cluster",
         metavar="ADDRESS",
-        help="build and measure on a Ray cluster: 'auto', HOST:PORT of its head, ray://HOST:PORT, or 'local' (default: this machine's processes)",
+        help="build and measure on a Ray cluster: 'auto', HOST:PORT of its head, ray://HOST:PORT, or 'local' "
+        "(default: this machine's processes)",
     )
     tune.add_argument(
         "--no-verify", action="store_true", help="skip checking the best schedules' outputs against the untuned kernels"
     )
     tune.add_argument("--quiet", action="store_true", help="print only the final summary")
 
+
+def _add_apply(commands) -> None:
     apply = commands.add_parser(
         "apply",
         help="compile a model with tuned schedules",
@@ -214,14 +226,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     apply.add_argument("--target", help="compile for this target (default: the one DIR was tuned for)")
 
+
+def _add_report(commands) -> None:
     report = commands.add_parser(
         "report",
         help="summarise a work dir",
-        description="Write report.md (tasks, trials, best latencies, failures) and report.png (best latency against trials and against tuning time).",
+        description="Write report.md (tasks, trials, best latencies, failures) and report.png (best latency against "
+        "trials and against tuning time).",
     )
     report.add_argument("work_dir", type=Path, metavar="DIR", help="a work dir written by `tuner tune`")
     report.add_argument("-o", "--output-dir", type=Path, help="where to write the report (default: DIR)")
 
+
+def _add_workloads(commands) -> None:
     listing = commands.add_parser(
         "workloads",
         help="list built-in workloads",
@@ -232,20 +249,23 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("action", nargs="?", choices=("show",), help="show one workload's tasks")
     listing.add_argument("name", nargs="?", help="the workload to show")
 
+
+def _add_doctor(commands) -> None:
     doctor = commands.add_parser(
         "doctor",
         help="check this machine",
-        description="Check what tuning needs on this machine, one line each, OK or the fix: TVM, TVM's CUDA runtime, the GPUs "
-        "it sees, NVML, the CUDA compiler, Ray and the cluster it would join, the CPU. Exits 0 when every target named "
-        "can be tuned here, 1 otherwise.",
+        description="Check what tuning needs on this machine, one line each, OK or the fix: TVM, TVM's CUDA runtime, "
+        "the GPUs it sees, NVML, the CUDA compiler, Ray and the cluster it would join, the CPU. "
+        "Exits 0 when every target named can be tuned here, 1 otherwise.",
     )
     doctor.add_argument("--target", choices=("llvm", "cuda"), help="the target to check (default: both)")
     doctor.add_argument(
+        "--cluster",
         "--ray",
+        dest="cluster",
         metavar="ADDRESS",
         help="the Ray cluster to check (default: $RAY_ADDRESS, or the last one started here)",
     )
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,7 +297,7 @@ def _tune(args: argparse.Namespace) -> int:
         stop=stop,
         task_stop=task_stop,
         scheduler=args.scheduler,
-        trimmer=not args.no_filter,
+        filter=not args.no_filter,
         work_dir=args.work_dir,
         batch_size=args.batch_size,
         build_workers=args.build_workers,
@@ -286,7 +306,7 @@ def _tune(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         transfer_from=args.transfer_from,
         cost_model_from=args.cost_model_from,
-        cluster=args.ray,
+        cluster=args.cluster,
     )
     if args.quiet:
         print(result.summary())
@@ -356,7 +376,8 @@ def _show_workload(name: str | None, entries) -> int:
         raise TunerError(info.unavailable)
     print(f"{info.name}: {info.source}")
     print(
-        f"{info.flops / 1e9:.3f} GFLOP per run, {info.distinct_tasks} distinct kernels, {sum(t.weight for t in info.tasks)} launches"
+        f"{info.flops / 1e9:.3f} GFLOP per run, {info.distinct_tasks} distinct kernels, "
+        f"{sum(t.weight for t in info.tasks)} launches"
     )
     width = max(len(t.name) for t in info.tasks)
     print(f"  {'kernel':<{width}}  {'launches':>8}  {'MFLOP/launch':>12}")
@@ -368,7 +389,7 @@ def _show_workload(name: str | None, entries) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from .doctor import TARGETS, doctor
 
-    return doctor((args.target,) if args.target else TARGETS, args.ray)
+    return doctor((args.target,) if args.target else TARGETS, args.cluster)
 
 
 _COMMANDS = {"tune": _tune, "apply": _apply, "report": _report, "workloads": _workloads, "doctor": _doctor}

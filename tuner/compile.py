@@ -7,14 +7,14 @@ from pathlib import Path
 
 import tvm
 
-from measure import MeasureEngine, TimingConfig
+from measure import Engine, TimingConfig
 from workloads import Workload
 
 from .database import TuningDatabase
 from .tasks import Task
 
 _MODEL_TIMING = TimingConfig(min_repeats=5, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.1)
-# TVM's default schedules can take minutes per call on a large model (a Llama layer: about 4): one
+# TVM's default schedules can take minutes per call on a large model (a Llama layer): one
 # warm-up and as many samples as half a second affords, at least one.
 UNTUNED_TIMING = TimingConfig(min_repeats=1, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.0)
 
@@ -23,15 +23,15 @@ def best_schedules(db: TuningDatabase, tasks: list[Task], target: tvm.target.Tar
     """(kernel, trace JSON) of the fastest correct record of each task that has one."""
     schedules = []
     for task in tasks:
-        workload_id = db.find_workload(task.mod)
-        best = db.best(workload_id, str(target), 1) if workload_id is not None else []
+        kernel_id = db.find_kernel(task.mod)
+        best = db.best(kernel_id, str(target), 1) if kernel_id is not None else []
         if best:
             schedules.append((task.mod, best[0].trace))
     return schedules
 
 
 def compile_workload(
-    engine: MeasureEngine, workload: Workload, lowered: tvm.IRModule, schedules: list, artifact: Path
+    engine: Engine, workload: Workload, lowered: tvm.IRModule, schedules: list, artifact: Path
 ) -> Path:
     """Compile ``workload`` (``lowered``: its ``tasks.lower_workload``) with ``schedules`` (none:
     TVM's default schedules) into ``artifact``."""
@@ -40,9 +40,7 @@ def compile_workload(
     return engine.compile_program(artifact, mod=mod, kind=workload.kind, schedules=schedules)
 
 
-def time_workload(
-    engine: MeasureEngine, workload: Workload, artifact: Path, timing: TimingConfig = _MODEL_TIMING
-) -> float:
+def time_workload(engine: Engine, workload: Workload, artifact: Path, timing: TimingConfig = _MODEL_TIMING) -> float:
     """Median seconds per run of a compiled workload, timed in the measuring worker."""
     args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
     return statistics.median(engine.time_program(artifact, workload.kind, args, timing))

@@ -57,7 +57,7 @@ class Record:
     """One measured candidate."""
 
     id: int
-    workload_id: int
+    kernel_id: int
     target: str
     candidate: str
     trace: str
@@ -115,12 +115,14 @@ class TuningDatabase:
     def _foreign(self, schema: str | None, tables: set[str], fix: str) -> DatabaseError:
         if schema and schema.startswith(SCHEMA.split("/")[0] + "/"):
             return DatabaseError(
-                f"{self.path} was written by a newer tensor-tuner (schema {schema}; this one reads {SCHEMA}); it was left untouched: "
+                f"{self.path} was written by a newer tensor-tuner (schema {schema}; this one reads {SCHEMA}); it was "
+                "left untouched: "
                 "upgrade tensor-tuner to use it, or choose another work dir"
             )
         found = schema or "tables " + (", ".join(sorted(tables)) or "none")
         return DatabaseError(
-            f"{self.path} is a SQLite file of something else ({found}), not a {SCHEMA} database; it was left untouched: {fix}"
+            f"{self.path} is a SQLite file of something else ({found}), not a {SCHEMA} database; it was left "
+            f"untouched: {fix}"
         )
 
     def _check_readable(self, fix: str) -> None:
@@ -156,22 +158,22 @@ class TuningDatabase:
         return json.loads(row[0]) if row else default
 
     # -- workloads ------------------------------------------------------------------------------
-    def find_workload(self, mod: tvm.IRModule) -> int | None:
+    def find_kernel(self, mod: tvm.IRModule) -> int | None:
         """The workload ``mod`` is: structurally equal, and with the same block names (the records'
         traces name blocks: a lowering that renamed them makes a new workload)."""
         shash = msc.structural_key(mod)
         names = None
-        for (workload_id,) in self._conn.execute("SELECT id FROM workloads WHERE shash=?", (shash,)):
-            stored = self.workload_mod(workload_id)
+        for (kernel_id,) in self._conn.execute("SELECT id FROM workloads WHERE shash=?", (shash,)):
+            stored = self.kernel_mod(kernel_id)
             if tvm_ffi.structural_equal(stored, mod):
                 names = names if names is not None else msc.block_names(mod)
                 if msc.block_names(stored) == names:
-                    return workload_id
+                    return kernel_id
         return None
 
-    def workload_id(self, mod: tvm.IRModule, name: str | None = None) -> int:
+    def kernel_id(self, mod: tvm.IRModule, name: str | None = None) -> int:
         """The id of ``mod``'s workload, committing it if new."""
-        found = self.find_workload(mod)
+        found = self.find_kernel(mod)
         if found is not None:
             return found
         cursor = self._conn.execute(
@@ -181,23 +183,23 @@ class TuningDatabase:
         self._mods[cursor.lastrowid] = mod
         return cursor.lastrowid
 
-    def workload_mod(self, workload_id: int) -> tvm.IRModule:
-        if workload_id not in self._mods:
-            (text,) = self._conn.execute("SELECT mod_json FROM workloads WHERE id=?", (workload_id,)).fetchone()
-            self._mods[workload_id] = tvm.ir.load_json(text)
-        return self._mods[workload_id]
+    def kernel_mod(self, kernel_id: int) -> tvm.IRModule:
+        if kernel_id not in self._mods:
+            (text,) = self._conn.execute("SELECT mod_json FROM workloads WHERE id=?", (kernel_id,)).fetchone()
+            self._mods[kernel_id] = tvm.ir.load_json(text)
+        return self._mods[kernel_id]
 
-    def workload_name(self, workload_id: int) -> str | None:
-        (name,) = self._conn.execute("SELECT name FROM workloads WHERE id=?", (workload_id,)).fetchone()
+    def kernel_name(self, kernel_id: int) -> str | None:
+        (name,) = self._conn.execute("SELECT name FROM workloads WHERE id=?", (kernel_id,)).fetchone()
         return name
 
-    def workload_ids(self) -> list[int]:
+    def kernel_ids(self) -> list[int]:
         return [row[0] for row in self._conn.execute("SELECT id FROM workloads ORDER BY id")]
 
     # -- records --------------------------------------------------------------------------------
     def commit(
         self,
-        workload_id: int,
+        kernel_id: int,
         target: str,
         candidate: str,
         trace: str,
@@ -213,10 +215,12 @@ class TuningDatabase:
         """Store one result durably; a candidate already stored is left as it is."""
         latency = statistics.median(samples) if status == "ok" and samples else None
         cursor = self._conn.execute(
-            "INSERT OR IGNORE INTO records (workload_id, target, candidate, trace, status, latency, samples, error, args,"
-            " build_seconds, run_seconds, elapsed, created, measurement) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR IGNORE INTO records (workload_id, target, candidate, trace, status, latency, samples, error, "
+            "args,"
+            " build_seconds, run_seconds, elapsed, created, measurement) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+            "?, ?)",
             (
-                workload_id,
+                kernel_id,
                 target,
                 candidate,
                 trace,
@@ -250,21 +254,15 @@ class TuningDatabase:
                 "UPDATE records SET verified=0, status='wrong_result', error=? WHERE id=?", (detail, record_id)
             )
 
-    def measured_candidates(self, workload_id: int, target: str) -> set[str]:
-        rows = self._conn.execute(
-            "SELECT candidate FROM records WHERE workload_id=? AND target=?", (workload_id, target)
-        )
-        return {row[0] for row in rows}
-
     def count_records(self) -> int:
         (n,) = self._conn.execute("SELECT COUNT(*) FROM records").fetchone()
         return n
 
-    def best(self, workload_id: int, target: str, k: int = 1) -> list[Record]:
+    def best(self, kernel_id: int, target: str, k: int = 1) -> list[Record]:
         """The ``k`` fastest successful records of a workload (wrong results excluded)."""
         return self._select(
             "WHERE workload_id=? AND target=? AND status='ok' ORDER BY latency ASC, id ASC LIMIT ?",
-            (workload_id, target, k),
+            (kernel_id, target, k),
         )
 
     def records(self, target: str | None = None) -> list[Record]:
@@ -281,14 +279,14 @@ class TuningDatabase:
 
     def _select(self, where: str, params: tuple) -> list[Record]:
         rows = self._conn.execute(
-            "SELECT id, workload_id, target, candidate, trace, status, latency, samples, error, args, elapsed, verified FROM records "
-            + where,
+            "SELECT id, workload_id, target, candidate, trace, status, latency, samples, error, args, elapsed, "
+            "verified FROM records " + where,
             params,
         )
         return [
             Record(
                 id=r[0],
-                workload_id=r[1],
+                kernel_id=r[1],
                 target=r[2],
                 candidate=r[3],
                 trace=r[4],
@@ -309,7 +307,7 @@ class TuningDatabase:
         return _MetaScheduleView(self, target)
 
     def tvm_record(self, record: Record, target: tvm.target.Target) -> TuningRecord:
-        mod = self.workload_mod(record.workload_id)
+        mod = self.kernel_mod(record.kernel_id)
         trace = msc.schedule_from_json(mod, record.trace).trace
         args = [ArgInfo.from_json(["TENSOR", dtype, shape]) for dtype, shape in record.args] if record.args else None
         return TuningRecord(trace, Workload(mod), record.samples or None, target, args)
@@ -323,9 +321,9 @@ class TuningDatabase:
             path.unlink(missing_ok=True)
         stock = ms.database.JSONDatabase(str(paths[0]), str(paths[1]), allow_missing=True)
         key = str(target)
-        for workload_id in self.workload_ids():
-            stock.commit_workload(self.workload_mod(workload_id))
-            for record in self.best(workload_id, key, k=1_000_000):
+        for kernel_id in self.kernel_ids():
+            stock.commit_workload(self.kernel_mod(kernel_id))
+            for record in self.best(kernel_id, key, k=1_000_000):
                 stock.commit_tuning_record(self.tvm_record(record, target))
         return paths
 
@@ -339,29 +337,29 @@ class _MetaScheduleView(PyDatabase):
         self.key = str(target)
 
     def has_workload(self, mod: tvm.IRModule) -> bool:
-        return self.db.find_workload(mod) is not None
+        return self.db.find_kernel(mod) is not None
 
     def commit_workload(self, mod: tvm.IRModule) -> Workload:
-        self.db.workload_id(mod)
+        self.db.kernel_id(mod)
         return Workload(mod)
 
     def commit_tuning_record(self, record: TuningRecord) -> None:
-        workload_id = self.db.workload_id(record.workload.mod)
+        kernel_id = self.db.kernel_id(record.workload.mod)
         sch = tvm.s_tir.Schedule(record.workload.mod)
         record.trace.apply_to_schedule(sch, remove_postproc=False)
         samples = [float(s) for s in record.run_secs] if record.run_secs else []
         ok = bool(samples) and max(samples) < 1e9  # MetaSchedule records failures as 1e10 s
         args = [list(a.as_json()[1:]) for a in record.args_info] if record.args_info else None
         self.db.commit(
-            workload_id, self.key, msc.structural_key(sch.mod), msc.trace_to_json(sch), "ok" if ok else "run_error",
+            kernel_id, self.key, msc.structural_key(sch.mod), msc.trace_to_json(sch), "ok" if ok else "run_error",
             samples=samples if ok else None, args=args,
         )  # fmt: skip
 
     def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
-        workload_id = self.db.find_workload(workload.mod)
-        if workload_id is None:
+        kernel_id = self.db.find_kernel(workload.mod)
+        if kernel_id is None:
             return []
-        return [self.db.tvm_record(r, self.target) for r in self.db.best(workload_id, self.key, top_k)]
+        return [self.db.tvm_record(r, self.target) for r in self.db.best(kernel_id, self.key, top_k)]
 
     def get_all_tuning_records(self) -> list[TuningRecord]:
         return [self.db.tvm_record(r, self.target) for r in self.db.records(self.key) if r.status == "ok"]

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from measure.error_text import error_line
+
 TARGETS = ("llvm", "cuda")
 _BROKEN_FFI = "0.1.15"  # serializing TVM modules segfaults with it (see the install requirements)
 
@@ -58,7 +60,8 @@ def check_tvm() -> list[Check]:
         return [
             _fail(
                 "TVM",
-                f"{tvm.__version__} runtime only (no compiler library, or TVM_USE_RUNTIME_LIB=1): this host can time built kernels but not tune",
+                f"{tvm.__version__} runtime only (no compiler library, or TVM_USE_RUNTIME_LIB=1): this host can time "
+                "built kernels but not tune",
                 *TARGETS,
             )
         ]
@@ -88,7 +91,7 @@ def check_cuda() -> tuple[list[Check], list[str]]:
     if not gpus:
         return checks + [_fail("GPU", no_gpu_reason(), "cuda")], []
     archs = ["sm_" + dev.compute_version.replace(".", "") for dev in gpus]
-    for index, (dev, arch) in enumerate(zip(gpus, archs)):
+    for index, (dev, arch) in enumerate(zip(gpus, archs, strict=True)):
         l2 = (dev.l2_cache_size_bytes or 0) / 2**20
         memory = (dev.total_global_memory or 0) / 2**30
         checks.append(_ok(f"GPU {index}", f"{dev.device_name}, {arch}, L2 {l2:.0f} MiB, {memory:.0f} GiB"))
@@ -104,7 +107,8 @@ def check_nvml() -> list[Check]:
             return [
                 _warn(
                     "NVML",
-                    f"not available ({monitor.unavailable}): GPU energy and health are not recorded, energy budgets are refused",
+                    f"not available ({monitor.unavailable}): GPU energy and health are not recorded, energy budgets "
+                    "are refused",
                 )
             ]
         if monitor.missing:
@@ -125,12 +129,8 @@ def check_cuda_compiler(arch: str) -> list[Check]:
     try:
         _compile_probe(mode.mode, arch)
     except Exception as err:  # noqa: BLE001 - any compiler failure is the finding
-        lines = [line for line in str(err).splitlines() if line.strip()]
-        return [
-            _fail(
-                "CUDA compiler", f"{mode.describe()} cannot compile for {arch}: {lines[-1] if lines else err}", "cuda"
-            )
-        ]
+        why = error_line(err, last=True)  # the compiler's output comes after the kernel's source
+        return [_fail("CUDA compiler", f"{mode.describe()} cannot compile for {arch}: {why}", "cuda")]
     return [_ok("CUDA compiler", f"{mode.describe()}; compiles for {arch}")]
 
 
@@ -145,7 +145,7 @@ def _compile_probe(mode: str, arch: str) -> None:
 
 
 def check_ray(address: str | None) -> list[Check]:
-    """Ray's version, and the cluster `--ray` would join: the one named, $RAY_ADDRESS, or the
+    """Ray's version, and the cluster `--cluster` would join: the one named, $RAY_ADDRESS, or the
     last one started on this machine."""
     from measure.cluster import ClusterUnavailable, check_reachable
 
@@ -156,7 +156,7 @@ def check_ray(address: str | None) -> list[Check]:
             if address
             else [_warn("Ray", "not installed: only this machine's workers can be used")]
         )
-    where, source = address, "--ray"
+    where, source = address, "--cluster"
     if where is None and os.environ.get("RAY_ADDRESS"):
         where, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
     if where is None:
@@ -167,7 +167,8 @@ def check_ray(address: str | None) -> list[Check]:
         return [
             _ok(
                 "Ray",
-                f"{version}; no cluster to join (no RAY_ADDRESS, none started here): tuning uses this machine, `--ray local` starts a private cluster",
+                f"{version}; no cluster to join (no RAY_ADDRESS, none started here): tuning uses this machine, "
+                "`--cluster local` starts a private cluster",
             )
         ]
     if where in ("auto", "local"):
@@ -195,7 +196,8 @@ def check_cpu() -> list[Check]:
         return [
             _warn(
                 "CPU",
-                f"{text}: LLVM does not know this CPU, so kernels get no vector extensions; give one with --target 'llvm -mcpu=NAME'",
+                f"{text}: LLVM does not know this CPU, so kernels get no vector extensions; give one with --target "
+                "'llvm -mcpu=NAME'",
             )
         ]
     return [_ok("CPU", text)]

@@ -7,40 +7,44 @@ import json
 import math
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
+from tvm.s_tir.schedule import Trace
 
 from costmodel import (
     CandidateFeatures,
+    CandidateFilter,
     CostModel,
     FilterDecision,
     FilterLedger,
+    FilterSettings,
     RankQuality,
-    TrimmerFilter,
     rank_quality,
 )
-from measure import MeasureEngine, MeasureInput, TimingConfig
+from measure import Engine, MeasureInput, TimingConfig
 
 from . import metaschedule as msc
 from .database import Record, TuningDatabase
 from .errors import TunerError
 from .objectives import Objectives, Spending, check_measurable, met
+from .parallel import parallel_map
 from .progress import Progress
 from .scheduler import TaskProgress, make_scheduler, task_kind
 from .search import Candidate, SearchConfig, TaskSearch
 from .targets import describe_target
 from .tasks import Task
-from .workdir import stop_on_storage_failure
+from .workdir import FILTER_LEDGER_KEY, FILTER_STATE_KEY, stop_on_storage_failure
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoopConfig:
     batch_size: int | None = None  # default: about an eighth of each task's share of the trials
     search: SearchConfig = field(default_factory=SearchConfig)
     scheduler: str = "gradient"  # or "round-robin"
-    trimmer: TrimmerFilter = field(default_factory=TrimmerFilter)
+    filter: FilterSettings = field(default_factory=FilterSettings)
     remeasure_top: int = 5  # re-measured at the end with final_timing before the best is chosen
     final_timing: TimingConfig = field(
         default_factory=lambda: TimingConfig(min_repeats=5, max_repeats=50, budget_seconds=0.25)
@@ -52,7 +56,7 @@ class LoopConfig:
 @dataclass
 class TaskRun:
     task: Task
-    workload_id: int
+    kernel_id: int
     search: TaskSearch
     progress: TaskProgress
     trials: int = 0
@@ -61,7 +65,7 @@ class TaskRun:
     @property
     def group(self) -> str:
         """The task's key for the cost model's training groups and the engine's comparison groups."""
-        return str(self.workload_id)
+        return str(self.kernel_id)
 
 
 @dataclass
@@ -93,7 +97,7 @@ class TuningLoop:
         tasks: list[Task],
         target: tvm.target.Target,
         db: TuningDatabase,
-        engine: MeasureEngine,
+        engine: Engine,
         cost_model: CostModel,
         seed: int = 1,
         config: LoopConfig | None = None,
@@ -107,9 +111,9 @@ class TuningLoop:
         self.config = config or LoopConfig()
         self.progress = progress or Progress(enabled=False)
         self.scheduler = make_scheduler(self.config.scheduler, seed)
-        self.trimmer = self.config.trimmer
-        self.ledger = FilterLedger.from_dict(db.get_meta("trimmer", {}))
-        self.trimmer.restore(db.get_meta("trimmer_judged", {}))  # a resumed run keeps the trust it had earned
+        self.filter = CandidateFilter(self.config.filter)
+        self.ledger = FilterLedger.from_dict(db.get_meta(FILTER_LEDGER_KEY, {}))
+        self.filter.restore(db.get_meta(FILTER_STATE_KEY, {}))  # a resumed run keeps the trust it had earned
         self.spent = Spending()  # the whole run's, counting earlier runs' trials and time
         self.stop_reason: str | None = None
         self.phase_seconds: dict[str, float] = {"search": 0.0, "measure": 0.0, "cost model": 0.0, "final choice": 0.0}
@@ -120,16 +124,33 @@ class TuningLoop:
         self._session_start = time.monotonic()
         self._quality_log = engine.log_dir / "costmodel.jsonl"
         features = CandidateFeatures()
+        self.feature_width = features.width  # of the cost model's rows
         self.runs: list[TaskRun] = []
         for index, task in enumerate(tasks):
-            workload_id = db.workload_id(task.mod, task.name)
+            kernel_id = db.kernel_id(task.mod, task.name)
             search = TaskSearch(
-                task.mod, target, seed + index, cost_model, features, group=str(workload_id), config=self.config.search
+                task.mod, target, seed + index, cost_model, features, group=str(kernel_id), config=self.config.search
             )
             self.runs.append(
-                TaskRun(task, workload_id, search, TaskProgress(task.weight, task.flops, task_kind(task.name)))
+                TaskRun(task, kernel_id, search, TaskProgress(task.weight, task.flops, task_kind(task.name)))
             )
         self._restore()
+
+    @property
+    def tasks(self) -> list[Task]:
+        return [run.task for run in self.runs]
+
+    def add_transferred(
+        self, traces: dict[str, Sequence[Trace]], max_seeds: int, replay_seed: int, retile=None
+    ) -> dict[str, list[int]]:
+        """Queue schedules tuned for other kernels (transfer-tuning: ``traces`` per task name, best
+        first) as the tasks' first candidates, up to ``max_seeds`` new ones each, replayed on the
+        tasks' kernels with tile sizes fitted by ``retile``; returns per task the indices queued."""
+        offered = [(run, traces.get(run.task.name, [])) for run in self.runs]
+        used = parallel_map(
+            lambda pair: pair[0].search.add_transferred(pair[1], max_seeds, replay_seed, retile), offered
+        )
+        return {run.task.name: indices for (run, _), indices in zip(offered, used, strict=True)}
 
     @property
     def trials_done(self) -> int:
@@ -157,11 +178,11 @@ class TuningLoop:
     def _restore(self) -> None:
         records = self.db.records(self.target_key)
         for run in self.runs:
-            mine = [(r.candidate, r.trace, r.latency) for r in records if r.workload_id == run.workload_id]
+            mine = [(r.candidate, r.trace, r.latency) for r in records if r.kernel_id == run.kernel_id]
             run.search.restore(mine)
             run.trials = len(mine)
             if mine:
-                best = self.db.best(run.workload_id, self.target_key, 1)
+                best = self.db.best(run.kernel_id, self.target_key, 1)
                 run.progress.record_batch(len(mine), 0.0, None, best[0].latency if best else None)
         if self.trials_done:
             self.cost_model.fit()
@@ -214,14 +235,14 @@ class TuningLoop:
         with self._phase("cost model"):
             mean, spread = self.cost_model.predict_spread(features, self._rng)
             scores = mean - spread  # as the search ranks; its rank quality sets the filter's trust
-            # A candidate is dropped only if even an optimistic estimate (ensemble mean + spread) rates it poor: the
-            # model is least sure away from what was measured, and dropping there trapped the search in
-            # one region (conv2d-resnet50-l1 ended 1.2-1.6x slower in 4 of 4 seeds with the pessimistic score).
+            # A candidate is dropped only if even an optimistic estimate (ensemble mean + spread) rates it poor:
+            # the model is least sure away from what was measured, and dropping there trapped the search in one
+            # region (experiments/README.md, "Why the filter trapped searches").
             fresh = [c.parent is None for c in candidates]
             # Transferred schedules are measured whatever the model says: they are what transfer-tuning
             # brings, and a model warm-started on other kernels is least sure about this one's.
             transferred = [c.transferred for c in candidates]
-            decision = self.trimmer.split(
+            decision = self.filter.split(
                 run.group, mean + spread, self._rng, fresh, run.progress.batches_without_improvement, transferred
             )
         for i in decision.dropped:
@@ -240,11 +261,11 @@ class TuningLoop:
             else RankQuality(None, None, 0, len(measured))
         )
         if trained:
-            self.trimmer.record(run.group, scores[decision.keep], outcome.latencies)
+            self.filter.record(run.group, scores[decision.keep], outcome.latencies)
         if not any(r.trials == 0 and r.search.seeds_waiting for r in self.runs):
             # Until every task has measured its first transferred schedules, the searches (the model's
             # users) wait; retraining a warm-started model on thousands of source samples after each
-            # of those small batches cost ~0.6 s each and held up the transfer's first round.
+            # of those small batches held up the transfer's first round.
             with self._phase("cost model"):
                 self.cost_model.update()
         run.progress.record_batch(len(measured), time.monotonic() - started, outcome.joules, outcome.best)
@@ -252,8 +273,8 @@ class TuningLoop:
         self._log_batch(run, decision, quality)
         reason = met(task_objectives, run.progress.spent)
         self.progress.batch(
-            index, len(self.runs), run.task.name, self.trials_done, budget, run.progress.best, run.task.flops, self.model_latency(),
-            self._filter_summary(decision, quality),
+            index, len(self.runs), run.task.name, self.trials_done, budget, run.progress.best, run.task.flops,
+            self.model_latency(), self._filter_summary(decision, quality),
         )  # fmt: skip
         activity = self.engine.activity()
         if activity:
@@ -266,14 +287,18 @@ class TuningLoop:
         tau = f"  model tau {quality.tau:+.2f}" if quality.tau is not None else ""
         if not self.ledger.dropped:
             return tau
-        return f"{tau}  filtered {len(decision.dropped)} (total {self.ledger.dropped}/{self.ledger.proposed}, ~{self.ledger.seconds_saved:.0f} s saved)"
+        ledger = self.ledger
+        return (
+            f"{tau}  filtered {len(decision.dropped)} "
+            f"(total {ledger.dropped}/{ledger.proposed}, ~{ledger.seconds_saved:.0f} s saved)"
+        )
 
     def _log_batch(self, run: TaskRun, decision: FilterDecision, quality: RankQuality) -> None:
-        self.db.set_meta("trimmer", self.ledger.as_dict())
-        self.db.set_meta("trimmer_judged", self.trimmer.state())
+        self.db.set_meta(FILTER_LEDGER_KEY, self.ledger.as_dict())
+        self.db.set_meta(FILTER_STATE_KEY, self.filter.state())
         entry = {"time": time.time(), "task": run.task.name, "trials": self.trials_done, **quality.as_dict()}
         entry |= {
-            "pooled_tau": self.trimmer.rank_quality(run.group),
+            "pooled_tau": self.filter.rank_quality(run.group),
             "trust": decision.trust,
             "threshold": decision.threshold,
             "dropped": len(decision.dropped),
@@ -292,7 +317,7 @@ class TuningLoop:
             if not result.ok:
                 stop_on_storage_failure(result.error)
             self.db.commit(
-                run.workload_id,
+                run.kernel_id,
                 self.target_key,
                 candidate.key,
                 candidate.trace_json,
@@ -321,7 +346,8 @@ class TuningLoop:
         if self._successes == 0 and failed >= self.config.give_up_after:
             reason, count = self._failures.most_common(1)[0]
             raise TunerError(
-                f"all {failed} candidates measured so far failed ({count} with {reason}); stopping rather than spending "
+                f"all {failed} candidates measured so far failed ({count} with {reason}); stopping rather than "
+                "spending "
                 f"the rest of the budget: see the worker logs in {self.engine.log_dir}"
             )
 
@@ -334,7 +360,7 @@ class TuningLoop:
 
     def _finalize(self) -> None:
         for run in self.runs:
-            top = self.db.best(run.workload_id, self.target_key, self.config.remeasure_top)
+            top = self.db.best(run.kernel_id, self.target_key, self.config.remeasure_top)
             if not top:
                 continue
             schedules = {r.candidate: msc.schedule_from_json(run.task.mod, r.trace) for r in top}
@@ -347,7 +373,7 @@ class TuningLoop:
             run.progress.best = run.best.latency if run.best else None
 
     def _first_correct(self, run: TaskRun, schedules: dict) -> Record | None:
-        for record in self.db.best(run.workload_id, self.target_key, self.config.remeasure_top):
+        for record in self.db.best(run.kernel_id, self.target_key, self.config.remeasure_top):
             if not self.config.verify or record.verified:
                 return record
             sch = schedules.get(record.candidate) or msc.schedule_from_json(run.task.mod, record.trace)

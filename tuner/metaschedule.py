@@ -20,6 +20,7 @@ from tvm.s_tir.meta_schedule import _ffi_api
 from tvm.s_tir.schedule import Trace
 from tvm.s_tir.schedule import _ffi_api as _ffi_api_schedule
 
+from measure.contract import is_cuda
 from measure.tensor_cores import ensure_tensor_intrinsics, trace_uses_tensor_intrinsics
 
 from .targets import cuda_arch_number
@@ -35,7 +36,7 @@ TENSOR_CORE_MIN_ARCH = 80
 def rules_kind(target: tvm.target.Target, mod: tvm.IRModule | None = None) -> str:
     """MetaSchedule's rule set for ``mod`` on ``target``: "llvm", "cuda", or "cuda-tensorcore"
     (the CUDA rules plus tensor-core tiling) where tensor cores apply."""
-    if target.kind.name != "cuda":
+    if not is_cuda(target):
         return "llvm"
     return "cuda-tensorcore" if mod is not None and tensor_cores_apply(mod, target) else "cuda"
 
@@ -53,7 +54,7 @@ def make_context(mod: tvm.IRModule, target: tvm.target.Target, seed: int, num_th
     """A TuneContext with the default schedule rules, postprocessors and mutators for ``mod`` on
     ``target``.
 
-    TuneContext's Python constructor imports tvm.s_tir.tensor_intrin (20-40 s) for tensor-core
+    TuneContext's Python constructor imports tvm.s_tir.tensor_intrin (tens of seconds) for tensor-core
     rules whatever the task; here the context is built directly, and the intrinsics are imported
     (once) only for a task that can use tensor cores.
     """

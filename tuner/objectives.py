@@ -73,7 +73,10 @@ def met(objectives: Objectives, spent: Spending) -> str | None:
     if objectives.money is not None:
         cost = money_spent(spent, objectives.price_per_hour)
         if cost >= objectives.money:
-            return f"money budget: {cost:.4g} of {objectives.money:.4g} spent at {objectives.price_per_hour:g} per device-hour"
+            return (
+                f"money budget: {cost:.4g} of {objectives.money:.4g} spent at {objectives.price_per_hour:g} per "
+                "device-hour"
+            )
     if objectives.patience is not None:
         plateau = _plateau(spent.history, objectives.patience, objectives.min_improvement)
         if plateau:
@@ -89,7 +92,10 @@ def _plateau(history: list[float | None], patience: int, min_improvement: float)
         return None
     gain = (before - now) / before
     if gain < min_improvement:
-        return f"no improvement: best improved {max(gain, 0.0):.1%} over the last {patience} batch(es), less than {min_improvement:.0%}"
+        return (
+            f"no improvement: best improved {max(gain, 0.0):.1%} over the last {patience} batch(es), less than "
+            f"{min_improvement:.0%}"
+        )
     return None
 
 

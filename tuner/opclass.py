@@ -40,7 +40,9 @@ class OperatorClass:
     def distance(self, other: OperatorClass) -> float:
         """How far apart two kernels of one class are in shape: the summed |log2| ratio of their
         iterator extents (0 for identical shapes)."""
-        return sum(abs(math.log2(max(a, 1)) - math.log2(max(b, 1))) for a, b in zip(self.extents, other.extents))
+        return sum(
+            abs(math.log2(max(a, 1)) - math.log2(max(b, 1))) for a, b in zip(self.extents, other.extents, strict=True)
+        )
 
 
 def operator_class(mod: tvm.IRModule, name: str = "") -> OperatorClass:

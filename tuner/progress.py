@@ -23,8 +23,10 @@ def filter_summary(ledger: dict) -> str:
     """What the Trimmer filter saved, from a FilterLedger's dict."""
     joules = f", ~{ledger['joules_saved']:.0f} J" if ledger.get("joules_saved") else ""
     return (
-        f"filter: {ledger['dropped']} of {ledger['proposed']} proposed candidates predicted poor and never built or measured "
-        f"(~{ledger['seconds_saved']:.0f} s{joules} saved; {ledger['explored']} predicted poor but measured to keep the model learning)"
+        f"filter: {ledger['dropped']} of {ledger['proposed']} proposed candidates predicted poor and never built or "
+        "measured "
+        f"(~{ledger['seconds_saved']:.0f} s{joules} saved; {ledger['explored']} predicted poor but measured to keep "
+        "the model learning)"
     )
 
 

@@ -15,7 +15,7 @@ from .database import Record, TuningDatabase
 from .errors import TunerError
 from .progress import filter_summary, format_latency, format_phases, format_seconds
 from .targets import describe_target
-from .workdir import DATABASE_FILE
+from .workdir import FILTER_LEDGER_KEY, JobRecord, ResultRecord, TransferRecord, WorkDir, read_meta
 
 
 @dataclass
@@ -33,10 +33,10 @@ def best_latency_curve(records: list[Record], weights: dict[int, int]) -> Curve:
     best: dict[int, float] = {}
     curve = Curve([], [], [])
     for index, record in enumerate(records, start=1):
-        if record.workload_id not in weights:
+        if record.kernel_id not in weights:
             continue
-        if record.latency is not None and record.latency < best.get(record.workload_id, float("inf")):
-            best[record.workload_id] = record.latency
+        if record.latency is not None and record.latency < best.get(record.kernel_id, float("inf")):
+            best[record.kernel_id] = record.latency
         if len(best) == len(weights):
             curve.trials.append(index)
             curve.elapsed.append(record.elapsed)
@@ -46,82 +46,75 @@ def best_latency_curve(records: list[Record], weights: dict[int, int]) -> Curve:
 
 def job_curve(db: TuningDatabase) -> Curve:
     """The best-latency curve of the tuning job ``db`` holds (its target's records, its tasks' weights)."""
-    job = db.get_meta("job")
-    return best_latency_curve(db.records(job["target"]), {t["workload_id"]: t["weight"] for t in job["tasks"]})
+    job = read_meta(db, JobRecord)
+    return best_latency_curve(db.records(job.target), job.weights)
 
 
 def write_report(work_dir: str | Path, output_dir: str | Path | None = None) -> tuple[Path, Path]:
     """Write report.md and report.png for a work dir; returns their paths."""
-    work_dir = Path(work_dir)
-    db_path = work_dir / DATABASE_FILE
-    if not db_path.exists():
-        raise TunerError(
-            f"{work_dir} holds no tuning database ({DATABASE_FILE}): run `tuner tune ... --work-dir {work_dir}` first"
-        )
-    db = TuningDatabase(db_path, read_only=True)
+    run_dir = WorkDir.existing(work_dir, "report on")
+    db = run_dir.open_database(read_only=True)
     try:
-        job = db.get_meta("job")
+        job = read_meta(db, JobRecord)
         if job is None:
-            raise TunerError(f"{db_path} has no job description: it was not written by `tuner tune`")
-        result = db.get_meta("result", {})
-        filtered = db.get_meta("trimmer", {})
-        transferred = db.get_meta("transfer", {})
-        records = db.records(job["target"])
+            raise TunerError(f"{run_dir.database} has no job description: it was not written by `tuner tune`")
+        result = read_meta(db, ResultRecord) or ResultRecord()
+        filtered = db.get_meta(FILTER_LEDGER_KEY, {})
+        transferred = read_meta(db, TransferRecord) or TransferRecord()
+        records = db.records(job.target)
     finally:
         db.close()
-    output = Path(output_dir) if output_dir else work_dir
+    output = Path(output_dir) if output_dir else run_dir.path
     output.mkdir(parents=True, exist_ok=True)
-    tasks = job["tasks"]
-    weights = {t["workload_id"]: t["weight"] for t in tasks}
-    curve = best_latency_curve(records, weights)
+    curve = best_latency_curve(records, job.weights)
     png = output / "report.png"
-    _plot(curve, job["model"], png)
+    _plot(curve, job.model, png)
     md = output / "report.md"
-    md.write_text(_markdown(job, result, filtered, transferred, records, curve, png.name, work_dir))
+    md.write_text(_markdown(job, result, filtered, transferred, records, curve, png.name, run_dir))
     return md, png
 
 
 def _markdown(
-    job: dict,
-    result: dict,
+    job: JobRecord,
+    result: ResultRecord,
     filtered: dict,
-    transferred: dict,
+    transferred: TransferRecord,
     records: list[Record],
     curve: Curve,
     png_name: str,
-    work_dir: Path,
+    work_dir: WorkDir,
 ) -> str:
     by_task: dict[int, list[Record]] = {}
     for record in records:
-        by_task.setdefault(record.workload_id, []).append(record)
+        by_task.setdefault(record.kernel_id, []).append(record)
     elapsed = max((r.elapsed for r in records), default=0.0)
     lines = [
-        f"# Tuning report: {job['model']}",
+        f"# Tuning report: {job.model}",
         "",
-        f"- target: `{describe_target(job['target'])}`",
+        f"- target: `{describe_target(job.target)}`",
         f"- trials measured: {len(records)} in {format_seconds(elapsed)} of tuning",
     ]
-    if result.get("latency_after"):
-        before, after = result["latency_before"], result["latency_after"]
+    if result.latency_after and result.latency_before:
+        before, after = result.latency_before, result.latency_after
         lines.append(
-            f"- latency: {format_latency(before)} with TVM's default schedules, {format_latency(after)} tuned ({before / after:.2f}x)"
+            f"- latency: {format_latency(before)} with TVM's default schedules, {format_latency(after)} tuned "
+            f"({before / after:.2f}x)"
         )
-    if result.get("seconds"):
-        lines.append("- time of the last run: " + format_phases(result["seconds"]))
-    if result.get("stop_reason"):
-        lines.append(f"- stopped by {result['stop_reason']} (task scheduler: {result.get('scheduler', 'gradient')})")
+    if result.seconds:
+        lines.append("- time of the last run: " + format_phases(result.seconds))
+    if result.stop_reason:
+        lines.append(f"- stopped by {result.stop_reason} (task scheduler: {result.scheduler})")
     if filtered.get("dropped"):
         lines.append("- " + filter_summary(filtered))
     lines += _quality_summary(work_dir)
-    for source in transferred.get("sources", []):
+    for source in transferred.sources:
         lines.append(
-            f"- transfer from `{source['work_dir']}`: {source['schedules']} schedules from {source['source_kernels']} kernels "
-            f"seeded {source['tasks']} of {len(job['tasks'])} tasks"
+            f"- transfer from `{source['work_dir']}`: {source['schedules']} schedules from {source['source_kernels']} "
+            "kernels "
+            f"seeded {source['tasks']} of {len(job.tasks)} tasks"
         )
-    if transferred.get("cost_model_samples"):
-        lines.append(
-            f"- cost model warm-started with {transferred['cost_model_samples']} measurements of the source runs"
-        )
+    if transferred.cost_model_samples:
+        lines.append(f"- cost model warm-started with {transferred.cost_model_samples} measurements of the source runs")
     failures = Counter(r.status for r in records if r.status != "ok")
     if failures:
         lines.append("- failed candidates: " + ", ".join(f"{n} {status}" for status, n in sorted(failures.items())))
@@ -131,35 +124,39 @@ def _markdown(
         "| task | launches | trials | best | spread | samples | GFLOP/s | failed | verified |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for task in job["tasks"]:
-        mine = by_task.get(task["workload_id"], [])
+    for task in job.tasks:
+        mine = by_task.get(task.kernel_id, [])
         ok = [r for r in mine if r.status == "ok"]
         best = min(ok, key=lambda r: r.latency) if ok else None
-        speed = f"{task['flops'] / best.latency / 1e9:.1f}" if best and task["flops"] else "-"
+        speed = f"{task.flops / best.latency / 1e9:.1f}" if best and task.flops else "-"
         verified = {True: "yes", False: "no", None: "-"}[best.verified if best else None]
         lines.append(
-            f"| {task['name']} | {task['weight']} | {len(mine)} | {format_latency(best.latency if best else None)} "
-            f"| {f'{relative_spread(best.samples):.1%}' if best else '-'} | {len(best.samples) if best else '-'} | {speed} "
+            f"| {task.name} | {task.weight} | {len(mine)} | {format_latency(best.latency if best else None)} "
+            f"| {f'{relative_spread(best.samples):.1%}' if best else '-'} | {len(best.samples) if best else '-'} | "
+            f"{speed} "
             f"| {len(mine) - len(ok)} | {verified} |"
         )
     if curve.latency:
-        lines += ["", f"Best {'model ' if len(job['tasks']) > 1 else ''}latency: {format_latency(curve.latency[0])} after {curve.trials[0]} trials, "
-                  f"{format_latency(curve.latency[-1])} after {curve.trials[-1]}."]  # fmt: skip
+        first, last = format_latency(curve.latency[0]), format_latency(curve.latency[-1])
+        what = "model latency" if len(job.tasks) > 1 else "latency"
+        lines += ["", f"Best {what}: {first} after {curve.trials[0]} trials, {last} after {curve.trials[-1]}."]
     lines += ["", f"![best latency against trials and tuning time]({png_name})", ""]
     return "\n".join(lines)
 
 
-def _quality_summary(work_dir: Path) -> list[str]:
+def _quality_summary(work_dir: WorkDir) -> list[str]:
     """The cost model's rank quality on batches it scored before they were measured (logs/costmodel.jsonl)."""
-    entries = _jsonl(work_dir / "logs" / "costmodel.jsonl")
+    entries = _jsonl(work_dir.logs / "costmodel.jsonl")
     taus = [e["tau"] for e in entries if e.get("tau") is not None]
     recalls = [e["top_k_recall"] for e in entries if e.get("top_k_recall") is not None]
     if not taus:
         return []
     last = taus[-len(taus) // 4 or -1 :]
     return [
-        f"- cost model, predicted against measured order per batch: Kendall tau {statistics.mean(taus):+.2f} on average, "
-        f"{statistics.mean(last):+.2f} over the last quarter; top-k recall {statistics.mean(recalls):.0%}; every batch in logs/costmodel.jsonl"
+        f"- cost model, predicted against measured order per batch: Kendall tau {statistics.mean(taus):+.2f} on "
+        "average, "
+        f"{statistics.mean(last):+.2f} over the last quarter; top-k recall {statistics.mean(recalls):.0%}; every "
+        "batch in logs/costmodel.jsonl"
     ]
 
 
@@ -170,16 +167,17 @@ def _jsonl(path: Path) -> list[dict]:
         return []
 
 
-def _dop_summary(work_dir: Path) -> list[str]:
+def _dop_summary(work_dir: WorkDir) -> list[str]:
     """The DOP controller's decisions (logs/dop.jsonl), in one line."""
-    decisions = _jsonl(work_dir / "logs" / "dop.jsonl")
+    decisions = _jsonl(work_dir.logs / "dop.jsonl")
     if not decisions:
         return []
     losses = sum(d["reason"].startswith("loss") for d in decisions)
     counts = Counter(d["dop"] for d in decisions)
     spread = ", ".join(f"{n} at {dop}" for dop, n in sorted(counts.items()))
     return [
-        f"- measurement parallelism: {len(decisions)} windows ({spread}), {losses} loss(es); every decision in logs/dop.jsonl"
+        f"- measurement parallelism: {len(decisions)} windows ({spread}), {losses} loss(es); every decision in "
+        "logs/dop.jsonl"
     ]
 
 

@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 import tvm
 
+from measure.contract import is_cuda
 from workloads import TensorSpec
 
 from .progress import filter_summary, format_latency, format_phases, format_seconds
 from .runtime import CompiledModel, ModelDescription
-from .targets import describe_target, target_kind
+from .targets import describe_target
 
 
 @dataclass
@@ -101,14 +102,15 @@ class TuneResult:
         as numpy and returns them all after the call."""
         if self.kind == "relax":
             return self.compiled(device)(*inputs)
-        dev = device or (tvm.cuda(0) if target_kind(self.target) == "cuda" else tvm.cpu(0))
+        dev = device or (tvm.cuda(0) if is_cuda(self.target) else tvm.cpu(0))
         tensors = [tvm.runtime.tensor(np.asarray(x), dev) for x in inputs]
         self.module[self.module.entry_name](*tensors)
         return [t.numpy() for t in tensors]
 
     def summary(self) -> str:
         lines = [
-            f"{self.model} on {describe_target(self.target)}: {self.trials} trials in {format_seconds(self.wall_seconds)}"
+            f"{self.model} on {describe_target(self.target)}: {self.trials} trials in "
+            f"{format_seconds(self.wall_seconds)}"
         ]
         if self.seconds:
             lines.append("time: " + format_phases(self.seconds))
@@ -119,13 +121,15 @@ class TuneResult:
         if self.latency_before is not None:
             speedup = f" ({self.speedup:.2f}x)" if self.speedup else ""
             lines.append(
-                f"latency {format_latency(self.latency_before)} untuned -> {format_latency(self.latency_after)} tuned{speedup}"
+                f"latency {format_latency(self.latency_before)} untuned -> {format_latency(self.latency_after)} "
+                f"tuned{speedup}"
             )
         for task in self.tasks:
             speed = f"  {task.gflops:.1f} GFLOP/s" if task.gflops else ""
             check = {True: "verified", False: "WRONG", None: "unverified"}[task.verified]
             lines.append(
-                f"  {task.name} x{task.weight}: {format_latency(task.best_latency)}{speed}, {task.trials} trials, {check}"
+                f"  {task.name} x{task.weight}: {format_latency(task.best_latency)}{speed}, {task.trials} trials, "
+                f"{check}"
             )
         lines.append(f"artifact {self.artifact_path}  database {self.database_path}")
         return "\n".join(lines)

@@ -22,6 +22,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
+from measure.contract import is_cuda
 from workloads import TensorSpec
 
 from .errors import TunerError
@@ -55,7 +56,8 @@ class ModelDescription:
         path = description_path(library)
         if not path.exists():
             raise TunerError(
-                f"{library} has no description beside it ({path.name}): export compiled models with TuneResult.export, which writes both"
+                f"{library} has no description beside it ({path.name}): export compiled models with "
+                "TuneResult.export, which writes both"
             )
         try:
             data = json.loads(path.read_text())
@@ -75,11 +77,12 @@ class CompiledModel:
     def __init__(self, library: str | Path, description: ModelDescription, device: tvm.runtime.Device | None = None):
         if description.kind != "relax":
             raise TunerError(
-                f"{library} is a single kernel, not a model: load it with tvm.runtime.load_module and call it with every buffer"
+                f"{library} is a single kernel, not a model: load it with tvm.runtime.load_module and call it with "
+                "every buffer"
             )
         self.library = Path(library)
         self.description = description
-        self.device = device or (tvm.cuda(0) if target_kind(description.target) == "cuda" else tvm.cpu(0))
+        self.device = device or (tvm.cuda(0) if is_cuda(description.target) else tvm.cpu(0))
         _set_threads(description.target)
         executable = tvm.runtime.load_module(str(self.library))
         self._main = tvm.runtime.vm.VirtualMachine(executable, self.device)["main"]
@@ -104,7 +107,8 @@ class CompiledModel:
         shape, dtype = tuple(value.shape), str(value.dtype).removeprefix("torch.")
         if shape != tuple(spec.shape) or dtype != spec.dtype:
             raise TunerError(
-                f"input {spec.name} of {self.description.name} must be {spec.dtype}{list(spec.shape)}, got {dtype}{list(shape)}"
+                f"input {spec.name} of {self.description.name} must be {spec.dtype}{list(spec.shape)}, got "
+                f"{dtype}{list(shape)}"
             )
         if self._zero_copy(value):
             return tvm_ffi.from_dlpack(value)
@@ -150,7 +154,7 @@ def _set_threads(target: str) -> None:
     """TVM's thread pool as wide as the target's cores, unless the user set TVM_NUM_THREADS.
 
     Without it TVM takes half the logical cores on x86 (it assumes two hyperthreads per core): on a
-    2-core VM one thread, and the model runs 2x slower than it was tuned. The pool reads the
+    2-core VM one thread, and the model runs slower than it was tuned. The pool reads the
     variable when it launches work, so setting it here takes effect even if TVM already ran;
     ``runtime.config_threadpool`` cannot raise the count above that default."""
     if os.environ.get("TVM_NUM_THREADS") or target_kind(target) != "llvm":

@@ -3,18 +3,18 @@ batches of unmeasured candidates ranked by the cost model."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import Trace
 
 from costmodel import CandidateFeatures, CostModel, TopKWithExploration
 
 from . import metaschedule as msc
+from .parallel import THREADS, parallel_map
 
 
 @dataclass
@@ -22,7 +22,7 @@ class Candidate:
     key: str  # structural identity of the scheduled module
     schedule: Schedule
     parent: str | None = None  # the candidate this one was mutated from; None for a fresh sample
-    transferred: bool = False  # replayed from another model's tuning (see ``TaskSearch.add_seeds``)
+    transferred: bool = False  # replayed from another model's tuning (see ``TaskSearch.add_transferred``)
 
     @property
     def mod(self) -> tvm.IRModule:
@@ -53,17 +53,16 @@ class TaskSearch:
         cost_model: CostModel,
         features: CandidateFeatures,
         group: str,
-        policy: TopKWithExploration | None = None,
         config: SearchConfig | None = None,
     ):
         self.mod = mod
         self.group = group
         self.cost_model = cost_model
         self.features = features
-        self.policy = policy or TopKWithExploration()
+        self.policy = TopKWithExploration()  # picks the batch from the rated candidates
         self.config = config or SearchConfig()
         self.rng = np.random.default_rng(seed)
-        self.context = msc.make_context(mod, target, seed, num_threads=_THREADS)
+        self.context = msc.make_context(mod, target, seed, num_threads=THREADS)
         self.spaces = msc.design_spaces(self.context)
         self.postprocs = msc.postprocessors(self.context)
         self.mutators, probs = msc.mutators(self.context)
@@ -93,35 +92,43 @@ class TaskSearch:
 
     def restore(self, measured: list[tuple[str, str, float | None]]) -> None:
         """Take in candidates (key, trace JSON, latency or None) measured by earlier runs of this work dir."""
-        schedules = _parallel(lambda item: _replayed_or_none(self.mod, item[1]), measured)
+        schedules = parallel_map(lambda item: _replayed_or_none(self.mod, item[1]), measured)
         kept = [
-            (Candidate(key, sch), latency) for (key, _, latency), sch in zip(measured, schedules) if sch is not None
+            (Candidate(key, sch), latency)
+            for (key, _, latency), sch in zip(measured, schedules, strict=True)
+            if sch is not None
         ]
         self.feature_rows([candidate for candidate, _ in kept])  # one batched extraction
         for candidate, latency in kept:
             self.observe(candidate, latency)
 
     # -- proposing -----------------------------------------------------------------------------
-    def add_seeds(self, schedules: Iterable[Schedule]) -> int:
-        """Queue schedules found elsewhere (e.g. replayed from another model's tuning) to be proposed
-        first; returns how many were new."""
+    def add_transferred(self, traces: Sequence[Trace], max_seeds: int, replay_seed: int, retile=None) -> list[int]:
+        """Replay schedules tuned for other kernels (transfer-tuning) on this task's kernel, their
+        tile sizes fitted by ``retile``, and queue up to ``max_seeds`` new ones to be proposed first;
+        returns the indices of the traces queued."""
         queued = {c.key for c in self._seeds}
-        added = 0
-        for sch in schedules:
+        used = []
+        for index, trace in enumerate(traces):
+            if len(used) >= max_seeds:
+                break
+            sch = msc.replay(self.mod, trace, replay_seed, self.postprocs, retile=retile)
+            if sch is None:
+                continue
             key = msc.structural_key(sch.mod)
             if key not in self.seen and key not in queued:
                 self._seeds.append(Candidate(key, sch, transferred=True))
                 queued.add(key)
-                added += 1
-        return added
+                used.append(index)
+        return used
 
     @property
     def seeds_waiting(self) -> bool:
-        """Whether queued seeds (see ``add_seeds``) are still to be proposed."""
+        """Whether queued seeds (see ``add_transferred``) are still to be proposed."""
         return any(c.key not in self.seen for c in self._seeds)
 
     def propose(self, n: int) -> list[Candidate]:
-        """Up to ``n`` of the queued seeds (see ``add_seeds``) while any wait, alone: the search
+        """Up to ``n`` of the queued seeds (see ``add_transferred``) while any wait, alone: the search
         starts from what they measure, in the next batch; then ``_search(n)``."""
         waiting = [c for c in self._seeds if c.key not in self.seen]
         seeds, self._seeds = waiting[:n], waiting[n:]
@@ -198,7 +205,7 @@ class TaskSearch:
         missing = [c for c in candidates if c.key not in self._features]
         if missing:
             rows = self.features.extract(self.context, [msc.measure_candidate(c.schedule) for c in missing])
-            for candidate, row in zip(missing, rows):
+            for candidate, row in zip(missing, rows, strict=True):
                 self._features[candidate.key] = row
         return (
             np.stack([self._features[c.key] for c in candidates]) if candidates else np.zeros((0, self.features.width))
@@ -222,7 +229,7 @@ class TaskSearch:
             self.draws += wanted
             draws = [(self.spaces[int(self.rng.integers(len(self.spaces)))], self._seed()) for _ in range(wanted)]
             valid = new = 0
-            for sch in _parallel(lambda draw: msc.sample(self.mod, draw[0], draw[1], self.postprocs), draws):
+            for sch in parallel_map(lambda draw: msc.sample(self.mod, draw[0], draw[1], self.postprocs), draws):
                 if sch is None or len(found) >= n:
                     continue
                 valid += 1
@@ -251,7 +258,7 @@ class TaskSearch:
             )
             for _ in range(count)
         ]
-        return [c for c in _parallel(self._mutant, draws) if c is not None]
+        return [c for c in parallel_map(self._mutant, draws) if c is not None]
 
     def _mutant(self, draw: tuple) -> Candidate | None:
         parent, mutator, mutate_seed, replay_seed = draw
@@ -262,11 +269,6 @@ class TaskSearch:
         return Candidate(msc.structural_key(sch.mod), sch, parent.parent or parent.key) if sch is not None else None
 
 
-# TVM releases the GIL in schedule replay and postprocessing, so threads use every core.
-_THREADS = os.cpu_count() or 1
-_POOL: ThreadPoolExecutor | None = None
-
-
 def _replayed_or_none(mod, trace_json: str):
     """A stored trace replayed on ``mod``; None where it no longer fits it (TVM's schedule
     primitives refuse it): such a record stays in the database but cannot seed the search."""
@@ -274,11 +276,3 @@ def _replayed_or_none(mod, trace_json: str):
         return msc.schedule_from_json(mod, trace_json)
     except RuntimeError:  # tvm's ScheduleError and InternalError both are
         return None
-
-
-def _parallel(fn, items: list) -> list:
-    """``[fn(x) for x in items]`` on a shared thread pool, results in order."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="search")
-    return list(_POOL.map(fn, items))

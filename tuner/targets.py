@@ -16,13 +16,17 @@ import tvm
 from tvm.target import Target
 
 from measure.cuda_runtime import no_gpu_reason, runtime_problem
+from measure.error_text import error_line
 from measure.host import physical_cores
 
 from .errors import TargetError
 
 SUPPORTED_KINDS = ("llvm", "cuda")
 _LIST_OPTIONS = {"mattr", "keys", "libs"}
-_EXAMPLES = "'llvm', 'llvm -mcpu=skylake-avx512 -num-cores=4', 'cuda', 'cuda -arch=sm_90', or a dict like {'kind': 'cuda', 'arch': 'sm_90'}"
+_EXAMPLES = (
+    "'llvm', 'llvm -mcpu=skylake-avx512 -num-cores=4', 'cuda', 'cuda -arch=sm_90', or a dict like {'kind': 'cuda', "
+    "'arch': 'sm_90'}"
+)
 # Limits of every CUDA GPU since Volta, used where the device cannot be asked (a build host without a GPU).
 _CUDA_DEFAULT_LIMITS = {
     "max_shared_memory_per_block": 49152,
@@ -45,22 +49,14 @@ def resolve_target(spec: str | dict | Target) -> Target:
     kind = config.get("kind")
     if kind not in SUPPORTED_KINDS:
         raise TargetError(
-            f"unsupported target kind {kind!r} in {spec!r}: the tuner supports {', '.join(SUPPORTED_KINDS)}; use {_EXAMPLES}"
+            f"unsupported target kind {kind!r} in {spec!r}: the tuner supports {', '.join(SUPPORTED_KINDS)}; use "
+            f"{_EXAMPLES}"
         )
     config = _complete_llvm(config) if kind == "llvm" else _complete_cuda(config)
     try:
         return Target(config)
     except (ValueError, RuntimeError) as err:
-        raise TargetError(f"invalid target {spec!r}: {str(err).splitlines()[0]}; use {_EXAMPLES}") from err
-
-
-def target_key(target: Target) -> str:
-    """A stable string identifying the target, used to key database records."""
-    return str(target)
-
-
-def is_gpu(target: Target) -> bool:
-    return target.kind.name == "cuda"
+        raise TargetError(f"invalid target {spec!r}: {error_line(err)}; use {_EXAMPLES}") from err
 
 
 def _parse_string(text: str) -> dict[str, Any]:
@@ -144,7 +140,8 @@ def _check_mcpu(config: dict[str, Any]) -> None:
         return
     known = list(codegen.llvm_get_cpu_archlist(Target({"kind": "llvm", "mtriple": triple})))
     raise TargetError(
-        f"unknown CPU -mcpu={mcpu} for {triple}: {_closest(mcpu, known)} (`llc -mcpu=help` lists them; leave -mcpu out for this machine's CPU)"
+        f"unknown CPU -mcpu={mcpu} for {triple}: {_closest(mcpu, known)} (`llc -mcpu=help` lists them; leave -mcpu "
+        "out for this machine's CPU)"
     )
 
 
@@ -176,7 +173,8 @@ def _complete_cuda(config: dict[str, Any]) -> dict[str, Any]:
         config.setdefault("max_threads_per_block", device.max_threads_per_block)
     elif "arch" not in config:
         raise TargetError(
-            "target 'cuda' needs an architecture on a machine without a GPU: write e.g. 'cuda -arch=sm_90' (H100) or 'cuda -arch=sm_80' (A100)"
+            "target 'cuda' needs an architecture on a machine without a GPU: write e.g. 'cuda -arch=sm_90' (H100) or "
+            "'cuda -arch=sm_80' (A100)"
         )
     for key, value in _CUDA_DEFAULT_LIMITS.items():
         config.setdefault(key, value)
@@ -225,7 +223,8 @@ def require_device(spec: str | dict | Target) -> None:
     if problem is None and tvm.cuda(0).exist:
         return
     raise NoDeviceError(
-        f"cannot tune for 'cuda' here: {problem or no_gpu_reason()}; candidates can be built without a GPU but timing them "
+        f"cannot tune for 'cuda' here: {problem or no_gpu_reason()}; candidates can be built without a GPU but timing "
+        "them "
         "needs one, so run on a GPU host (`tuner doctor --target cuda` checks one) or use --target llvm"
     )
 

@@ -4,7 +4,7 @@ For each task of the model, the kernels of the source work dirs of the same oper
 (``tuner.opclass``: same computation, any shapes) are taken closest shape first; the best
 schedules tuned for them are replayed on the task's kernel, their tile sizes adapted to its loop
 extents (``adapt_tile``), and those that apply are queued as the task's first candidates
-(``TaskSearch.add_seeds``): measured first, they become the elites the evolution starts from.
+(``TuningLoop.add_transferred``): measured first, they become the elites the evolution starts from.
 The cost model is warm-started with the data the source runs trained theirs on.
 
 Source work dirs are only read: their databases are opened read-only and never migrated.
@@ -13,11 +13,9 @@ Source work dirs are only read: their databases are opened read-only and never m
 from __future__ import annotations
 
 import math
-import os
 import sqlite3
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,14 +26,15 @@ from costmodel import CostModel
 from costmodel.model import training_data_path
 
 from . import metaschedule as msc
-from .database import Record, TuningDatabase
+from .database import Record
 from .errors import DatabaseError, TunerError
 from .opclass import OperatorClass, operator_class
 from .progress import Progress
 from .targets import target_kind
+from .workdir import TransferRecord, WorkDir
 
 if TYPE_CHECKING:
-    from .loop import TaskRun
+    from .loop import TuningLoop
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ class SourceKernel:
     """A kernel tuned in a source work dir, with its best measured schedules."""
 
     work_dir: Path
-    workload_id: int
+    kernel_id: int
     name: str
     mod: tvm.IRModule
     op: OperatorClass
@@ -82,69 +81,54 @@ class TransferSource:
     cost_model: Path | None  # the saved cost model, if the run got that far
 
 
-def read_sources(
-    work_dirs: Sequence[str | Path], database_file: str, cost_model_file: str, config: TransferConfig | None = None
-) -> list[TransferSource]:
-    """Read the kernels and best schedules of each source work dir (its ``database_file``), read-only.
+def read_sources(work_dirs: Sequence[str | Path], config: TransferConfig | None = None) -> list[TransferSource]:
+    """Read the kernels and best schedules of each source work dir, read-only.
 
     Raises TunerError for a missing dir or one without a database, DatabaseError for a file that
     is corrupt or not a tensor-tuner database (which is left untouched)."""
     config = config or TransferConfig()
-    return [_read_source(d, database_file, cost_model_file, config.top_k) for d in _as_paths(work_dirs)]
+    return [_read_source(WorkDir.existing(d, "transfer from"), config.top_k) for d in _as_paths(work_dirs)]
 
 
 def _as_paths(work_dirs: Sequence[str | Path] | str | Path) -> list[Path]:
     return [Path(work_dirs)] if isinstance(work_dirs, (str, Path)) else [Path(d) for d in work_dirs]
 
 
-def read_model_sources(
-    work_dirs: Sequence[str | Path], database_file: str, cost_model_file: str
-) -> list[TransferSource]:
+def read_model_sources(work_dirs: Sequence[str | Path]) -> list[TransferSource]:
     """Sources for ``warm_start`` alone: each work dir's saved cost model, no schedules. Raises
     TunerError for a missing dir or one whose run saved no cost model with its training data."""
     sources = []
-    for work_dir in _as_paths(work_dirs):
-        model = work_dir / cost_model_file
-        if not work_dir.is_dir() or not (work_dir / database_file).is_file():
+    for path in _as_paths(work_dirs):
+        work_dir = WorkDir.existing(path, "warm-start the cost model from")
+        if not training_data_path(work_dir.cost_model).is_file():
             raise TunerError(
-                f"cannot warm-start the cost model from {str(work_dir)!r}: it is not a work dir; pass the --work-dir of an earlier `tuner tune` run"
+                f"cannot warm-start the cost model from {str(path)!r}: it holds no {work_dir.cost_model.name} with its "
+                "training data (its run stopped before saving one); tune it to the end, or leave it out"
             )
-        if not training_data_path(model).is_file():
-            raise TunerError(
-                f"cannot warm-start the cost model from {str(work_dir)!r}: it holds no {cost_model_file} with its training data "
-                "(its run stopped before saving one); tune it to the end, or leave it out"
-            )
-        sources.append(TransferSource(work_dir, [], model))
+        sources.append(TransferSource(work_dir.path, [], work_dir.cost_model))
     return sources
 
 
-def _read_source(work_dir: Path, database_file: str, cost_model_file: str, top_k: int) -> TransferSource:
-    if not work_dir.is_dir():
-        raise TunerError(
-            f"cannot transfer from {str(work_dir)!r}: no such directory; pass the --work-dir of an earlier `tuner tune` run"
-        )
-    path = work_dir / database_file
-    if not path.is_file():
-        raise TunerError(
-            f"cannot transfer from {str(work_dir)!r}: it holds no {database_file}; pass the --work-dir of an earlier `tuner tune` run"
-        )
-    db = TuningDatabase(path, read_only=True)
+def _read_source(work_dir: WorkDir, top_k: int) -> TransferSource:
+    db = work_dir.open_database(read_only=True)
     try:
         targets = db.targets()
         kernels = []
-        for workload_id in db.workload_ids():
-            records = {t: db.best(workload_id, t, top_k) for t in targets}
+        for kernel_id in db.kernel_ids():
+            records = {t: db.best(kernel_id, t, top_k) for t in targets}
             records = {t: rs for t, rs in records.items() if rs}
             if records:
-                mod = db.workload_mod(workload_id)
-                name = db.workload_name(workload_id) or f"workload{workload_id}"
-                kernels.append(SourceKernel(work_dir, workload_id, name, mod, operator_class(mod, name), records))
+                mod = db.kernel_mod(kernel_id)
+                name = db.kernel_name(kernel_id) or f"kernel{kernel_id}"
+                kernels.append(SourceKernel(work_dir.path, kernel_id, name, mod, operator_class(mod, name), records))
     except sqlite3.DatabaseError as err:
-        raise DatabaseError(f"{path} is not a usable tensor-tuner database ({err}); it was left untouched") from None
+        raise DatabaseError(
+            f"{work_dir.database} is not a usable tensor-tuner database ({err}); it was left untouched"
+        ) from None
     finally:
         db.close()
-    cost_model = work_dir / cost_model_file
-    return TransferSource(work_dir, kernels, cost_model if cost_model.exists() else None)
+    cost_model = work_dir.cost_model
+    return TransferSource(work_dir.path, kernels, cost_model if cost_model.exists() else None)
 
 
 def adapt_tile(decision: Sequence[int], extent: int, max_innermost: int = 0) -> list[int]:
@@ -177,16 +161,15 @@ def _nearest_divisor(n: int, wanted: int, limit: int) -> int:
 # -- applying a transfer to a tuning run ---------------------------------------------------------
 def transfer(
     sources: Sequence[TransferSource],
-    runs: Sequence[TaskRun],
+    loop: TuningLoop,
     cost_model: CostModel,
     target: tvm.target.Target,
     progress: Progress,
     config: TransferConfig | None = None,
-) -> dict:
-    """Warm-start ``cost_model`` and seed every task's search from ``sources``; returns a summary
-    (for the database's meta table)."""
-    samples = warm_start(cost_model, sources, runs[0].search.features.width, progress) if runs else 0
-    return {**seed_runs(sources, runs, target, progress, config), "cost_model_samples": samples}
+) -> TransferRecord:
+    """Warm-start ``cost_model`` and seed every task of ``loop`` from ``sources``."""
+    samples = warm_start(cost_model, sources, loop.feature_width, progress)
+    return replace(seed_tasks(sources, loop, target, progress, config), cost_model_samples=samples)
 
 
 def warm_start(
@@ -222,34 +205,44 @@ def warm_start(
     return added
 
 
-def seed_runs(
+def seed_tasks(
     sources: Sequence[TransferSource],
-    runs: Sequence[TaskRun],
+    loop: TuningLoop,
     target: tvm.target.Target,
     progress: Progress,
     config: TransferConfig | None = None,
-) -> dict:
-    """Queue each task's transferred schedules as its first candidates; returns a summary."""
+) -> TransferRecord:
+    """Queue each task's transferred schedules as its first candidates."""
     config = config or TransferConfig()
     kernels = [k for source in sources for k in source.kernels]
-    matches = []
-    for run in runs:
-        op = operator_class(run.task.mod, run.task.name)
-        matches.append(sorted((k for k in kernels if k.op.matches(op)), key=lambda k: op.distance(k.op)))
-    # TVM releases the GIL while it replays and postprocesses, so the tasks' replays share the cores
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="transfer") as pool:
-        replayed = list(pool.map(lambda pair: _replay(pair[0], pair[1], target, config), zip(matches, runs)))
+    offered: dict[str, list[tuple[Trace, SourceKernel]]] = {}
     uses = {source.work_dir: _SourceUse() for source in sources}
-    per_task: dict[str, int] = {}
-    for run, matching, seeds in zip(runs, matches, replayed):
+    for task in loop.tasks:
+        op = operator_class(task.mod, task.name)
+        matching = sorted((k for k in kernels if k.op.matches(op)), key=lambda k: op.distance(k.op))
         for kernel in matching:
-            uses[kernel.work_dir].matching.add(kernel.workload_id)
-        per_task[run.task.name] = run.search.add_seeds(sch for sch, _ in seeds)
-        for _, kernel in seeds:
-            uses[kernel.work_dir].add(kernel, run.task.name)
+            uses[kernel.work_dir].matching.add(kernel.kernel_id)
+        offered[task.name] = [
+            (trace, kernel)
+            for kernel in matching
+            for record in kernel.best(target, config.top_k)
+            if (trace := kernel.trace(record)) is not None
+        ]
+    used = loop.add_transferred(
+        {name: [trace for trace, _ in pairs] for name, pairs in offered.items()},
+        config.max_seeds,
+        config.replay_seed,
+        retile=adapt_tile,
+    )
+    for name, indices in used.items():
+        for index in indices:
+            uses[offered[name][index][1].work_dir].add(offered[name][index][1], name)
     for work_dir, use in uses.items():
-        progress.line(use.describe(work_dir, len(runs), target))
-    return {"sources": [use.as_dict(work_dir) for work_dir, use in uses.items()], "seeds_per_task": per_task}
+        progress.line(use.describe(work_dir, len(offered), target))
+    return TransferRecord(
+        sources=[use.as_dict(work_dir) for work_dir, use in uses.items()],
+        seeds_per_task={name: len(indices) for name, indices in used.items()},
+    )
 
 
 @dataclass
@@ -263,7 +256,7 @@ class _SourceUse:
 
     def add(self, kernel: SourceKernel, task: str) -> None:
         self.schedules += 1
-        self.kernels.add(kernel.workload_id)
+        self.kernels.add(kernel.kernel_id)
         self.tasks.add(task)
 
     def as_dict(self, work_dir: Path) -> dict:
@@ -287,22 +280,3 @@ class _SourceUse:
                 f"{target.kind.name} schedules applies to its kernels; tuning normally"
             )
         return f"transfer: no kernel in {work_dir} matches this model's kernels; tuning normally"
-
-
-def _replay(matching: list[SourceKernel], run: TaskRun, target: tvm.target.Target, config: TransferConfig) -> list:
-    """Up to ``max_seeds`` new schedules for the task, with the source kernel each came from."""
-    seeds: dict[str, tuple] = {}
-    for kernel in matching:
-        for record in kernel.best(target, config.top_k):
-            trace = kernel.trace(record)
-            if trace is None:
-                continue
-            sch = msc.replay(run.task.mod, trace, config.replay_seed, run.search.postprocs, retile=adapt_tile)
-            if sch is None:
-                continue
-            key = msc.structural_key(sch.mod)
-            if key not in run.search.seen and key not in seeds:
-                seeds[key] = (sch, kernel)
-                if len(seeds) >= config.max_seeds:
-                    return list(seeds.values())
-    return list(seeds.values())

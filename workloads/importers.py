@@ -13,6 +13,8 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from measure.error_text import error_line
+
 from .errors import WorkloadError
 from .registry import get_workload
 from .workload import TensorSpec, Workload, prim_func_inputs
@@ -98,7 +100,8 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
     torch = import_optional("torch", "torch", f"importing torch module {name}")
     if example_inputs is None:
         raise WorkloadError(
-            f"tuning torch module {name} needs example_inputs: a tuple of tensors or of shapes, e.g. example_inputs=[(1, 3, 224, 224)]"
+            f"tuning torch module {name} needs example_inputs: a tuple of tensors or of shapes, e.g. "
+            "example_inputs=[(1, 3, 224, 224)]"
         )
     examples = tuple(_as_example_tensor(torch, x) for x in _as_sequence(example_inputs))
     from tvm.relax.frontend.torch import from_exported_program
@@ -111,8 +114,9 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
             exported = torch.export.export(module, examples)
         except Exception as err:  # torch raises many types here; they all mean the inputs do not fit the module
             raise WorkloadError(
-                f"example inputs {[(*x.shape, str(x.dtype).removeprefix('torch.')) for x in examples]} do not fit torch module {name}: "
-                f"{_first_line(err)}"
+                f"example inputs {[(*x.shape, str(x.dtype).removeprefix('torch.')) for x in examples]} do not fit "
+                f"torch module {name}: "
+                f"{error_line(err)}"
             ) from None
     try:
         mod = from_exported_program(exported, unwrap_unit_return_tuple=True)
@@ -122,7 +126,7 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
             raise WorkloadError(
                 f"torch module {name} uses operators TVM's importer does not support: {ops.group(1)}"
             ) from None
-        raise WorkloadError(f"TVM's torch importer cannot translate module {name}: {_first_line(err)}") from None
+        raise WorkloadError(f"TVM's torch importer cannot translate module {name}: {error_line(err)}") from None
     return from_ir_module(mod, name)
 
 
@@ -137,7 +141,7 @@ def from_onnx(path: Path, example_inputs: Sequence[Any] | None = None, name: str
         onnx.checker.check_model(model)
     except Exception as err:  # onnx raises DecodeError, ValidationError, ...: all mean a broken file
         raise WorkloadError(
-            f"{path} is not a valid ONNX model ({_first_line(err)}): re-export it, or check the file is complete"
+            f"{path} is not a valid ONNX model ({error_line(err)}): re-export it, or check the file is complete"
         ) from None
     initializers = {init.name for init in model.graph.initializer}
     graph_inputs = [i for i in model.graph.input if i.name not in initializers]
@@ -164,7 +168,7 @@ def from_onnx(path: Path, example_inputs: Sequence[Any] | None = None, name: str
     try:
         mod = relax_from_onnx(model, shape_dict=shapes, dtype_dict=dtypes)
     except tvm.error.OpNotImplemented as err:
-        ops = str(err).split(":", 1)[-1].strip().splitlines()[0]
+        ops = error_line(err).split(":", 1)[-1].strip()
         raise WorkloadError(f"{path.name} uses ONNX operators TVM's importer does not support: {ops}") from None
     return from_ir_module(mod, name)
 
@@ -173,7 +177,7 @@ def _check_fits_onnx_input(what: str, declared: Sequence[Any], example: Any, dty
     """An example input may fill in the dimensions the file leaves symbolic, not change the others."""
     shape = tuple(_shape_of(example))
     fixed = [d if isinstance(d, int) and d > 0 else None for d in declared]
-    if len(shape) != len(fixed) or any(d is not None and d != s for d, s in zip(fixed, shape)):
+    if len(shape) != len(fixed) or any(d is not None and d != s for d, s in zip(fixed, shape, strict=True)):
         shown = tuple(d if d is not None else "?" for d in fixed)
         raise WorkloadError(
             f"{what} has shape {shown} but the example input has shape {shape}: give a shape that fits it"
@@ -181,7 +185,8 @@ def _check_fits_onnx_input(what: str, declared: Sequence[Any], example: Any, dty
     given = getattr(example, "dtype", None)
     if given is not None and str(given).removeprefix("torch.") != dtype:
         raise WorkloadError(
-            f"{what} takes {dtype} but the example input is {str(given).removeprefix('torch.')}: pass {dtype} data or a shape"
+            f"{what} takes {dtype} but the example input is {str(given).removeprefix('torch.')}: pass {dtype} data or "
+            "a shape"
         )
 
 
@@ -218,8 +223,3 @@ def check_static(what: str, shape: Sequence[Any], hint: str = "bind it to a conc
             raise WorkloadError(f"{what} has a dynamic dimension ({dim}); the tuner needs static shapes: {hint}")
         if int(dim) <= 0:
             raise WorkloadError(f"{what} has a dimension of size {int(dim)}; every dimension must be positive")
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

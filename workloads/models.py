@@ -62,7 +62,8 @@ MODELS = [
     ),
     ModelSpec(
         "attention-block",
-        "a diffusion-UNet-style attention block: group norms, 3x3 convolutions, 4-head self-attention over 16x16 = 256 positions of width 64",
+        "a diffusion-UNet-style attention block: group norms, 3x3 convolutions, 4-head self-attention over 16x16 = "
+        "256 positions of width 64",
         "blocks:AttentionBlock",
         lambda batch: (batch, 64, 16, 16),
     ),

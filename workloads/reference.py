@@ -19,7 +19,7 @@ def conv(x: np.ndarray, w: np.ndarray, stride=1, padding=0, dilation=1, groups: 
     stride, padding, dilation = _tuple(stride, nd), _tuple(padding, nd), _tuple(dilation, nd)
     x = np.pad(x.astype(np.float64), [(0, 0), (0, 0)] + [(p, p) for p in padding])
     kernel = w.shape[2:]
-    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilation)]
+    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilation, strict=True)]
     windows = sliding_window_view(x, span, axis=tuple(range(2, 2 + nd)))
     windows = windows[
         (slice(None), slice(None), *(slice(None, None, s) for s in stride), *(slice(None, None, d) for d in dilation))

@@ -60,7 +60,8 @@ def get_workload(name: str, **options) -> Workload:
     options = {key: value for key, value in options.items() if value is not None}
     if options and entry.category != "model":
         raise WorkloadError(
-            f"{name!r} is an operator with the fixed shapes of the layer it comes from; batch and dtype apply to models "
+            f"{name!r} is an operator with the fixed shapes of the layer it comes from; batch and dtype apply to "
+            "models "
             "(operators with a tensor-core path also come as NAME-fp16)"
         )
     workload = entry.build(**options)

@@ -1,11 +1,11 @@
 """2-D convolutions computed channels-last (NHWC activations, HWIO weights) in models written
 channels-first (NCHW), with the layout changes between them cancelled out.
 
-On a CPU, MetaSchedule's NCHW convolutions vectorise along the image width (7 to 56 here) and reach
-130-143 GFLOP/s on this 2-core Zen 4; the same convolutions in NHWC vectorise along the channels
-and reach 220 (96% of its FMA peak): measured on ResNet-18's 3x3 convolutions at 28x28 and 7x7,
-64 trials each. TVM's own ConvertLayout does this, but in TVM 0.27 it crashes (a segfault or
-bad_alloc) on half of the zoo's models, so this pass does the part the models need.
+On a CPU, MetaSchedule's NCHW convolutions vectorise along the image width (7 to 56 here); the
+same convolutions in NHWC vectorise along the channels and run close to the FMA peak (measured in
+experiments/README.md, "The inference lowering these numbers rest on"). TVM's own ConvertLayout
+does this, but in TVM 0.27 it crashes (a segfault or bad_alloc) on half of the zoo's models, so
+this pass does the part the models need.
 
 Each convolution becomes ``to_nchw(conv2d_nhwc(to_nhwc(x), hwio(w)))``; then every ``to_nchw`` is
 moved past the operators that do not care about the layout (element-wise ops, bias and residual
@@ -25,8 +25,8 @@ from .rewrites import static_shape
 
 # Channels are the vectorised axis of an NHWC convolution; MetaSchedule tiles an axis only by its
 # exact divisors, so an output-channel count that is not a multiple of the vector length (1000
-# classes) gets half-width vectors at best: SqueezeNet's 512 -> 1000 classifier ran at 62% of the
-# peak its other convolutions reach. Such a convolution gets zero weights up to the next multiple
+# classes) gets half-width vectors at best: SqueezeNet's 512 -> 1000 classifier ran well below the
+# rate its other convolutions reach. Such a convolution gets zero weights up to the next multiple
 # and its result sliced back, where that adds at most 1/8 of work.
 VECTOR_LANES = 16  # fp32 lanes of AVX-512
 MAX_PADDING = 0.125
@@ -174,7 +174,7 @@ class _ChannelsLast(PyExprMutator):
         if sources[0] is None and sources[1] is None:
             return call
         operands = []
-        for operand, source in zip((a, b), sources):
+        for operand, source in zip((a, b), sources, strict=True):
             if source is not None:
                 operands.append(source)
                 continue

@@ -32,7 +32,10 @@ _REDUCING = (3, 4)  # a reduction; a matmul or convolution (out-element-wise fus
 _MAX_ARITHMETIC = 1.0
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _MATH_CALLS = set(
-    "exp exp2 exp10 log log2 log10 log1p erf tanh sigmoid sqrt rsqrt pow sin cos tan asin acos atan atan2 sinh cosh fmod".split()
+    (
+        "exp exp2 exp10 log log2 log10 log1p erf tanh sigmoid sqrt rsqrt pow sin cos tan asin acos atan atan2 "
+        "sinh cosh fmod"
+    ).split()
 )
 
 
@@ -123,7 +126,7 @@ class _Analysis:
         body = func.body
         if not isinstance(body, relax.SeqExpr) or len(body.blocks) != 1:
             return None
-        keys: list[tuple[Any, Any]] = list(zip(func.params, call.args))
+        keys: list[tuple[Any, Any]] = list(zip(func.params, call.args, strict=True))
         steps = []
         for binding in body.blocks[0].bindings:
             parts = _call_tir_parts(binding.value) if isinstance(binding, relax.VarBinding) else None
@@ -143,9 +146,9 @@ class _Analysis:
 
         A convolution takes no producers: it reads each input element (kernel size x output
         channels) times, and a transpose and an add inlined into those reads made a 3x3
-        convolution of the attention block 1.9x slower (165 us against 87 us), where the
-        separate kernel costs about 20 us. Staging the producer inside the convolution's kernel
-        (computed once, not inlined) tuned slower still (287 us)."""
+        convolution of the attention block far slower than it and the separate kernel together.
+        Staging the producer inside the convolution's kernel (computed once, not inlined) tuned
+        slower still (experiments/README.md, "The inference lowering these numbers rest on")."""
         kernels = [self._kernel(step.prim) for step in unit.steps]
         if all(pattern <= _INJECTIVE and arithmetic is not None for pattern, arithmetic in kernels):
             unit.arithmetic = sum(arithmetic for _, arithmetic in kernels)
@@ -201,7 +204,7 @@ def _unique(exprs: list) -> list:
 def _emit_unit(unit: _Unit, name: str) -> relax.Function:
     bb = relax.BlockBuilder()
     params = [relax.Var(f"p{i}", expr.ty) for i, expr in enumerate(unit.inputs)]
-    env: list[tuple[Any, Any]] = list(zip(unit.inputs, params))
+    env: list[tuple[Any, Any]] = list(zip(unit.inputs, params, strict=True))
     with bb.function(name, params, attrs={"Primitive": True}, private=True):
         with bb.dataflow():
             for step in unit.steps:

@@ -210,7 +210,7 @@ class _Rewriter(PyExprMutator):
             rewritten = relax.op.matmul(candidate[0], candidate[1], out_dtype=call.attrs.out_dtype)
             if static_shape(self.builder_.normalize(rewritten)) == out_shape:
                 args = candidate
-        if all(a.same_as(b) for a, b in zip(args, call.args)):
+        if all(a.same_as(b) for a, b in zip(args, call.args, strict=True)):
             return call
         return relax.op.matmul(args[0], args[1], out_dtype=call.attrs.out_dtype)
 

@@ -63,7 +63,7 @@ class ResNet(nn.Module):
         else:
             self.stem = nn.Sequential(_conv_bn(3, stem, 7, 2), nn.MaxPool2d(3, 2, 1))
         layers, cin = [], stem
-        for i, (depth, width) in enumerate(zip(depths, widths)):
+        for i, (depth, width) in enumerate(zip(depths, widths, strict=True)):
             for j in range(depth):
                 layers.append(block(cin, width, 2 if (j == 0 and i > 0) else 1))
                 cin = width * block.expansion
@@ -219,7 +219,7 @@ class ConvNeXtT(nn.Module):
     def __init__(self, depths=(3, 3, 9, 3), dims=(96, 192, 384, 768), classes: int = 1000):
         super().__init__()
         stages: list[nn.Module] = [nn.Conv2d(3, dims[0], 4, 4), ChannelsFirstLayerNorm(dims[0])]
-        for i, (depth, dim) in enumerate(zip(depths, dims)):
+        for i, (depth, dim) in enumerate(zip(depths, dims, strict=True)):
             if i > 0:
                 stages += [ChannelsFirstLayerNorm(dims[i - 1]), nn.Conv2d(dims[i - 1], dim, 2, 2)]
             stages += [ConvNeXtBlock(dim) for _ in range(depth)]

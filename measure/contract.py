@@ -1,0 +1,140 @@
+"""What the tuner needs from a measurement engine, and the settings every engine takes.
+
+``MeasureEngine`` (this machine's worker processes) and ``ClusterEngine`` (a Ray cluster's) both
+implement ``Engine``; the tuner is written against it alone.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tvm
+
+from .timeouts import TimeoutPolicy
+from .timing import TimingConfig
+from .types import MeasureInput, MeasureResult, VerifyResult
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """An engine's settings (what it learns while measuring lives in the engine)."""
+
+    build_workers: int | None = None  # default: one per core, fewer if memory is short; 0: measure only
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    runtime_only_runner: bool = True  # measure with the TVM runtime alone, as a GPU host would
+    max_dop: int | None = (
+        None  # most candidates timed at once; default: physical cores / num-cores on a CPU, 8 on a GPU
+    )
+    dop_error_threshold: float = 0.05  # a parallel measurement this far off the serial one is a loss
+    dop_check_fraction: float = 0.2  # share of each parallel window re-measured serially
+    remember_dop: bool = True  # start the DOP controller where the last run on this machine left it
+    build_timeout: TimeoutPolicy = TimeoutPolicy(initial=120.0, floor=2.0)
+    run_timeout: TimeoutPolicy = TimeoutPolicy(initial=60.0, floor=5.0, factor=20.0)
+
+
+def is_cuda(target: tvm.target.Target | str) -> bool:
+    """Whether ``target`` compiles for an NVIDIA GPU: a Target, or a string naming one (the JSON form
+    ``str(Target)`` gives, as the database and model descriptions store it; a tag; "cuda -arch=sm_90").
+    The one test for it: tuner and experiments ask this too."""
+    if isinstance(target, str):
+        text = target.strip()
+        kind = text.split()[0] if text and not text.startswith("{") else ""
+        if not kind or "/" in kind:  # the JSON form or a tag ("nvidia/nvidia-a100"): TVM reads them
+            target = tvm.target.Target(text)
+        else:
+            return kind == "cuda"
+    return target.kind.name == "cuda"
+
+
+def device_kind(target: tvm.target.Target) -> str:
+    """The device that runs ``target``'s code: "cuda" or "cpu"."""
+    return "cuda" if is_cuda(target) else "cpu"
+
+
+def host_target(target: tvm.target.Target) -> tvm.target.Target:
+    """The CPU target that runs reference computations for ``target``."""
+    if target.kind.name == "llvm":
+        return target
+    return target.host or tvm.target.Target("llvm")
+
+
+class Engine(ABC):
+    """Builds and times candidates and whole programs for one target.
+
+    Use it as a context manager, or call ``start()`` and, whatever happens, ``close()``.
+    """
+
+    target: tvm.target.Target
+    config: EngineConfig
+    device: str  # "cuda" or "cpu"
+    log_dir: Path  # the workers' logs
+
+    def __init__(self, target: tvm.target.Target, work_dir: Path, config: EngineConfig | None) -> None:
+        self.target = target
+        self.config = config or EngineConfig()
+        self.device = device_kind(target)
+        self.log_dir = Path(work_dir) / "logs"
+
+    # -- life cycle ---------------------------------------------------------------------------
+    @abstractmethod
+    def start(self) -> None:
+        """Start the workers (they may go on starting in the background)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop every worker; safe to call after a failed start."""
+
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def started_line(self) -> str | None:
+        """One line for the run's progress on what was started, where there is more to say than
+        "this machine's workers"; None here."""
+        return None
+
+    def activity(self) -> str | None:
+        """A line on what the workers are doing, for engines spread over machines; None here."""
+        return None
+
+    @property
+    @abstractmethod
+    def energy_measurable(self) -> bool:
+        """Whether measurements come with the device's energy."""
+
+    # -- candidates -------------------------------------------------------------------------------
+    @abstractmethod
+    def measure(
+        self,
+        inputs: Sequence[MeasureInput],
+        timing: TimingConfig | None = None,
+        serial: bool = False,
+        group: str | None = None,
+    ) -> Iterator[MeasureResult]:
+        """Build and time every input; yield one result per input as each becomes known, for the
+        caller to commit. ``serial=True`` times each alone (final choices); ``group`` names the
+        candidates' comparison (a task): engines with devices of several models measure a group
+        on devices of one model."""
+
+    @abstractmethod
+    def verify(
+        self, reference: tvm.IRModule, candidate: tvm.IRModule, rtol: float, group: str | None = None
+    ) -> VerifyResult:
+        """Check the candidate's output against the reference's on random inputs."""
+
+    # -- whole programs ---------------------------------------------------------------------------
+    @abstractmethod
+    def compile_program(self, artifact: Path, timeout: float = 1800.0, **request) -> Path:
+        """Compile a whole program (see ``build_job.compile_program``) into ``artifact``."""
+
+    @abstractmethod
+    def time_program(
+        self, artifact: Path, kind: str, args: Sequence, timing: TimingConfig | None = None
+    ) -> list[float]:
+        """Seconds per call of a compiled model (``kind="relax"``) or kernel (``"tir"``)."""

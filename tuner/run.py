@@ -1,0 +1,301 @@
+"""A tuning run in phases: check everything that can be refused, open the work dir and start the
+engine, turn the model into tasks, warm-start from earlier runs, search, compile and time, report.
+``tune()`` is the door; this is what happens behind it."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+from costmodel import CostModel
+from measure import DeviceUnavailable, Engine, EngineConfig, MeasureEngine
+from measure.cluster import ClusterEngine, ClusterLost, ClusterOptions, ClusterUnavailable
+from measure.contract import is_cuda
+from workloads import Workload
+
+from . import metaschedule as msc
+from .compile import UNTUNED_TIMING, best_schedules, compile_workload, time_workload
+from .database import TuningDatabase
+from .errors import NoDeviceError, TunerError
+from .loop import LoopConfig, TaskRun, TuningLoop
+from .lowering import LoweringOptions
+from .metaschedule import schedule_from_json
+from .objectives import Objectives, check_measurable
+from .options import TuneOptions
+from .progress import Progress
+from .result import TaskResult, TuneResult
+from .scheduler import check_scheduler
+from .targets import require_device, resolve_target
+from .tasks import Task, extract_tasks, load_model, lower_workload
+from .transfer import TransferSource, read_model_sources, read_sources, transfer, warm_start
+from .workdir import (
+    STORAGE_FAILURES,
+    CostModelSourceRecord,
+    JobRecord,
+    JobTask,
+    ResultRecord,
+    WorkDir,
+    storage_errno,
+    write_meta,
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the checks made of the model and the options, before anything is started."""
+
+    workload: Workload
+    target: tvm.target.Target
+    objectives: Objectives
+    task_objectives: Objectives | None
+    work_dir: WorkDir
+    sources: list[TransferSource]  # transfer_from: schedules and cost models
+    model_sources: list[TransferSource]  # cost_model_from: cost models alone
+
+
+@dataclass(frozen=True)
+class Tasks:
+    lowered: tvm.IRModule
+    tasks: list[Task]
+    objectives: Objectives  # with trials_per_task turned into a total
+
+
+def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
+    started = time.monotonic()
+    plan = check(model, options)
+    report = Progress(enabled=options.progress)
+    with ExitStack() as held:
+        held.enter_context(plan.work_dir.lock())
+        db = plan.work_dir.open_database()
+        held.callback(db.close)
+        engine = make_engine(plan.target, plan.work_dir.path, options.build_workers, options.cluster)
+        held.callback(engine.close)
+        with _saving_work(db, plan.target):
+            start_engine(engine, report)  # local workers import TVM while the tasks and search spaces are prepared
+            lowering = options.lowering or LoweringOptions()
+            tasks = prepare_tasks(plan, lowering, options.trials_per_task, db)
+            cost_model = CostModel(seed=options.seed)
+            loop = TuningLoop(
+                tasks.tasks, plan.target, db, engine, cost_model, options.seed, _loop_config(options), report
+            )
+            tuning_started = time.monotonic()
+            warm_up(plan, loop, cost_model, db, report)
+            transfer_seconds = time.monotonic() - tuning_started
+            stop_reason = loop.run(tasks.objectives, plan.task_objectives)
+            report.line("re-measuring the best candidates and checking their results")
+            loop.finalize()
+            cost_model.save(plan.work_dir.cost_model)
+            compiling = time.monotonic()
+            artifact, latency_before, latency_after = compile_and_time(engine, plan, tasks, db, report)
+            seconds = {
+                "start-up": tuning_started - started,
+                **({"transfer": transfer_seconds} if plan.sources else {}),
+                **loop.phase_seconds,
+                "compile and time": time.monotonic() - compiling,
+            }
+            outcome = ResultRecord(
+                latency_before, latency_after, loop.trials_done, seconds, stop_reason, options.scheduler
+            )
+            write_meta(db, outcome)
+            result = make_result(plan, loop, artifact, outcome, time.monotonic() - started, db.path)
+            report.line(result.summary())
+            return result
+
+
+# -- phase 1: everything that can be refused is refused before anything starts --------------------
+def check(model: Any, options: TuneOptions) -> Plan:
+    if options.trials_per_task is not None:
+        run_objectives(options.trials_per_task, options.stop)  # the same checks as for trials
+    objectives = run_objectives(options.trials, options.stop)
+    check_scheduler(options.scheduler)
+    sources = read_sources(options.transfer_from or [])
+    model_sources = read_model_sources(options.cost_model_from or [])
+    workload = load_model(model, options.example_inputs, batch=options.batch, dtype=options.dtype)
+    if options.cluster is None:
+        require_device(options.target)  # on a cluster the devices are the cluster's
+    target = resolve_target(options.target)
+    if not is_cuda(target):  # no energy counters on a CPU: refuse an energy budget up front
+        for scope, objective in (("for the run", objectives), ("per task", options.task_stop or Objectives())):
+            check_measurable(objective, False, scope)
+    work_dir = WorkDir.create(options.work_dir, workload.name, target)
+    return Plan(workload, target, objectives, options.task_stop, work_dir, sources, model_sources)
+
+
+def run_objectives(trials: Any, stop: Objectives | None) -> Objectives:
+    """``stop`` with ``trials`` as its trial budget; some objective must be able to end the run."""
+    if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials <= 0):
+        raise TunerError(f"trials must be a positive integer (the number of candidates to measure), got {trials!r}")
+    if stop is not None and not isinstance(stop, Objectives):
+        raise TunerError(f"stop must be a tuner.Objectives, got {type(stop).__name__}")
+    objectives = replace(stop or Objectives(), trials=trials if trials is not None else (stop.trials if stop else None))
+    if objectives.empty:
+        raise TunerError(
+            "nothing would end this run: give trials, or a time, energy, money or no-improvement objective in stop"
+        )
+    return objectives
+
+
+# -- phase 2: the engine ------------------------------------------------------------------------
+def make_engine(target: tvm.target.Target, work_dir: Path, build_workers: int | None, cluster: str | None) -> Engine:
+    """This machine's worker processes, or, given a cluster address, the Ray cluster's."""
+    if cluster is None:
+        return MeasureEngine(target, work_dir, EngineConfig(build_workers=build_workers))
+    if not isinstance(cluster, str) or not cluster.strip():
+        raise TunerError(
+            f"cluster must be a Ray address ('auto', 'HOST:PORT', 'ray://HOST:PORT' or 'local'), got {cluster!r}"
+        )
+    if build_workers is not None:
+        raise TunerError(
+            "build_workers sizes this machine's build processes; on a Ray cluster every CPU builds: leave it out"
+        )
+    return ClusterEngine(target, work_dir, ClusterOptions(cluster.strip()))
+
+
+def start_engine(engine: Engine, report: Progress) -> None:
+    try:
+        engine.start()
+    except ClusterUnavailable as err:
+        raise TunerError(
+            f"{err}: start a cluster with `ray start --head` (and `ray start --address HEAD:6379` on the other "
+            "machines), or leave out the cluster to tune on this machine"
+        ) from None
+    line = engine.started_line()
+    if line:
+        report.line(line)
+
+
+@contextlib.contextmanager
+def _saving_work(db: TuningDatabase, target: tvm.target.Target) -> Iterator[None]:
+    """Whatever ends the run early, say in one line what is saved and how to go on."""
+    try:
+        yield
+    except DeviceUnavailable as err:
+        raise NoDeviceError(f"cannot measure on {target.kind.name}: {err}") from None
+    except ClusterLost as err:
+        raise TunerError(
+            f"the Ray cluster went away ({err}); the {len(db.records(str(target)))} measurements taken are committed "
+            f"in {db.path}: run the same command again to resume, on a new cluster or on this machine"
+        ) from None
+    except (sqlite3.OperationalError, OSError) as err:
+        code = storage_errno(err)
+        if code is None:
+            raise
+        problem, fix = STORAGE_FAILURES[code]
+        raise TunerError(f"{problem}: {_saved(db)}; {fix}, then run the same command again to resume") from None
+    except KeyboardInterrupt as interrupt:
+        message = f"tuner: {interrupt or 'interrupted'}; {_saved(db)}: run the same command again to resume"
+        print(message, file=sys.stderr, flush=True)
+        raise
+
+
+def _saved(db: TuningDatabase) -> str:
+    try:
+        return f"every measurement before it is committed in {db.path} ({db.count_records()} in all)"
+    except sqlite3.Error:
+        return f"every measurement before it is committed in {db.path}"
+
+
+# -- phase 3: the tasks ---------------------------------------------------------------------------
+def prepare_tasks(plan: Plan, lowering: LoweringOptions, trials_per_task: int | None, db: TuningDatabase) -> Tasks:
+    lowered = lower_workload(plan.workload, plan.target, lowering)
+    tasks = extract_tasks(plan.workload, plan.target, lowered)
+    objectives = plan.objectives
+    if trials_per_task is not None:
+        objectives = replace(objectives, trials=trials_per_task * len(tasks))
+    workload = plan.workload
+    job = JobRecord(
+        model=workload.name,
+        kind=workload.kind,
+        target=str(plan.target),
+        lowering=lowering.as_dict(),
+        inputs=[[s.name, list(s.shape), s.dtype] for s in workload.inputs],
+        tasks=[JobTask(t.name, db.kernel_id(t.mod, t.name), t.weight, t.flops) for t in tasks],
+    )
+    write_meta(db, job)
+    return Tasks(lowered, tasks, objectives)
+
+
+def _loop_config(options: TuneOptions) -> LoopConfig:
+    return LoopConfig(
+        batch_size=options.batch_size,
+        verify=options.verify,
+        scheduler=options.scheduler,
+        filter=options.filter_settings,
+    )
+
+
+# -- phase 4: what earlier runs give --------------------------------------------------------------
+def warm_up(plan: Plan, loop: TuningLoop, cost_model: CostModel, db: TuningDatabase, report: Progress) -> None:
+    """Warm-start the cost model (cost_model_from) and seed the tasks (transfer_from)."""
+    if plan.model_sources:
+        samples = warm_start(cost_model, plan.model_sources, loop.feature_width, report, strict=True, prefix="model")
+        write_meta(db, CostModelSourceRecord(samples))
+    if plan.sources:
+        write_meta(db, transfer(plan.sources, loop, cost_model, plan.target, report))
+
+
+# -- phase 5: the compiled model ------------------------------------------------------------------
+def compile_and_time(
+    engine: Engine, plan: Plan, tasks: Tasks, db: TuningDatabase, report: Progress
+) -> tuple[Path, float, float]:
+    """The tuned and the untuned program, compiled and timed: (tuned artifact, untuned s, tuned s)."""
+    report.line("compiling the tuned and the untuned program")
+    workload, work_dir = plan.workload, plan.work_dir
+    schedules = best_schedules(db, tasks.tasks, plan.target)
+    artifact = compile_workload(engine, workload, tasks.lowered, schedules, work_dir.artifact)
+    untuned = compile_workload(engine, workload, tasks.lowered, [], work_dir.untuned)
+    latency_after = time_workload(engine, workload, artifact)
+    latency_before = time_workload(engine, workload, untuned, UNTUNED_TIMING)
+    return artifact, latency_before, latency_after
+
+
+# -- phase 6: the result --------------------------------------------------------------------------
+def make_result(
+    plan: Plan, loop: TuningLoop, artifact: Path, outcome: ResultRecord, wall_seconds: float, database: Path
+) -> TuneResult:
+    workload = plan.workload
+    result = TuneResult(
+        model=workload.name,
+        kind=workload.kind,
+        target=str(plan.target),
+        work_dir=plan.work_dir.path,
+        database_path=database,
+        artifact_path=artifact,
+        inputs=workload.inputs,
+        tasks=[_task_result(run) for run in loop.runs],
+        latency_before=outcome.latency_before,
+        latency_after=outcome.latency_after,
+        trials=outcome.trials,
+        wall_seconds=wall_seconds,
+        seconds=outcome.seconds,
+        stop_reason=outcome.stop_reason,
+        filtered=loop.ledger.as_dict(),
+    )
+    result.description.save(artifact)
+    return result
+
+
+def _task_result(run: TaskRun) -> TaskResult:
+    best = run.best
+    schedule = None
+    if best is not None:
+        schedule = "\n".join(schedule_from_json(run.task.mod, best.trace).trace.as_python())
+    return TaskResult(
+        name=run.task.name,
+        weight=run.task.weight,
+        flops=run.task.flops,
+        trials=run.trials,
+        best_latency=best.latency if best else None,
+        verified=best.verified if best else None,
+        schedule=schedule,
+        bytes=msc.kernel_bytes(run.task.mod),
+    )
