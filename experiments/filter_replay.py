@@ -5,7 +5,7 @@ measured candidates are cut into the run's batches (consecutive measurements of 
 before each batch, a fresh cost model is trained on everything measured earlier and scores the
 batch, as the loop would have. Two kinds of filter are replayed: dropping a fixed share of each
 batch (its worst-scored), and dropping what the model predicts at least some ratio slower than
-the task's best (the rule ``costmodel.TrimmerFilter`` uses at full trust); a task's batches
+the task's best (the rule ``costmodel.CandidateFilter`` uses at full trust); a task's batches
 before its first working candidate are not judged. For each, this counts what dropping would
 have lost: the batches whose improvement of the task's best would have been missed, and the
 latency (the model's: launches x best, summed over tasks) the run would have ended with. No

@@ -52,12 +52,12 @@ def tune_step(
     cost_model_from: list[Path],
 ) -> dict:
     started = time.monotonic()
-    from costmodel import TrimmerFilter
+    from costmodel import FilterSettings
     from tuner import tune
 
     result = tune(
         kernel_name, target=target_spec, trials=trials, work_dir=work_dir, seed=seed,
-        trimmer=TrimmerFilter(**filter_options) if trimmer else False, cost_model_from=cost_model_from,
+        filter=FilterSettings(**filter_options) if trimmer else False, cost_model_from=cost_model_from,
     )  # fmt: skip
     return {
         "seconds": time.monotonic() - started,
@@ -317,7 +317,7 @@ def main() -> None:
     parser.add_argument(
         "--filter",
         default="{}",
-        help="the filter's settings, as JSON keyword arguments of costmodel.TrimmerFilter, "
+        help="the filter's settings, as JSON keyword arguments of costmodel.FilterSettings, "
         "e.g. '{\"poor_ratio\": 1.5}' (default: its defaults)",
     )
     parser.add_argument(

@@ -9,9 +9,11 @@ latency, FLOPs and bytes, its fraction of this machine's measured limits
     .venv/bin/python experiments/vs_frameworks.py                      # the whole zoo and the operators
     .venv/bin/python experiments/vs_frameworks.py --models resnet18 --operators
     .venv/bin/python experiments/vs_frameworks.py --quick              # CI: tiny-resnet, one operator, a few trials
+    .venv/bin/python experiments/vs_frameworks.py --retime             # time again what the last run tuned
 
 Writes vs_frameworks.csv, kernels.csv, vs_frameworks.md and vs_frameworks.png into --out. Tuning
-work dirs go to OUT/runs/ (a rerun resumes them: nothing is measured twice).
+work dirs go to OUT/runs/ (a rerun resumes them: nothing is measured twice). Each workload is tuned,
+then timed, in fresh processes of their own.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ ZOO = [
 FRAMEWORKS = ["PyTorch eager", "torch.compile", "ONNX Runtime"]
 GEMM_KINDS = ("conv2d", "matmul", "dense")
 TOLERANCE = 1e-3  # relative to the output's largest magnitude
+TUNED_FILE = "tuned.json"  # in a workload's run dir: what its tuning step returned
 
 
 def _module_and_example(name: str):
@@ -84,7 +87,7 @@ def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int) -> dic
     }
 
 
-# -- timing, all in this process ------------------------------------------------------------------
+# -- timing, one fresh process per workload, every contender in it ----------------------------------
 def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bool) -> dict:
     import torch
 
@@ -259,6 +262,18 @@ def plot(models: list[dict], timed: dict[str, dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _tuned(name: str, run_dir: Path, args: argparse.Namespace) -> dict:
+    """The tuning step's outcome: from a fresh tune() (which resumes the work dir), or with
+    ``--retime`` from the last one's record."""
+    record = run_dir / TUNED_FILE
+    if args.retime and record.exists():
+        return json.loads(record.read_text())
+    step = ["--tune", name, "--work-dir", str(run_dir), "--trials-per-task", str(args.trials_per_task)]
+    tuned = run_step(Path(__file__), [*step, "--seed", str(args.seed)], run_dir / "tune.log")
+    record.write_text(json.dumps(tuned) + "\n")
+    return tuned
+
+
 def main() -> None:
     from experiments.operator_modules import OPERATORS
 
@@ -275,11 +290,23 @@ def main() -> None:
         action="store_true",
         help="tiny-resnet and one operator, 4 trials per task, short timing, no torch.compile",
     )
+    parser.add_argument(
+        "--retime",
+        action="store_true",
+        help="time again what earlier runs tuned (OUT/runs/NAME/tuned.json) without running tune() again",
+    )
     parser.add_argument("--tune", help=argparse.SUPPRESS)  # internal: the tuning step of one workload
+    parser.add_argument("--time", help=argparse.SUPPRESS)  # internal: the timing step of one workload
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.tune:
         print(json.dumps(tune_step(args.tune, args.trials_per_task, Path(args.work_dir), args.seed)))
+        return
+    if args.time:
+        run_dir = Path(args.work_dir)
+        tuned = json.loads((run_dir / TUNED_FILE).read_text())
+        print(json.dumps(time_workload(args.time, tuned, args.threads, run_dir, args.quick)))
         return
     if args.quick:
         args.models, args.operators, args.trials_per_task = ["tiny-resnet"], ["op-softmax-bert"], 4
@@ -302,21 +329,12 @@ def main() -> None:
         run_dir = out / "runs" / name
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            tuned = run_step(
-                Path(__file__),
-                [
-                    "--tune",
-                    name,
-                    "--work-dir",
-                    str(run_dir),
-                    "--trials-per-task",
-                    str(args.trials_per_task),
-                    "--seed",
-                    str(args.seed),
-                ],
-                run_dir / "tune.log",
-            )
-            timed = time_workload(name, tuned, threads, run_dir, args.quick)
+            tuned = _tuned(name, run_dir, args)
+            # each workload timed in a process of its own: runtimes loaded for earlier workloads (their
+            # thread pools, their memory) must not weigh on later ones
+            quick = ["--quick"] if args.quick else []
+            timing = ["--time", name, "--work-dir", str(run_dir), "--threads", str(threads), *quick]
+            timed = run_step(Path(__file__), timing, run_dir / "time.log")
         except Exception as err:  # noqa: BLE001 - one workload failing must not lose the others' numbers
             print(f"{name}: failed, left out of the tables: {err}", flush=True)
             failures.append(f"{name}: {error_line(err)}")

@@ -271,6 +271,9 @@ def _add_doctor(commands) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
+    # A shell without job control starts background commands with SIGINT ignored, and Python then
+    # leaves it so: a `kill -INT` (or Ctrl-C reaching the group) must still stop a tuner started so.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _COMMANDS[args.command](args)
     except (TunerError, WorkloadError) as err:
