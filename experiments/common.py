@@ -30,6 +30,11 @@ def prepare_comparison(out_dir: str, target_spec: str):
     return out, target
 
 
+def step_args(*leading: str, target: str, trials: int, work_dir: Path, seed: int) -> list[str]:
+    """The command line of a tuning step (``leading`` first), for ``run_step``."""
+    return [*leading, "--target", target, "--trials", str(trials), "--work-dir", str(work_dir), "--seed", str(seed)]
+
+
 def run_step(script: Path, args: Sequence[str], log: Path) -> dict:
     """Run ``script --step ...`` in a fresh Python process; it prints one JSON line last."""
     started = time.monotonic()

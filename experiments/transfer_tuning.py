@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.common import markdown_table, run_step, write_csv  # noqa: E402
+from experiments.common import markdown_table, run_step, step_args, write_csv  # noqa: E402
 
 DEFAULT_PAIRS = ["resnet18:resnet50", "tiny-resnet:resnet18"]
 QUICK_PAIRS = ["tiny-resnet:tiny-resnet@4"]
@@ -128,18 +128,7 @@ def run(args: argparse.Namespace) -> None:
         work_dir = out / f"{label}-seed{args.seed}"  # work dirs and logs are left out of git
         shutil.rmtree(work_dir, ignore_errors=True)
         trials = per_task * tasks[parse_workload(spec)[0]]
-        step = [
-            "--step",
-            spec,
-            "--target",
-            args.target,
-            "--trials",
-            str(trials),
-            "--work-dir",
-            str(work_dir),
-            "--seed",
-            str(args.seed),
-        ]
+        step = step_args("--step", spec, target=args.target, trials=trials, work_dir=work_dir, seed=args.seed)
         if transfer_from is not None:
             step += ["--transfer-from", str(transfer_from)]
         print(

@@ -35,7 +35,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.common import markdown_table, prepare_comparison, run_step, time_side_by_side, write_csv  # noqa: E402
+from experiments.common import (  # noqa: E402
+    markdown_table,
+    prepare_comparison,
+    run_step,
+    step_args,
+    time_side_by_side,
+    write_csv,
+)
 
 DEFAULT_WORKLOADS = ["conv2d-resnet18-l2", "conv2d-resnet50-l1"]
 TOLERANCE = 0.02  # "reached the target" = within 2% of it
@@ -200,19 +207,7 @@ def _tune_variant(
     if start_from:
         shutil.copytree(start_from, work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    step = [
-        "--step",
-        variant,
-        name,
-        "--target",
-        args.target,
-        "--trials",
-        str(trials),
-        "--work-dir",
-        str(work_dir),
-        "--seed",
-        str(seed),
-    ]
+    step = step_args("--step", variant, name, target=args.target, trials=trials, work_dir=work_dir, seed=seed)
     step += ["--filter", args.filter] + [
         option for d in args.cost_model_from for option in ("--cost-model-from", str(d))
     ]

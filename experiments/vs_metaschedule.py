@@ -19,7 +19,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.common import markdown_table, prepare_comparison, run_step, time_side_by_side, write_csv  # noqa: E402
+from experiments.common import (  # noqa: E402
+    markdown_table,
+    prepare_comparison,
+    run_step,
+    step_args,
+    time_side_by_side,
+    write_csv,
+)
 
 DEFAULT_WORKLOADS = ["matmul-512", "conv2d-resnet18-l2", "tiny-resnet"]
 
@@ -107,19 +114,7 @@ def _compare_one(workload, num_tasks: int, trials: int, seed: int, target_spec: 
         work_dir = out / f"{name}-{tuner_name}-seed{seed}"
         shutil.rmtree(work_dir, ignore_errors=True)
         work_dir.mkdir(parents=True)
-        step = [
-            "--step",
-            tuner_name,
-            name,
-            "--target",
-            target_spec,
-            "--trials",
-            str(trials),
-            "--work-dir",
-            str(work_dir),
-            "--seed",
-            str(seed),
-        ]
+        step = step_args("--step", tuner_name, name, target=target_spec, trials=trials, work_dir=work_dir, seed=seed)
         print(f"[{name} seed {seed}] {tuner_name}: tuning {num_tasks} task(s), {trials} trials ...", flush=True)
         results[tuner_name] = run_step(Path(__file__), step, out / f"{name}-{tuner_name}-seed{seed}.log")
         print(f"[{name} seed {seed}] {tuner_name}: {results[tuner_name]['process_seconds']:.1f} s", flush=True)
