@@ -106,7 +106,7 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
                 latency_before, latency_after, loop.trials_done, seconds, stop_reason, options.scheduler
             )
             write_meta(db, outcome)
-            result = make_result(plan, loop, artifact, outcome, time.monotonic() - started, db.path)
+            result = make_result(plan, loop, artifact, outcome, time.monotonic() - started)
             report.line(result.summary())
             return result
 
@@ -259,16 +259,14 @@ def compile_and_time(
 
 
 # -- phase 6: the result --------------------------------------------------------------------------
-def make_result(
-    plan: Plan, loop: TuningLoop, artifact: Path, outcome: ResultRecord, wall_seconds: float, database: Path
-) -> TuneResult:
+def make_result(plan: Plan, loop: TuningLoop, artifact: Path, outcome: ResultRecord, wall_seconds: float) -> TuneResult:
     workload = plan.workload
     result = TuneResult(
         model=workload.name,
         kind=workload.kind,
         target=str(plan.target),
         work_dir=plan.work_dir.path,
-        database_path=database,
+        database_path=plan.work_dir.database,
         artifact_path=artifact,
         inputs=workload.inputs,
         tasks=[_task_result(run) for run in loop.runs],

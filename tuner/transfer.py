@@ -236,7 +236,8 @@ def seed_tasks(
     )
     for name, indices in used.items():
         for index in indices:
-            uses[offered[name][index][1].work_dir].add(offered[name][index][1], name)
+            kernel = offered[name][index][1]
+            uses[kernel.work_dir].add(kernel, name)
     for work_dir, use in uses.items():
         progress.line(use.describe(work_dir, len(offered), target))
     return TransferRecord(

@@ -137,8 +137,7 @@ class JobRecord(_MetaRecord):
 
     @classmethod
     def from_dict(cls, data: dict) -> JobRecord:
-        record = super().from_dict(data)
-        return JobRecord(**{**record.__dict__, "tasks": [JobTask.from_dict(t) for t in data.get("tasks", [])]})
+        return super().from_dict({**data, "tasks": [JobTask.from_dict(t) for t in data.get("tasks", [])]})
 
     @property
     def weights(self) -> dict[int, int]:
