@@ -55,6 +55,7 @@ def test_help_explains_each_command(tmp_path):
         assert run.returncode == 0 and len(run.stdout.splitlines()) > 5
 
 
+@pytest.mark.slow  # builds every model (a minute); test_workloads_lists_flops_tasks_and_sources lists from the cache
 def test_workloads_lists_builtins(tmp_path):
     run = tuner("workloads", cwd=tmp_path)
     assert run.returncode == 0 and "matmul-512" in run.stdout and "tiny-resnet" in run.stdout

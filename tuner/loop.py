@@ -24,7 +24,7 @@ from costmodel import (
     RankQuality,
     rank_quality,
 )
-from measure import Engine, MeasureInput, TimingConfig
+from measure import Engine, MeasureInput, TimingConfig, VerifyResult
 
 from . import metaschedule as msc
 from .database import Record, TuningDatabase
@@ -37,6 +37,8 @@ from .search import Candidate, SearchConfig, TaskSearch
 from .targets import describe_target
 from .tasks import Task
 from .workdir import FILTER_LEDGER_KEY, FILTER_STATE_KEY, stop_on_storage_failure
+
+VERIFY_ATTEMPTS = 3  # tries at checking a candidate's output when the check itself fails to build or run
 
 
 @dataclass(frozen=True)
@@ -377,7 +379,7 @@ class TuningLoop:
             if not self.config.verify or record.verified:
                 return record
             sch = schedules.get(record.candidate) or msc.schedule_from_json(run.task.mod, record.trace)
-            outcome = self.engine.verify(run.task.mod, sch.mod, tolerance(run.task.mod), group=run.group)
+            outcome = self._verify(run, sch.mod)
             if outcome.ok is False:
                 self.db.set_verified(record.id, False, outcome.detail)
                 self.progress.line(
@@ -391,3 +393,12 @@ class TuningLoop:
                 self.progress.line(f"{run.task.name}: could not verify the best candidate: {outcome.detail}")
             return record
         return None
+
+    def _verify(self, run: TaskRun, candidate: tvm.IRModule) -> VerifyResult:
+        # A build or run that fails while checking (a crashed compiler, a lost worker) says nothing about the
+        # candidate's answers, so it is tried again before the candidate is kept unverified.
+        for _ in range(VERIFY_ATTEMPTS):
+            outcome = self.engine.verify(run.task.mod, candidate, tolerance(run.task.mod), group=run.group)
+            if outcome.ok is not None:
+                break
+        return outcome
