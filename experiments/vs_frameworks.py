@@ -211,9 +211,9 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
         f"Machine limits ({limits.threads} threads): FMA peak {limits.fma_gflops:.0f} GFLOP/s, numpy sgemm "
         f"{limits.numpy_sgemm_gflops:.0f}, torch sgemm {limits.torch_sgemm_gflops or 0:.0f} (peak used: "
         f"{limits.peak_gflops:.0f} GFLOP/s); memory copy {limits.copy_gbs:.1f} GB/s.",
-        f"Budget: {trials_per_task} trials per task (allocated by the gradient scheduler). Latencies are medians of "
-        "interleaved calls in one process, inputs as torch tensors; `tuned error` is the largest deviation from "
-        "PyTorch eager's output relative to its largest value.",
+        f"Budget: {trials_per_task} trials per task (allocated by the gradient scheduler); `tuning (s)` sums every "
+        "session that tuned a work dir. Latencies are medians of interleaved calls in one process, inputs as torch "
+        "tensors; `tuned error` is the largest deviation from PyTorch eager's output relative to its largest value.",
         "",
         markdown_table(_public(models), [k for k in models[0] if not k.startswith("_")])
         if models
@@ -270,6 +270,8 @@ def _tuned(name: str, run_dir: Path, args: argparse.Namespace) -> dict:
         return json.loads(record.read_text())
     step = ["--tune", name, "--work-dir", str(run_dir), "--trials-per-task", str(args.trials_per_task)]
     tuned = run_step(Path(__file__), [*step, "--seed", str(args.seed)], run_dir / "tune.log")
+    if record.exists():  # a resumed work dir: its tuning time is that of every session, not only this one
+        tuned["tuning_seconds"] += json.loads(record.read_text())["tuning_seconds"]
     record.write_text(json.dumps(tuned) + "\n")
     return tuned
 

@@ -74,6 +74,35 @@ def test_convolutions_run_channels_last_with_one_transpose_at_the_input(llvm_tar
     assert [int(d) for d in data.shape][-1] in (3, 16)  # channels last (3 in, 16 after the stem)
 
 
+@pytest.mark.parametrize(
+    ("module", "shape", "channels_last"),
+    [
+        (lambda: torch.nn.Conv2d(144, 144, 3, padding=1, groups=144), (1, 144, 56, 56), False),  # 2 FLOP/B
+        (lambda: torch.nn.Conv2d(512, 128, 1), (1, 512, 28, 28), True),  # 51 FLOP/B
+    ],
+    ids=["depthwise", "pointwise"],
+)
+def test_a_lone_convolution_goes_channels_last_only_where_its_work_outweighs_the_transposes(
+    module, shape, channels_last, llvm_target
+):
+    """Alone, a convolution needs a transpose at its input and its output: a depthwise one does too
+    little arithmetic to pay for them and stays NCHW, a pointwise one over 512 channels pays."""
+    conv = module().eval()
+    workload = load_workload(conv, [shape])
+    lowered = lower_workload(workload, llvm_target)
+    names = [t.name for t in extract_tasks(workload, llvm_target, lowered)]
+    assert (
+        (len(names) == 3 and sum("transpose" in n for n in names) == 2)
+        if channels_last
+        else names == ["fused_conv2d_add1"]
+    ), names
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    got, _ = _run(lowered, llvm_target, [x])
+    with torch.no_grad():
+        expected = conv(torch.from_numpy(x)).numpy().astype(np.float64)
+    assert _relative_error(got, expected) < 1e-5
+
+
 def test_output_channels_are_padded_to_whole_vectors_where_that_costs_little(llvm_target):
     """A channels-last convolution vectorises along its output channels: 120 of them become 128
     (zero weights, the result sliced back); 24 would need a third more work and stay 24."""

@@ -83,6 +83,7 @@ class CompiledModel:
         self.library = Path(library)
         self.description = description
         self.device = device or (tvm.cuda(0) if is_cuda(description.target) else tvm.cpu(0))
+        self._on_host = self.device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
         _set_threads(description.target)
         executable = tvm.runtime.load_module(str(self.library))
         self._main = tvm.runtime.vm.VirtualMachine(executable, self.device)["main"]
@@ -118,18 +119,12 @@ class CompiledModel:
 
     def _zero_copy(self, value: Any) -> bool:
         if _is_torch(value):
-            device_ok = (value.device.type == "cuda") == (
-                self.device.dlpack_device_type() == tvm.cuda(0).dlpack_device_type()
-            )
+            device_ok = (value.device.type == "cpu") == self._on_host
             return (
                 device_ok and value.is_contiguous() and value.data_ptr() % _ALIGNMENT == 0 and not value.requires_grad
             )
         if isinstance(value, np.ndarray):
-            return (
-                self.device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
-                and value.flags.c_contiguous
-                and value.ctypes.data % _ALIGNMENT == 0
-            )
+            return self._on_host and value.flags.c_contiguous and value.ctypes.data % _ALIGNMENT == 0
         return False
 
     def _result(self, out: tvm.runtime.Tensor, as_torch: bool) -> Any:
@@ -137,9 +132,7 @@ class CompiledModel:
             import torch
 
             return torch.from_dlpack(out)
-        return (
-            np.from_dlpack(out) if out.device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type() else out.numpy()
-        )
+        return np.from_dlpack(out) if self._on_host else out.numpy()
 
 
 def load(path: str | Path, device: tvm.runtime.Device | None = None) -> CompiledModel:

@@ -12,9 +12,16 @@ moved past the operators that do not care about the layout (element-wise ops, bi
 adds, pooling, mean, concatenation, group norm), so that it meets the next convolution's
 ``to_nhwc`` and both disappear. What is left is one transpose at the model's input and one where
 the network leaves the image layout (its head), which layout fusion makes part of the next kernel.
+
+Those edge transposes are worth it only when there is enough convolution between them: a function
+whose convolutions do fewer than ``MIN_FLOPS_PER_EDGE_BYTE`` operations per byte the edges move is
+left in NCHW (a lone depthwise convolution: 2 FLOP per byte, and 121 us in NCHW against 350 us
+with its two transposes).
 """
 
 from __future__ import annotations
+
+import math
 
 import tvm
 from tvm import relax
@@ -30,6 +37,11 @@ from .rewrites import static_shape
 # and its result sliced back, where that adds at most 1/8 of work.
 VECTOR_LANES = 16  # fp32 lanes of AVX-512
 MAX_PADDING = 0.125
+
+# Measured here (64 trials each, alone, experiments/vs_frameworks.md): channels-last with its edge transposes
+# against NCHW, a 3x3 convolution at 144 FLOP per edge byte 1175 against 1489 us, a 1x1 at 51 FLOP/B 592
+# against 648 us, a depthwise convolution at 2 FLOP/B 416 against 112 us.
+MIN_FLOPS_PER_EDGE_BYTE = 16.0
 
 TO_NHWC = [0, 2, 3, 1]
 TO_NCHW = [0, 3, 1, 2]
@@ -266,4 +278,32 @@ class ChannelsLastConvolutions:
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        rewritten = relax.transform.FoldConstant()(rewriter.builder_.get())  # the weights' transposes folded
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function) and not _pays(rewritten[gv]):
+                rewritten[gv] = func
+        return rewritten
+
+
+def _pays(func: relax.Function) -> bool:
+    """Whether the channels-last function does enough convolution for the layout changes left in it."""
+    flops, edge_bytes = 0, 0
+    for block in relax.analysis.remove_all_unused(func).body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if not isinstance(value, Call) or not isinstance(value.op, tvm.ir.Op):
+                continue
+            if value.op.name == "relax.nn.conv2d" and value.attrs.data_layout == "NHWC":
+                flops += _conv2d_nhwc_flops(value)
+            elif value.op.name == "relax.permute_dims" and _axes(value) in (TO_NHWC, TO_NCHW):
+                shape = static_shape(value.args[0])
+                edge_bytes += math.prod(shape) * tvm.DataType(str(value.args[0].ty.dtype)).bits // 8 if shape else 0
+    return flops >= MIN_FLOPS_PER_EDGE_BYTE * edge_bytes
+
+
+def _conv2d_nhwc_flops(call: Call) -> int:
+    out, weight = static_shape(call), static_shape(call.args[1])  # NHWC and HWIO (I per group)
+    if out is None or weight is None:
+        return 0
+    kernel_h, kernel_w, inputs_per_group, _ = weight
+    return 2 * math.prod(out) * kernel_h * kernel_w * inputs_per_group
