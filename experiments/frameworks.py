@@ -1,6 +1,7 @@
 """The runtimes a tuned model is compared with, each prepared once and then called on the same
-input in the same process: PyTorch eager, torch.compile (Inductor), ONNX Runtime (CPU provider),
-TVM untuned (our lowering, TVM's default schedules) and the tuned model.
+input in the same process: PyTorch eager, torch.compile (Inductor), ONNX Runtime (its CPU provider,
+or on a GPU its CUDA provider with the input and output bound on the device), TVM untuned (our
+lowering, TVM's default schedules) and the tuned model.
 
 Each contender is a function of no arguments that runs one inference and returns its output; a
 runtime that cannot be had (not installed, fails to export or compile) is reported with why.
@@ -37,6 +38,8 @@ def _as_numpy(out: Any) -> np.ndarray:
         out = out[0]
     if hasattr(out, "detach"):
         return out.detach().cpu().numpy()
+    if hasattr(out, "numpy"):  # a TVM tensor, an ONNX Runtime OrtValue
+        return out.numpy()
     return np.asarray(out)
 
 
@@ -103,11 +106,30 @@ def onnx_runtime(module: Any, example: Any, threads: int, directory: Path) -> Co
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if example.device.type == "cuda":
+            return _on_gpu(onnxruntime, path, options, example)
         session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         feed = {"input": example.numpy()}
         return lambda: session.run(None, feed)[0]
 
     return _prepare("ONNX Runtime", build)
+
+
+def _on_gpu(onnxruntime: Any, path: Path, options: Any, example: Any) -> Callable[[], Any]:
+    """A CUDA-provider session reading the input where torch holds it and writing on the device."""
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        raise RuntimeError("this onnxruntime has no CUDA provider (pip install onnxruntime-gpu)")
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CUDAExecutionProvider"])
+    binding = session.io_binding()
+    element = np.dtype(str(example.dtype).removeprefix("torch."))
+    binding.bind_input("input", "cuda", example.device.index or 0, element, tuple(example.shape), example.data_ptr())
+    binding.bind_output("output", "cuda", example.device.index or 0)
+
+    def call():
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()[0]
+
+    return call
 
 
 def tvm_model(name: str, library: Path, description: Any, example: Any) -> Contender:
@@ -121,6 +143,25 @@ def tvm_model(name: str, library: Path, description: Any, example: Any) -> Conte
         return lambda: model(example)
 
     return _prepare(name, build)
+
+
+def synchronize_each_call(contenders: list[Contender]) -> None:
+    """On a GPU every runtime returns once its kernels are queued: each call then waits for the
+    device, so that a call's time is its work's."""
+    import torch
+
+    for contender in contenders:
+        if contender.call is not None:
+            contender.call = _synchronized(contender.call, torch.cuda.synchronize)
+
+
+def _synchronized(call: Callable[[], Any], synchronize: Callable[[], None]) -> Callable[[], Any]:
+    def synchronized_call():
+        out = call()
+        synchronize()
+        return out
+
+    return synchronized_call
 
 
 # Each runtime's worker threads spin for a while after a call before they sleep (OpenMP's, TVM's,

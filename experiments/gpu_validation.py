@@ -458,18 +458,9 @@ def _torch_matmul_seconds(size: int, dtype: str, device: str) -> float | None:
         return None
     if not torch.cuda.is_available():
         return None
-    a, b = (torch.randn(size, size, device="cuda", dtype=getattr(torch, dtype)) for _ in range(2))
-    for _ in range(10):
-        torch.matmul(a, b)
-    times = []
-    for _ in range(50):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.matmul(a, b)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-    return statistics.median(times)
+    from experiments.machine_limits import torch_cuda_matmul_seconds
+
+    return torch_cuda_matmul_seconds(size, dtype)
 
 
 def _text(value) -> str:

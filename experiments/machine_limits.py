@@ -1,6 +1,7 @@
 """This machine's limits, measured: the fp32 FMA peak (a C kernel of independent vector FMAs on
 every core), BLAS sgemm (numpy's and torch's), and memory bandwidth (a parallel copy of arrays far
-larger than the last-level cache). A kernel's roofline bound is max(FLOPs / peak, bytes / bandwidth).
+larger than the last-level cache); with ``--gpu``, a GPU's (cuBLAS GEMM in fp16, a device copy).
+A kernel's roofline bound is max(FLOPs / peak, bytes / bandwidth).
 
     .venv/bin/python experiments/machine_limits.py [--threads N]
 """
@@ -11,6 +12,7 @@ import argparse
 import ctypes
 import json
 import os
+import statistics
 import subprocess
 import tempfile
 import time
@@ -65,8 +67,20 @@ double copy_bytes(long floats, int threads, int repeats) {
 """
 
 
+class _Roofline:
+    peak_gflops: float
+    copy_gbs: float
+
+    def bound_seconds(self, flops: float, bytes_moved: float) -> float:
+        """The roofline bound: the time the FLOPs take at peak, or the bytes at full bandwidth."""
+        return max(flops / (self.peak_gflops * 1e9), bytes_moved / (self.copy_gbs * 1e9))
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "peak_gflops": self.peak_gflops}
+
+
 @dataclass
-class MachineLimits:
+class MachineLimits(_Roofline):
     threads: int
     fma_gflops: float
     numpy_sgemm_gflops: float
@@ -78,12 +92,36 @@ class MachineLimits:
         """The compute limit a kernel is judged against: the higher of the FMA kernel and BLAS."""
         return max(self.fma_gflops, self.numpy_sgemm_gflops, self.torch_sgemm_gflops or 0.0)
 
-    def bound_seconds(self, flops: float, bytes_moved: float) -> float:
-        """The roofline bound: the time the FLOPs take at peak, or the bytes at full bandwidth."""
-        return max(flops / (self.peak_gflops * 1e9), bytes_moved / (self.copy_gbs * 1e9))
+    def describe(self) -> str:
+        return (
+            f"Machine limits ({self.threads} threads): FMA peak {self.fma_gflops:.0f} GFLOP/s, numpy sgemm "
+            f"{self.numpy_sgemm_gflops:.0f}, torch sgemm {self.torch_sgemm_gflops or 0:.0f} (peak used: "
+            f"{self.peak_gflops:.0f} GFLOP/s); memory copy {self.copy_gbs:.1f} GB/s."
+        )
 
-    def as_dict(self) -> dict:
-        return {**asdict(self), "peak_gflops": self.peak_gflops}
+
+@dataclass
+class GpuLimits(_Roofline):
+    """A GPU's limits as its vendor libraries reach them: cuBLAS on a large GEMM in the dtype the
+    models run in (tensor cores for fp16) and a device-to-device copy."""
+
+    device: str
+    dtype: str
+    gemm_gflops: float
+    copy_gbs: float
+
+    @property
+    def peak_gflops(self) -> float:
+        return self.gemm_gflops
+
+    def describe(self) -> str:
+        return (
+            f"GPU limits ({self.device}): torch.matmul (cuBLAS) {GPU_GEMM_SIZE}^3 {self.dtype} "
+            f"{self.gemm_gflops:.0f} GFLOP/s (the peak used); device copy {self.copy_gbs:.0f} GB/s."
+        )
+
+
+GPU_GEMM_SIZE = 8192
 
 
 def _compile_kernels(directory: Path) -> ctypes.CDLL:
@@ -155,10 +193,45 @@ def measure(threads: int | None = None) -> MachineLimits:
     return MachineLimits(threads, fma / 1e9, _sgemm_gflops(_NumpyMatmul()), torch_sgemm, copy / 1e9)
 
 
+def torch_cuda_matmul_seconds(size: int, dtype: str) -> float:
+    """torch.matmul's median seconds on the GPU for size^3 in ``dtype`` (CUDA events, warm)."""
+    import torch
+
+    a, b = (torch.randn(size, size, device="cuda", dtype=getattr(torch, dtype)) for _ in range(2))
+    for _ in range(10):
+        torch.matmul(a, b)
+    return statistics.median(_cuda_event_seconds(torch, lambda: torch.matmul(a, b)) for _ in range(50))
+
+
+def _cuda_event_seconds(torch, work) -> float:
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    work()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / 1e3
+
+
+def measure_gpu(dtype: str = "float16") -> GpuLimits:
+    """The limits of the GPU torch sees as cuda:0 (needs torch with CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch sees no CUDA GPU: measuring a GPU's limits needs torch built with CUDA on a GPU host")
+    gemm = 2 * GPU_GEMM_SIZE**3 / torch_cuda_matmul_seconds(GPU_GEMM_SIZE, dtype) / 1e9
+    source = torch.empty(2**28, dtype=torch.float32, device="cuda")  # 1 GiB, far beyond the L2
+    target = torch.empty_like(source)
+    target.copy_(source)
+    copy = min(_cuda_event_seconds(torch, lambda: target.copy_(source)) for _ in range(10))
+    return GpuLimits(torch.cuda.get_device_name(0), dtype, gemm, 2 * source.nbytes / copy / 1e9)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="threads to measure with (default: every core)")
-    print(json.dumps(measure(parser.parse_args().threads).as_dict(), indent=1))
+    parser.add_argument("--gpu", action="store_true", help="measure the GPU's limits instead (torch with CUDA)")
+    args = parser.parse_args()
+    print(json.dumps((measure_gpu() if args.gpu else measure(args.threads)).as_dict(), indent=1))
 
 
 if __name__ == "__main__":

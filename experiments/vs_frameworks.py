@@ -10,6 +10,10 @@ latency, FLOPs and bytes, its fraction of this machine's measured limits
     .venv/bin/python experiments/vs_frameworks.py --models resnet18 --operators
     .venv/bin/python experiments/vs_frameworks.py --quick              # CI: tiny-resnet, one operator, a few trials
     .venv/bin/python experiments/vs_frameworks.py --retime             # time again what the last run tuned
+    python3 experiments/vs_frameworks.py --target cuda --models resnet18 bert-base   # on a GPU host, fp16
+
+On a GPU (``--target cuda``) the models run in fp16 (``--dtype``), every contender on the GPU and
+synchronised after each call; the machine's limits are cuBLAS's fp16 GEMM and a device copy.
 
 Writes vs_frameworks.csv, kernels.csv, vs_frameworks.md and vs_frameworks.png into --out. Tuning
 work dirs go to OUT/runs/ (a rerun resumes them: nothing is measured twice). Each workload is tuned,
@@ -21,8 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,31 +48,54 @@ ZOO = [
 ]
 FRAMEWORKS = ["PyTorch eager", "torch.compile", "ONNX Runtime"]
 GEMM_KINDS = ("conv2d", "matmul", "dense")
-TOLERANCE = 1e-3  # relative to the output's largest magnitude
 TUNED_FILE = "tuned.json"  # in a workload's run dir: what its tuning step returned
 
 
-def _module_and_example(name: str):
+@dataclass(frozen=True)
+class Setting:
+    """Where the comparison runs, and in what precision."""
+
+    target: str = "llvm"  # or "cuda"
+    dtype: str = "float32"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.target == "cuda"
+
+    def args(self) -> list[str]:
+        return ["--target", self.target, "--dtype", self.dtype]
+
+
+def _module_and_example(name: str, setting: Setting):
+    """The workload's PyTorch module and input in the setting's precision, on the CPU (as tune() imports them)."""
+    import torch
+
     from experiments.operator_modules import OPERATORS
     from workloads.models import torch_model
 
-    if name in OPERATORS:
-        return OPERATORS[name].module_and_example()
-    return torch_model(name)
+    module, example = OPERATORS[name].module_and_example() if name in OPERATORS else torch_model(name)
+    dtype = getattr(torch, setting.dtype)
+    return module.to(dtype), example.to(dtype)
 
 
 # -- tuning, one fresh process per workload --------------------------------------------------------
-def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int) -> dict:
+def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int, setting: Setting) -> dict:
     from tuner import tune
     from workloads.models import MODELS
 
     if name in {spec.name for spec in MODELS}:
-        model, inputs = name, None
+        model, inputs, dtype = name, None, setting.dtype
     else:
-        module, example = _module_and_example(name)
-        model, inputs = module, [example]
+        module, example = _module_and_example(name, setting)
+        model, inputs, dtype = module, [example], None
     result = tune(
-        model, target="llvm", example_inputs=inputs, trials_per_task=trials_per_task, work_dir=work_dir, seed=seed
+        model,
+        target=setting.target,
+        example_inputs=inputs,
+        dtype=dtype,
+        trials_per_task=trials_per_task,
+        work_dir=work_dir,
+        seed=seed,
     )
     return {
         "artifact": str(result.artifact_path),
@@ -88,14 +117,16 @@ def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int) -> dic
 
 
 # -- timing, one fresh process per workload, every contender in it ----------------------------------
-def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bool) -> dict:
+def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bool, setting: Setting) -> dict:
     import torch
 
     from experiments import frameworks as fw
     from tuner.runtime import ModelDescription
 
     torch.set_num_threads(threads)
-    module, example = _module_and_example(name)
+    module, example = _module_and_example(name, setting)
+    if setting.on_gpu:
+        module, example = module.to("cuda"), example.to("cuda")
     description = ModelDescription.read(Path(tuned["artifact"]))
     contenders = [
         fw.tvm_model("tuned", Path(tuned["artifact"]), description, example),
@@ -103,6 +134,8 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
         *([] if quick else [fw.torch_compiled(module, example)]),
         fw.onnx_runtime(module, example, threads, run_dir),
     ]
+    if setting.on_gpu:
+        fw.synchronize_each_call(contenders)
     eager = next(c for c in contenders if c.name == "PyTorch eager")
     reference = fw.reference_output(eager)
     errors = {c.name: fw.relative_error(c.call(), reference) for c in contenders if c.call is not None}
@@ -111,23 +144,28 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
         "latency": {c.name: c.median for c in contenders},
         "missing": {c.name: c.missing for c in contenders if c.missing},
         "errors": errors,
-        "torch_ops": torch_op_times(module, example, runs=2 if quick else 5),
+        "torch_ops": torch_op_times(module, example, runs=2 if quick else 5, gpu=setting.on_gpu),
     }
 
 
-def torch_op_times(module, example, runs: int) -> list[tuple[str, float, float]]:
+def torch_op_times(module, example, runs: int, gpu: bool = False) -> list[tuple[str, float, float]]:
     """(operator, FLOPs, seconds per call) of PyTorch's GEMM-like operators in eager mode, from its
-    profiler (inclusive CPU time)."""
+    profiler: inclusive CPU time, or on a GPU the time of the kernels each launched."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if gpu else [])]
     with torch.inference_mode():
         module(example)
-        with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        with profile(activities=activities, with_flops=True) as prof:
             for _ in range(runs):
                 module(example)
     wanted = {"aten::conv2d", "aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm"}
-    return [(e.name, float(e.flops), e.cpu_time_total / 1e6) for e in prof.events() if e.name in wanted and e.flops]
+    return [
+        (e.name, float(e.flops), (e.device_time_total if gpu else e.cpu_time_total) / 1e6)
+        for e in prof.events()
+        if e.name in wanted and e.flops
+    ]
 
 
 def matching_torch_time(flops: float, ops: list[tuple[str, float, float]]) -> float | None:
@@ -208,9 +246,7 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
     lines = [
         "# Tuned models against PyTorch, torch.compile and ONNX Runtime",
         "",
-        f"Machine limits ({limits.threads} threads): FMA peak {limits.fma_gflops:.0f} GFLOP/s, numpy sgemm "
-        f"{limits.numpy_sgemm_gflops:.0f}, torch sgemm {limits.torch_sgemm_gflops or 0:.0f} (peak used: "
-        f"{limits.peak_gflops:.0f} GFLOP/s); memory copy {limits.copy_gbs:.1f} GB/s.",
+        limits.describe(),
         f"Budget: {trials_per_task} trials per task (allocated by the gradient scheduler); `tuning (s)` sums every "
         "session that tuned a work dir. Latencies are medians of interleaved calls in one process, inputs as torch "
         "tensors; `tuned error` is the largest deviation from PyTorch eager's output relative to its largest value.",
@@ -269,11 +305,21 @@ def _tuned(name: str, run_dir: Path, args: argparse.Namespace) -> dict:
     if args.retime and record.exists():
         return json.loads(record.read_text())
     step = ["--tune", name, "--work-dir", str(run_dir), "--trials-per-task", str(args.trials_per_task)]
-    tuned = run_step(Path(__file__), [*step, "--seed", str(args.seed)], run_dir / "tune.log")
+    tuned = run_step(Path(__file__), [*step, "--seed", str(args.seed), *_setting(args).args()], run_dir / "tune.log")
     if record.exists():  # a resumed work dir: its tuning time is that of every session, not only this one
         tuned["tuning_seconds"] += json.loads(record.read_text())["tuning_seconds"]
     record.write_text(json.dumps(tuned) + "\n")
     return tuned
+
+
+def _setting(args: argparse.Namespace) -> Setting:
+    return Setting(args.target, args.dtype or ("float16" if args.target == "cuda" else "float32"))
+
+
+def _limits(setting: Setting, threads: int):
+    from experiments.machine_limits import measure, measure_gpu
+
+    return measure_gpu(setting.dtype) if setting.on_gpu else measure(threads)
 
 
 def main() -> None:
@@ -286,7 +332,9 @@ def main() -> None:
     )
     parser.add_argument("--trials-per-task", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", default="experiments/results/vs_frameworks")
+    parser.add_argument("--out", default=None, help="default: experiments/results/vs_frameworks (/cuda on a GPU)")
+    parser.add_argument("--target", choices=["llvm", "cuda"], default="llvm", help="this CPU, or the GPU in fp16")
+    parser.add_argument("--dtype", default=None, help="the models' precision (default: float32, float16 on cuda)")
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -302,17 +350,20 @@ def main() -> None:
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    setting = _setting(args)
     if args.tune:
-        print(json.dumps(tune_step(args.tune, args.trials_per_task, Path(args.work_dir), args.seed)))
+        print(json.dumps(tune_step(args.tune, args.trials_per_task, Path(args.work_dir), args.seed, setting)))
         return
     if args.time:
         run_dir = Path(args.work_dir)
         tuned = json.loads((run_dir / TUNED_FILE).read_text())
-        print(json.dumps(time_workload(args.time, tuned, args.threads, run_dir, args.quick)))
+        print(json.dumps(time_workload(args.time, tuned, args.threads, run_dir, args.quick, setting)))
         return
+    default_out = "experiments/results/vs_frameworks" + ("/cuda" if setting.on_gpu else "")
     if args.quick:
         args.models, args.operators, args.trials_per_task = ["tiny-resnet"], ["op-softmax-bert"], 4
-        args.out = args.out if args.out != parser.get_default("out") else "experiments/results/vs_frameworks/quick"
+        default_out += "/quick"
+    args.out = args.out or default_out
     # neither given: the zoo and every operator; one given: only that; --operators without names: every operator
     models = args.models if args.models is not None else (ZOO if args.operators is None else [])
     operators = (
@@ -320,11 +371,9 @@ def main() -> None:
         if args.operators is not None
         else ([] if args.models is not None else list(OPERATORS))
     )
-    out, target = prepare_comparison(args.out, "llvm")
-    threads = int(target.attrs["num-cores"])
-    from experiments.machine_limits import measure
-
-    limits = measure(threads)
+    out, target = prepare_comparison(args.out, setting.target)
+    threads = int(target.attrs["num-cores"]) if not setting.on_gpu else (os.cpu_count() or 1)
+    limits = _limits(setting, threads)
     print(json.dumps(limits.as_dict()), flush=True)
     model_rows, all_kernels, timed_all, failures = [], [], {}, []
     for name in [*models, *operators]:
@@ -335,7 +384,7 @@ def main() -> None:
             # each workload timed in a process of its own: runtimes loaded for earlier workloads (their
             # thread pools, their memory) must not weigh on later ones
             quick = ["--quick"] if args.quick else []
-            timing = ["--time", name, "--work-dir", str(run_dir), "--threads", str(threads), *quick]
+            timing = ["--time", name, "--work-dir", str(run_dir), "--threads", str(threads), *quick, *setting.args()]
             timed = run_step(Path(__file__), timing, run_dir / "time.log")
         except Exception as err:  # noqa: BLE001 - one workload failing must not lose the others' numbers
             print(f"{name}: failed, left out of the tables: {err}", flush=True)
