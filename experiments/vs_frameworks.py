@@ -316,6 +316,14 @@ def _setting(args: argparse.Namespace) -> Setting:
     return Setting(args.target, args.dtype or ("float16" if args.target == "cuda" else "float32"))
 
 
+def _torch_sees_a_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def _limits(setting: Setting, threads: int):
     from experiments.machine_limits import measure, measure_gpu
 
@@ -351,6 +359,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     setting = _setting(args)
+    if setting.on_gpu and not _torch_sees_a_gpu():
+        parser.error("--target cuda compares on a GPU: torch sees none here (a GPU host with torch built with CUDA)")
     if args.tune:
         print(json.dumps(tune_step(args.tune, args.trials_per_task, Path(args.work_dir), args.seed, setting)))
         return

@@ -53,3 +53,16 @@ def test_the_roofline_bound_is_the_slower_of_compute_and_memory():
     assert limits.peak_gflops == 250.0
     assert limits.bound_seconds(flops=250e9, bytes_moved=1e9) == pytest.approx(1.0)  # compute-bound
     assert limits.bound_seconds(flops=1e9, bytes_moved=20e9) == pytest.approx(2.0)  # memory-bound
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here: the comparison would run")
+def test_the_gpu_comparison_says_in_one_line_that_it_needs_a_gpu(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "experiments/vs_frameworks.py", "--target", "cuda", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2 and "torch sees none here" in run.stderr.strip().splitlines()[-1], run.stderr
+    assert not list(tmp_path.iterdir())  # nothing started
