@@ -66,16 +66,21 @@ class Setting:
         return ["--target", self.target, "--dtype", self.dtype]
 
 
-def _module_and_example(name: str, setting: Setting):
-    """The workload's PyTorch module and input in the setting's precision, on the CPU (as tune() imports them)."""
-    import torch
-
+def _module_and_example(name: str):
     from experiments.operator_modules import OPERATORS
     from workloads.models import torch_model
 
-    module, example = OPERATORS[name].module_and_example() if name in OPERATORS else torch_model(name)
-    dtype = getattr(torch, setting.dtype)
-    return module.to(dtype), example.to(dtype)
+    if name in OPERATORS:
+        return OPERATORS[name].module_and_example()
+    return torch_model(name)
+
+
+def _placed(module, example, setting: Setting):
+    """The module and input as PyTorch runs them in this setting: in its precision, on its device."""
+    import torch
+
+    device, dtype = ("cuda" if setting.on_gpu else "cpu"), getattr(torch, setting.dtype)
+    return module.to(device=device, dtype=dtype), example.to(device=device, dtype=dtype)
 
 
 # -- tuning, one fresh process per workload --------------------------------------------------------
@@ -84,15 +89,15 @@ def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int, settin
     from workloads.models import MODELS
 
     if name in {spec.name for spec in MODELS}:
-        model, inputs, dtype = name, None, setting.dtype
+        model, inputs = name, None
     else:
-        module, example = _module_and_example(name, setting)
-        model, inputs, dtype = module, [example], None
+        module, example = _module_and_example(name)
+        model, inputs = module, [example]
     result = tune(
         model,
         target=setting.target,
         example_inputs=inputs,
-        dtype=dtype,
+        dtype=setting.dtype,  # fp16: convolutions and matmuls in half precision, the input stays float32
         trials_per_task=trials_per_task,
         work_dir=work_dir,
         seed=seed,
@@ -124,12 +129,11 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
     from tuner.runtime import ModelDescription
 
     torch.set_num_threads(threads)
-    module, example = _module_and_example(name, setting)
-    if setting.on_gpu:
-        module, example = module.to("cuda"), example.to("cuda")
+    module, example = _placed(*_module_and_example(name), setting)
     description = ModelDescription.read(Path(tuned["artifact"]))
+    tuned_input = example.to(getattr(torch, description.inputs[0].dtype))  # a mixed-precision model takes float32
     contenders = [
-        fw.tvm_model("tuned", Path(tuned["artifact"]), description, example),
+        fw.tvm_model("tuned", Path(tuned["artifact"]), description, tuned_input),
         fw.torch_eager(module, example),
         *([] if quick else [fw.torch_compiled(module, example)]),
         fw.onnx_runtime(module, example, threads, run_dir),

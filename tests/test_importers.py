@@ -38,6 +38,27 @@ def test_torch_round_trip():
     np.testing.assert_allclose(_run(workload, x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_a_torch_module_in_half_precision_computes_its_convolutions_and_matmuls_in_fp16():
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    workload = load_workload(net, example_inputs=[(2, 3, 16, 16)], dtype="float16")
+    assert workload.name.endswith("-fp16") and [s.dtype for s in workload.inputs] == ["float32"]
+    text = workload.mod.script()
+    assert "R.nn.conv2d(" in text and 'dtype="float16"' in text  # operands cast to fp16, accumulated in fp32
+    x = np.random.rand(2, 3, 16, 16).astype("float32")
+    expected = net(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(_run(workload, x), expected, rtol=2e-2, atol=2e-3)
+
+
+def test_a_precision_for_a_prim_func_or_an_unknown_one_is_refused():
+    from workloads.operators import matmul
+
+    with pytest.raises(WorkloadError, match="a PrimFunc computes in its buffers' dtypes"):
+        load_workload(matmul(16, 16, 16), dtype="float16")
+    with pytest.raises(WorkloadError, match="model dtype must be one of float32, float16, got 'bfloat16'"):
+        load_workload(SmallNet().eval(), example_inputs=[(1, 3, 8, 8)], dtype="bfloat16")
+
+
 def _export_onnx(net, path, dynamic_batch=False):
     pytest.importorskip("onnx")
     axes = {"x": {0: "batch"}} if dynamic_batch else None

@@ -47,13 +47,15 @@ def tune(
 ) -> TuneResult:
     """Tune every kernel of ``model`` for ``target`` and return the compiled result.
 
-    ``model`` is a built-in workload name (``tuner workloads`` lists them; ``batch`` and ``dtype``
-    choose a built-in model's batch size and precision), a TensorIR PrimFunc, a Relax IRModule, a
-    torch.nn.Module with ``example_inputs`` (tensors or shapes), or the path of an ONNX file
-    (``example_inputs`` gives shapes its inputs leave symbolic). ``trials`` is the number of
-    candidates measured in total, counting earlier runs in the same ``work_dir``: running again on
-    a work dir resumes it and measures nothing twice. ``transfer_from``: work dirs of earlier runs
-    (other models) whose schedules for kernels of the same kind are tried first (``tuner.transfer``).
+    ``model`` is a built-in workload name (``tuner workloads`` lists them; ``batch`` chooses a
+    built-in model's batch size), a TensorIR PrimFunc, a Relax IRModule, a torch.nn.Module with
+    ``example_inputs`` (tensors or shapes), or the path of an ONNX file (``example_inputs`` gives
+    shapes its inputs leave symbolic). ``dtype="float16"`` computes a model's convolutions and
+    matmuls in half precision, accumulating in float32; its inputs and outputs keep their dtypes.
+    ``trials`` is the number of candidates measured in total, counting earlier runs in the same
+    ``work_dir``: running again on a work dir resumes it and measures nothing twice.
+    ``transfer_from``: work dirs of earlier runs (other models) whose schedules for kernels of the
+    same kind are tried first (``tuner.transfer``).
     ``cost_model_from``: work dirs of earlier runs whose cost models' training data warm-starts this
     run's cost model, without their schedules (``transfer_from`` does both).
     ``cluster`` runs the builds and measurements on a Ray cluster: "auto" (the one this machine

@@ -65,7 +65,9 @@ def _add_model_options(command: argparse.ArgumentParser) -> None:
     """The options that pick which variant of MODEL is meant (tune and apply must agree)."""
     command.add_argument("--batch", type=_positive_int, help="batch size of a built-in model (default: 1)")
     command.add_argument(
-        "--dtype", choices=("float32", "float16"), help="precision of a built-in model (default: float32)"
+        "--dtype",
+        choices=("float32", "float16"),
+        help="precision of the model's convolutions and matmuls (default: float32)",
     )
     command.add_argument(
         "--input-shape",

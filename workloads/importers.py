@@ -30,25 +30,50 @@ def load_workload(
     """Return the Workload for ``model``.
 
     ``example_inputs`` are tensors or shapes: required for a torch module, and for an ONNX model
-    whose inputs have symbolic dimensions. ``batch`` and ``dtype`` choose a built-in model's
-    batch size and precision.
+    whose inputs have symbolic dimensions. ``batch`` chooses a built-in model's batch size.
+    ``dtype="float16"`` computes a model's convolutions and matmuls in half precision (inputs and
+    outputs stay as they are); a PrimFunc computes in its buffers' dtypes.
     """
     if isinstance(model, Workload):
         return model
-    if isinstance(model, (str, Path)) and str(model).endswith(".onnx"):
-        return from_onnx(Path(model), example_inputs, name)
-    if isinstance(model, str):
+    if isinstance(model, str) and not model.endswith(".onnx"):
         return get_workload(model, batch=batch, dtype=dtype)
     if isinstance(model, tvm.tirx.PrimFunc):
+        if dtype not in (None, "float32"):
+            raise WorkloadError(
+                f"dtype={dtype!r} applies to models: a PrimFunc computes in its buffers' dtypes, so write it in float16"
+            )
         return from_prim_func(model, name or "primfunc")
-    if isinstance(model, tvm.IRModule):
-        return from_ir_module(model, name or "module")
-    if _is_torch_module(model):
-        return from_torch(model, example_inputs, name or type(model).__name__)
-    raise WorkloadError(
-        f"cannot tune an object of type {type(model).__name__}: pass a registered workload name, "
-        "a TensorIR PrimFunc, a Relax IRModule, a torch.nn.Module with example_inputs, or an .onnx path"
-    )
+    if isinstance(model, (str, Path)) and str(model).endswith(".onnx"):
+        workload = from_onnx(Path(model), example_inputs, name)
+    elif isinstance(model, tvm.IRModule):
+        workload = from_ir_module(model, name or "module")
+    elif _is_torch_module(model):
+        workload = from_torch(model, example_inputs, name or type(model).__name__)
+    else:
+        raise WorkloadError(
+            f"cannot tune an object of type {type(model).__name__}: pass a registered workload name, "
+            "a TensorIR PrimFunc, a Relax IRModule, a torch.nn.Module with example_inputs, or an .onnx path"
+        )
+    return in_precision(workload, dtype)
+
+
+MODEL_DTYPES = ("float32", "float16")
+
+
+def in_precision(workload: Workload, dtype: str | None) -> Workload:
+    """``workload`` with its convolutions and matmuls computed in ``dtype``.
+
+    TVM's torch importer gives every convolution a float32 output, so a half-precision torch module
+    does not import; TVM's mixed-precision pass is the supported route instead: convolutions and
+    matmuls compute in fp16 (accumulating in fp32), the rest follows, inputs and outputs keep theirs."""
+    if dtype not in (None, *MODEL_DTYPES):
+        raise WorkloadError(f"model dtype must be one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")
+    if dtype == "float16":
+        workload.mod = relax.transform.ToMixedPrecision(out_dtype="float32")(workload.mod)
+        workload.name += "-fp16"
+        workload.description = f"{workload.description}; float16" if workload.description else "float16"
+    return workload
 
 
 def import_optional(module: str, extra: str, why: str) -> Any:

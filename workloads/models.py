@@ -11,14 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from tvm import relax
 
 from .errors import WorkloadError
-from .importers import from_torch, import_optional
+from .importers import MODEL_DTYPES, from_torch, import_optional, in_precision
 from .registry import register
 from .workload import Workload
 
-DTYPES = ("float32", "float16")
+DTYPES = MODEL_DTYPES
 
 
 @dataclass(frozen=True)
@@ -105,14 +104,8 @@ def build_model(spec: ModelSpec, batch: int = 1, dtype: str = "float32") -> Work
         raise WorkloadError(f"model dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     torch = import_optional("torch", "torch", f"built-in model {spec.name!r} is defined in PyTorch")
     module, example = _module_and_example(spec, batch)
-    name = spec.name + (f"-b{batch}" if batch != 1 else "") + ("-fp16" if dtype == "float16" else "")
     with torch.no_grad():
-        workload = from_torch(module, [example], name)
-    if dtype == "float16":
-        # TVM's torch importer gives every convolution a float32 output, so a half-precision torch
-        # module does not import; TVM's own mixed-precision pass is the supported route instead:
-        # convolutions and matmuls compute in fp16 (accumulating in fp32), the rest follows.
-        workload.mod = relax.transform.ToMixedPrecision(out_dtype="float32")(workload.mod)
+        workload = in_precision(from_torch(module, [example], spec.name + (f"-b{batch}" if batch != 1 else "")), dtype)
     workload.source = spec.source
     workload.description = f"{spec.source}; batch {batch}, {dtype}"
     workload.reference = _torch_reference(module)
