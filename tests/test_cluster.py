@@ -68,6 +68,7 @@ def test_one_measuring_actor_per_gpu_each_with_its_own_dop(ray_cluster, tmp_path
         assert "cluster: built on" in engine.activity()
 
 
+@pytest.mark.slow  # another spelling of the address the tests above connect through
 def test_ray_client_addresses_work_too(ray_cluster, tmp_path, llvm_target):
     with ClusterEngine(llvm_target, tmp_path, ClusterOptions(ray_cluster.client_address)) as engine:
         assert all(r.ok for r in engine.measure(copies(4), group="copies"))
