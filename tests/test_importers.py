@@ -50,6 +50,31 @@ def test_a_torch_module_in_half_precision_computes_its_convolutions_and_matmuls_
     np.testing.assert_allclose(_run(workload, x), expected, rtol=2e-2, atol=2e-3)
 
 
+class ConvNormReLU6(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.norm = torch.nn.BatchNorm2d(8)
+        with torch.no_grad():  # an eval-mode norm that is not the identity
+            self.norm.running_mean.uniform_(-1, 1)
+            self.norm.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        return torch.nn.functional.relu6(self.norm(self.conv(x)))
+
+
+def test_in_half_precision_batch_norms_fold_and_a_relu6_becomes_constant_bounds():
+    """Folded before the mixed-precision pass, where the cast behind each convolution would hide
+    the norm from folding; ReLU6's scalar bounds, which that pass cannot type, become constants."""
+    torch.manual_seed(0)
+    net = ConvNormReLU6().eval()
+    text = load_workload(net, example_inputs=[(1, 3, 16, 16)], dtype="float16").mod.script()
+    assert "batch_norm" not in text and "R.clip" not in text and "R.minimum" in text
+    x = np.random.rand(1, 3, 16, 16).astype("float32")
+    got = _run(load_workload(net, example_inputs=[(1, 3, 16, 16)], dtype="float16"), x)
+    np.testing.assert_allclose(got, net(torch.from_numpy(x)).detach().numpy(), rtol=2e-2, atol=2e-2)
+
+
 def test_a_precision_for_a_prim_func_or_an_unknown_one_is_refused():
     from workloads.operators import matmul
 

@@ -16,6 +16,7 @@ from tvm import relax
 from measure.error_text import error_line
 
 from .errors import WorkloadError
+from .precision import in_precision
 from .registry import get_workload
 from .workload import TensorSpec, Workload, prim_func_inputs
 
@@ -56,24 +57,6 @@ def load_workload(
             "a TensorIR PrimFunc, a Relax IRModule, a torch.nn.Module with example_inputs, or an .onnx path"
         )
     return in_precision(workload, dtype)
-
-
-MODEL_DTYPES = ("float32", "float16")
-
-
-def in_precision(workload: Workload, dtype: str | None) -> Workload:
-    """``workload`` with its convolutions and matmuls computed in ``dtype``.
-
-    TVM's torch importer gives every convolution a float32 output, so a half-precision torch module
-    does not import; TVM's mixed-precision pass is the supported route instead: convolutions and
-    matmuls compute in fp16 (accumulating in fp32), the rest follows, inputs and outputs keep theirs."""
-    if dtype not in (None, *MODEL_DTYPES):
-        raise WorkloadError(f"model dtype must be one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")
-    if dtype == "float16":
-        workload.mod = relax.transform.ToMixedPrecision(out_dtype="float32")(workload.mod)
-        workload.name += "-fp16"
-        workload.description = f"{workload.description}; float16" if workload.description else "float16"
-    return workload
 
 
 def import_optional(module: str, extra: str, why: str) -> Any:

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from .errors import WorkloadError
-from .importers import MODEL_DTYPES, from_torch, import_optional, in_precision
+from .importers import from_torch, import_optional
+from .precision import MODEL_DTYPES, in_precision
 from .registry import register
 from .workload import Workload
 
