@@ -1,7 +1,8 @@
 """``tuner workloads``: what each built-in workload is, its FLOPs and its distinct kernels.
 
 Counting a model's kernels means building it (PyTorch, then task extraction), so the results are
-cached under ~/.cache/tensor-tuner (or $TENSOR_TUNER_CACHE_DIR), keyed by the workload definitions' source code.
+cached under ~/.cache/tensor-tuner (or $TENSOR_TUNER_CACHE_DIR), keyed by the source code of the workload
+definitions and of the lowering.
 """
 
 from __future__ import annotations
@@ -80,9 +81,12 @@ def catalog(
 
 
 def _definitions_fingerprint() -> str:
-    root = Path(workloads.__file__).parent
+    """Of the source the counts depend on: the workloads' definitions and how models are lowered
+    into tasks (a change to the lowering changes a model's kernels)."""
+    here = Path(__file__).parent
+    sources = [*Path(workloads.__file__).parent.rglob("*.py"), *(here / "lowering").rglob("*.py"), here / "tasks.py"]
     digest = hashlib.sha1()
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(sources):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
