@@ -16,7 +16,9 @@ Eight steps, each recorded with its verdict, numbers and time, a failing one doe
      the fault poisons it, the next candidate measured;
   7. NVML: the energy of about 2 s of kernels, and which GPU NVML watches under CUDA_VISIBLE_DEVICES;
   8. fp16 GEMMs (1024^3 and 4096^3 on a GPU) tuned, against torch.matmul (cuBLAS) where torch has CUDA.
-Writes DIR/gpu_validation.json and DIR/gpu_validation.md (default DIR: experiments/results/gpu_validation).
+Writes DIR/gpu_validation.json and DIR/gpu_validation.md (default DIR: experiments/results/gpu_validation)
+after every step; with --steps, steps an earlier run recorded there are kept, so that runs of a few
+steps each add up to one table.
 Needs only Python, the project and its dependencies (torch optional).
 """
 
@@ -513,6 +515,16 @@ def environment(ctx: Context) -> dict:
     }
 
 
+def earlier_steps(out: Path, rerun: set[int]) -> list[dict]:
+    """Steps an earlier run recorded in ``out`` that this run does not repeat: runs of a few steps
+    each (``--steps``, where one command may last only so long) add up to one table."""
+    try:
+        recorded = json.loads((out / "gpu_validation.json").read_text())["steps"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return [s for s in recorded if s["step"] not in rerun]
+
+
 def write_outputs(out: Path, env: dict, steps: list[dict], wall: float) -> str:
     rows = [
         {
@@ -558,27 +570,35 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.out / "work", ignore_errors=True)
     ctx = Context(target, device_kind(target), PLANS[(target.kind.name, args.quick)], args.out)
     chosen = [s for s in STEPS if args.steps is None or s[0] in args.steps]
+    kept = earlier_steps(args.out, {s[0] for s in chosen}) if args.steps else []
     started = time.monotonic()
     results = []
+
+    def record(result: dict) -> None:  # the table is written after every step: a run cut short keeps what it found
+        results.append(result)
+        steps = sorted([*kept, *results], key=lambda r: r["step"])
+        write_outputs(args.out, env, steps, sum(r["seconds"] for r in steps))
+
     # Steps that share an engine run first, with its workers; tune() steps then have the machine to themselves.
     shared = [s for s in chosen if s[0] in _USES_SHARED_ENGINE]
     if shared:
         ctx.engine = MeasureEngine(target, args.out / "work" / "shared", EngineConfig(remember_dop=False))
         ctx.engine.start()
     try:
+        env = environment(ctx)
         for number, name, step in chosen:
             if number == 1 or number in _USES_SHARED_ENGINE:
-                results.append(run_step(number, name, step, ctx))
-        env = environment(ctx)
+                record(run_step(number, name, step, ctx))
     finally:
         if ctx.engine is not None:
             ctx.engine.close()
     for number, name, step in chosen:
         if number != 1 and number not in _USES_SHARED_ENGINE:
-            results.append(run_step(number, name, step, replace(ctx, engine=None)))
-    results.sort(key=lambda r: r["step"])
-    print(write_outputs(args.out, env, results, time.monotonic() - started))
-    return 0 if all(r["ok"] is not False for r in results) else 1
+            record(run_step(number, name, step, replace(ctx, engine=None)))
+    steps = sorted([*kept, *results], key=lambda r: r["step"])
+    print(write_outputs(args.out, env, steps, sum(r["seconds"] for r in steps)))
+    print(f"this run: {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0 if all(r["ok"] is not False for r in steps) else 1
 
 
 if __name__ == "__main__":

@@ -37,3 +37,17 @@ def test_the_quick_cpu_run_passes_every_step_that_applies_and_writes_its_table(t
     assert faults["segfault"]["worker_replaced"] and all(case["next_measured"] for case in faults.values())
     table = (tmp_path / "gpu_validation.md").read_text()
     assert "| 8 | GEMMs tuned against torch.matmul | PASS |" in table and table in run.stdout
+
+
+def test_runs_of_a_few_steps_each_add_up_to_one_table(tmp_path):
+    """A GPU host may run a command for only so long: the steps go in several runs into one DIR."""
+    script = ROOT / "experiments" / "gpu_validation.py"
+    for steps in ("1", "2"):
+        subprocess.run(
+            [sys.executable, str(script), "--target", "llvm", "--quick", "--steps", steps, "--out", str(tmp_path)],
+            capture_output=True,
+            timeout=300,
+        )
+    report = json.loads((tmp_path / "gpu_validation.json").read_text())
+    assert [s["step"] for s in report["steps"]] == [1, 2]
+    assert "2 of 2 steps passed" in (tmp_path / "gpu_validation.md").read_text()
