@@ -106,3 +106,27 @@ def test_tasks_of_one_kind_differ_only_by_suffix():
 )
 def test_batch_size_follows_the_budget(budget, tasks, expected):
     assert auto_batch_size(budget, tasks) == expected
+
+
+def test_the_final_choice_re_measures_only_the_best_of_a_task_too_small_to_matter(tmp_path, llvm_target):
+    from tuner.loop import MINOR_SHARE
+
+    tasks = extract_tasks(get_workload("tiny-resnet"), llvm_target)
+    db = TuningDatabase(tmp_path / "tuning.db")
+    with MeasureEngine(llvm_target, tmp_path, EngineConfig(build_workers=1)) as engine:
+        loop = TuningLoop(tasks, llvm_target, db, engine, CostModel(), config=LoopConfig(batch_size=4, verify=False))
+        loop.run(Objectives(trials=4 * len(tasks)))
+        samples_before = {r.id: len(r.samples) for r in db.records()}
+        model, shares = loop.model_latency(), {}
+        for run in loop.runs:
+            shares[run.kernel_id] = run.task.weight * run.progress.best / model
+        loop.finalize()
+    re_measured = {kernel_id: 0 for kernel_id in shares}
+    for record in db.records():
+        if record.status == "ok" and len(record.samples) > samples_before[record.id]:
+            re_measured[record.kernel_id] += 1
+    minor = [k for k, share in shares.items() if share < MINOR_SHARE]
+    major = [k for k, share in shares.items() if share >= MINOR_SHARE]
+    assert minor and major, shares
+    assert all(re_measured[k] == 1 for k in minor), (re_measured, shares)
+    assert all(re_measured[k] >= 2 for k in major), (re_measured, shares)

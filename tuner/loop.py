@@ -39,6 +39,9 @@ from .tasks import Task
 from .workdir import FILTER_LEDGER_KEY, FILTER_STATE_KEY, stop_on_storage_failure
 
 VERIFY_ATTEMPTS = 3  # tries at checking a candidate's output when the check itself fails to build or run
+# A task under this share of the model's estimated latency re-measures only its best candidate at the end: picking
+# its second-best instead could not change the model by more than timing noise does.
+MINOR_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -361,8 +364,10 @@ class TuningLoop:
             self._finalize()
 
     def _finalize(self) -> None:
+        model = self.model_latency()
         for run in self.runs:
-            top = self.db.best(run.kernel_id, self.target_key, self.config.remeasure_top)
+            minor = model and run.task.weight * run.progress.best < MINOR_SHARE * model
+            top = self.db.best(run.kernel_id, self.target_key, 1 if minor else self.config.remeasure_top)
             if not top:
                 continue
             schedules = {r.candidate: msc.schedule_from_json(run.task.mod, r.trace) for r in top}
