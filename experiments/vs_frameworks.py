@@ -211,7 +211,9 @@ def kernel_rows(name: str, tuned: dict, timed: dict, limits) -> list[dict]:
         if not latency:
             continue
         bound = limits.bound_seconds(t["flops"], t["bytes"])
-        torch_time = matching_torch_time(t["flops"], timed["torch_ops"]) if _is_gemm(t["name"]) else None
+        # a Winograd kernel's FLOPs are its own, fewer than those of the PyTorch op it replaces
+        matched = _is_gemm(t["name"]) and "winograd" not in t["name"]
+        torch_time = matching_torch_time(t["flops"], timed["torch_ops"]) if matched else None
         rows.append(
             {
                 "workload": name,

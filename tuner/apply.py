@@ -40,7 +40,7 @@ def apply(
             raise TunerError(f"{run_dir.database} does not say which target it was tuned for: pass --target")
         tvm_target = resolve_target(target if target is not None else json.loads(job.target))
         workload = load_model(model, example_inputs, batch=batch, dtype=dtype)
-        lowering = LoweringOptions(**(job.lowering if job else {}))  # as the work dir was tuned
+        lowering = LoweringOptions.from_record(job.lowering) if job else LoweringOptions()  # as the work dir was tuned
         lowered = lower_workload(workload, tvm_target, lowering)
         tasks = extract_tasks(workload, tvm_target, lowered)
         schedules = best_schedules(db, tasks, tvm_target)

@@ -162,6 +162,11 @@ def _add_tune(commands) -> None:
         action="store_true",
         help="compute exp, erf, tanh, sigmoid and softmax with libm instead of vectorised approximations",
     )
+    tune.add_argument(
+        "--no-winograd",
+        action="store_true",
+        help="compute 3x3 convolutions directly on a CPU, not by Winograd's algorithm",
+    )
     _add_objective_options(tune)
     tune.add_argument(
         "--scheduler",
@@ -298,7 +303,7 @@ def _tune(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         trials=args.trials,
         trials_per_task=args.trials_per_task,
-        lowering=LoweringOptions(fast_math=not args.exact_math),
+        lowering=LoweringOptions(fast_math=not args.exact_math, winograd=False if args.no_winograd else None),
         stop=stop,
         task_stop=task_stop,
         scheduler=args.scheduler,

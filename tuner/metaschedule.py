@@ -223,11 +223,25 @@ def measure_candidate(sch: Schedule) -> ms.MeasureCandidate:
     return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
 
 
+# A block annotation giving the floating-point operations the block does, for blocks whose TIR
+# estimate counts what the compiler removes (a Winograd transform's multiplications by 0 and 1).
+FLOPS_ANNOTATION = "tuner.flops"
+
+
 def prim_func_flops(mod: tvm.IRModule) -> float:
     try:
-        return float(tvm.s_tir.analysis.estimate_tir_flops(mod))
+        flops = float(tvm.s_tir.analysis.estimate_tir_flops(mod))
     except Exception:  # some kernels (opaque loops) have no estimate; FLOPs are only informative
         return 0.0
+    if FLOPS_ANNOTATION not in mod.script():
+        return flops
+    sch = Schedule(mod)
+    for rv in sch.get_child_blocks(sch.get_sblock("root", func_name="main")):
+        stated = sch.get(rv).annotations.get(FLOPS_ANNOTATION)
+        if stated is not None:
+            nest = sch.get(sch.get_loops(rv)[0])
+            flops += float(stated) - float(tvm.s_tir.analysis.estimate_tir_flops(nest))
+    return flops
 
 
 def kernel_bytes(mod: tvm.IRModule) -> int:

@@ -7,7 +7,8 @@ looks up:
    before them (and the rest decomposed into element-wise arithmetic), constants folded, the
    importers' slow forms replaced (``rewrites``), and, with ``fast_math``, exp/erf/tanh/sigmoid/
    softmax computed by vectorisable approximations instead of one libm call per element; on a
-   CPU, convolutions computed channels-last (``channels_last``);
+   CPU, convolutions computed channels-last (``channels_last``), and those 3x3 convolutions of
+   stride 1 that reuse their weights enough by Winograd's algorithm (``winograd``);
 2. TVM's legalization and operator fusion (element-wise epilogues such as bias, activation and
    residual add fuse into the convolution or matmul that produces them);
 3. layout-only kernels pulled into the kernels that consume them (``layout_fusion``), pure
@@ -28,6 +29,7 @@ from .channels_last import ChannelsLastConvolutions
 from .layout_free import KeepLayoutFreeWeightsOfReductions
 from .layout_fusion import FuseLayoutIntoConsumers
 from .rewrites import SimplifyImportedGraph
+from .winograd import WinogradConvolutions
 
 __all__ = ["FuseLayoutIntoConsumers", "LoweringOptions", "SimplifyImportedGraph", "lower_model"]
 
@@ -41,9 +43,19 @@ class LoweringOptions:
     fuse_layout: bool = True
     layout_free_weights: bool = True
     channels_last: bool | None = None  # convolutions in NHWC; None: on CPUs, where it is faster
+    winograd: bool | None = None  # channels-last 3x3 convolutions by Winograd's algorithm; None: on CPUs
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict) -> LoweringOptions:
+        """The options a work dir was tuned with; an option it predates is off, as it was then."""
+        return cls(**{**_PREDATING_RECORDS, **record})
+
+
+# Options added after work dirs began recording theirs, with the behaviour those work dirs were tuned with.
+_PREDATING_RECORDS = {"winograd": False}
 
 
 def inference_passes(options: LoweringOptions, target: tvm.target.Target | None = None) -> list[tvm.transform.Pass]:
@@ -59,6 +71,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     )
     if channels_last:
         passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions()]  # biases must be constants to move past
+        if options.winograd if options.winograd is not None else (target is not None and target.kind.name == "llvm"):
+            passes.append(WinogradConvolutions())
     if options.fast_math:
         passes.append(relax.transform.FastMathTransform())
     return [

@@ -1,0 +1,98 @@
+"""Winograd convolutions (tuner.lowering.winograd): which convolutions take that form, and that the
+lowered model, built by real TVM with its default schedules, still computes what PyTorch computes."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+
+from measure.build_job import build_lowered_model
+from tuner.lowering import LoweringOptions
+from tuner.lowering.winograd import tile_size, transforms
+from tuner.tasks import extract_tasks, lower_workload
+from workloads import load_workload
+
+torch = pytest.importorskip("torch")
+
+
+class _Block(torch.nn.Module):
+    """conv-relu-conv plus the input, relu: a residual block's two 3x3 convolutions."""
+
+    def __init__(self, channels: int, stride: int = 1):
+        super().__init__()
+        self.first = torch.nn.Conv2d(channels, channels, 3, stride=stride, padding=1)
+        self.second = torch.nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        y = self.second(torch.relu(self.first(x)))
+        return torch.relu(y + (x if self.first.stride == (1, 1) else y))
+
+
+def _winograd_kernels(workload, target, lowered) -> list[str]:
+    return [t.name for t in extract_tasks(workload, target, lowered) if "winograd" in t.name]
+
+
+@pytest.mark.parametrize(("side", "tile"), [(16, 4), (14, 2)])
+def test_a_residual_block_in_winograd_form_computes_what_pytorch_computes(side, tile, llvm_target):
+    assert tile_size(side, side) == tile
+    block = _Block(16).eval()
+    shape = (1, 16, side, side)
+    workload = load_workload(block, [shape])
+    lowered = lower_workload(workload, llvm_target)
+    kernels = _winograd_kernels(workload, llvm_target, lowered)
+    assert len(kernels) == 2 and any("relu" in k for k in kernels), kernels  # epilogues fused
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    vm = relax.VirtualMachine(build_lowered_model(lowered, llvm_target, ms.database.MemoryDatabase()), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    with torch.no_grad():
+        expected = block(torch.from_numpy(x)).numpy().astype(np.float64)
+    assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) < 1e-5
+
+
+def test_only_stride_one_3x3_convolutions_over_enough_positions_take_winograd_form(llvm_target):
+    """A stride-2 convolution stays direct; so does one over 7x7 positions, whose transformed
+    weights would outweigh the arithmetic saved; and every convolution with the option off."""
+    strided = load_workload(_Block(16, stride=2).eval(), [(1, 16, 32, 32)])
+    assert len(_winograd_kernels(strided, llvm_target, lower_workload(strided, llvm_target))) == 1
+    small = load_workload(_Block(64).eval(), [(1, 64, 7, 7)])
+    assert _winograd_kernels(small, llvm_target, lower_workload(small, llvm_target)) == []
+    large = load_workload(_Block(16).eval(), [(1, 16, 16, 16)])
+    off = lower_workload(large, llvm_target, LoweringOptions(winograd=False))
+    assert _winograd_kernels(large, llvm_target, off) == []
+
+
+def test_tile_sizes_follow_the_waste_on_the_image_edge():
+    assert [tile_size(s, s) for s in (56, 28, 16, 14, 7)] == [4, 4, 4, 2, 2]
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_the_transforms_compute_a_correlation(tile):
+    """y = A^T [(G g) * (B^T d)] is the correlation of a tile of m + 2 inputs with a 3-tap filter."""
+    matrices = transforms(tile)
+    rng = np.random.default_rng(tile)
+    d, g = rng.standard_normal(tile + 2), rng.standard_normal(3)
+    got = matrices.output @ ((matrices.weight @ g) * (matrices.data @ d))
+    np.testing.assert_allclose(got, np.correlate(d, g, mode="valid"), rtol=1e-12, atol=1e-12)
+
+
+def test_a_winograd_kernel_counts_the_arithmetic_it_does(llvm_target):
+    """The TIR estimate counts every multiplication by a transform's zeros and ones; the kernel's
+    FLOPs count the batched GEMM and the transforms' non-zero terms, under the direct count."""
+    workload = load_workload(torch.nn.Conv2d(64, 64, 3, padding=1).eval(), [(1, 64, 56, 56)])
+    (task,) = [t for t in extract_tasks(workload, llvm_target) if "winograd" in t.name]
+    tiles, channels, alpha = 14 * 14, 64, 6
+    gemm = 2 * alpha**2 * tiles * channels * channels
+    nonzero = np.count_nonzero(transforms(4).data) ** 2 + np.count_nonzero(transforms(4).output) ** 2
+    transform_terms = 2 * tiles * channels * nonzero
+    bias = 56 * 56 * 64
+    assert task.flops == pytest.approx(gemm + transform_terms + bias, rel=0.01)
+    assert task.flops < 2 * 56 * 56 * 64 * 64 * 9 / 2
+
+
+def test_a_work_dir_tuned_before_winograd_existed_is_applied_without_it():
+    """``tuner apply`` lowers a model as its work dir was tuned: one recorded before the option
+    existed has direct convolutions in its database, and gets them again."""
+    before = {k: v for k, v in LoweringOptions().as_dict().items() if k != "winograd"}
+    assert LoweringOptions.from_record(before).winograd is False
+    assert LoweringOptions.from_record(LoweringOptions().as_dict()) == LoweringOptions()
