@@ -21,6 +21,7 @@ from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 from .errors import WorkloadError
+from .relax_functions import rewrite_functions
 from .workload import Workload
 
 MODEL_DTYPES = ("float32", "float16")
@@ -65,8 +66,4 @@ class ClipBoundsAsConstants:
     """``clip(x, a, b)`` with scalar bounds as ``minimum(maximum(x, a), b)`` with constant ones."""
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
-        mutator = _ClipBounds(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return mutator.builder_.get()
+        return rewrite_functions(_ClipBounds(mod), mod)

@@ -28,6 +28,8 @@ from tvm import relax
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
+from workloads.relax_functions import rewrite_functions
+
 from .rewrites import static_shape
 
 # Channels are the vectorised axis of an NHWC convolution; MetaSchedule tiles an axis only by its
@@ -274,11 +276,8 @@ class ChannelsLastConvolutions:
     """NCHW 2-D convolutions computed in NHWC, with the transposes between them cancelled."""
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
-        rewriter = _ChannelsLast(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        rewritten = relax.transform.FoldConstant()(rewriter.builder_.get())  # the weights' transposes folded
+        rewritten = rewrite_functions(_ChannelsLast(mod), mod)
+        rewritten = relax.transform.FoldConstant()(rewritten)  # the weights' transposes folded
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not _pays(rewritten[gv]):
                 rewritten[gv] = func

@@ -31,6 +31,8 @@ from tvm import relax, te
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
+from workloads.relax_functions import rewrite_functions
+
 from ..metaschedule import FLOPS_ANNOTATION
 from .rewrites import static_shape
 
@@ -146,36 +148,34 @@ def conv2d_nhwc_winograd(
         name="input_tile",
         attrs={"schedule_rule": "None"},
     )
-    ra, rb = te.reduce_axis((0, alpha), "r_a"), te.reduce_axis((0, alpha), "r_b")
-    data_pack = te.compute(
-        (alpha, alpha, tiles, in_channels),
-        lambda eps, nu, p, c: te.sum(input_tile[ra, rb, p, c] * to_wino[ra, eps] * to_wino[rb, nu], axis=[ra, rb]),
-        name="data_pack",
-        attrs={
-            "schedule_rule": "conv2d_nhwc_winograd_data_pack",
-            FLOPS_ANNOTATION: 2.0 * np.count_nonzero(matrices.data) ** 2 * tiles * in_channels,
-        },
-    )
+    data_pack = _transform(input_tile, to_wino, alpha, np.count_nonzero(matrices.data), "data_pack")
     rc = te.reduce_axis((0, in_channels), "ci")
     bgemm = te.compute(
         (alpha, alpha, tiles, out_channels),
         lambda eps, nu, p, co: te.sum(data_pack[eps, nu, p, rc] * transformed_weight[eps, nu, co, rc], axis=[rc]),
         name="bgemm",
     )
-    ra, rb = te.reduce_axis((0, alpha), "r_a"), te.reduce_axis((0, alpha), "r_b")
-    inverse = te.compute(
-        (tile, tile, tiles, out_channels),
-        lambda vh, vw, p, co: te.sum(bgemm[ra, rb, p, co] * to_out[ra, vh] * to_out[rb, vw], axis=[ra, rb]),
-        name="inverse",
-        attrs={
-            "schedule_rule": "conv2d_nhwc_winograd_inverse",
-            FLOPS_ANNOTATION: 2.0 * np.count_nonzero(matrices.output) ** 2 * tiles * out_channels,
-        },
-    )
+    inverse = _transform(bgemm, to_out, tile, np.count_nonzero(matrices.output), "inverse")
     return te.compute(
         (batch, out_height, out_width, out_channels),
         lambda n, h, w, co: inverse[h % tile, w % tile, n * per_image + h // tile * tiles_w + w // tile, co],
         name="conv2d_winograd",
+    )
+
+
+def _transform(source: te.Tensor, matrix: te.Tensor, size: int, nonzeros: int, name: str) -> te.Tensor:
+    """``M^T x M`` for every tile and channel of ``source`` (``[alpha, alpha, tiles, channels]``),
+    ``M`` being ``alpha x size``; scheduled by MetaSchedule's CPU rule for a Winograd transform."""
+    alpha, _, tiles, channels = (int(d) for d in source.shape)
+    ra, rb = te.reduce_axis((0, alpha), "r_a"), te.reduce_axis((0, alpha), "r_b")
+    return te.compute(
+        (size, size, tiles, channels),
+        lambda x, y, p, c: te.sum(source[ra, rb, p, c] * matrix[ra, x] * matrix[rb, y], axis=[ra, rb]),
+        name=name,
+        attrs={
+            "schedule_rule": f"conv2d_nhwc_winograd_{name}",
+            FLOPS_ANNOTATION: 2.0 * nonzeros**2 * tiles * channels,  # one multiply-add per non-zero term
+        },
     )
 
 
@@ -236,8 +236,4 @@ class WinogradConvolutions:
     """Suitable NHWC 3x3 stride-1 convolutions as Winograd kernels, weights transformed at compile time."""
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
-        rewriter = _Winograd(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_functions(_Winograd(mod), mod)
