@@ -58,20 +58,20 @@ class LoweringOptions:
 _PREDATING_RECORDS = {"winograd": False}
 
 
+def _on_cpus_by_default(option: bool | None, target: tvm.target.Target | None) -> bool:
+    """An option as set, or, left at None, on where the target is a CPU."""
+    return option if option is not None else (target is not None and target.kind.name == "llvm")
+
+
 def inference_passes(options: LoweringOptions, target: tvm.target.Target | None = None) -> list[tvm.transform.Pass]:
     passes = []
     if options.fold_batch_norm:
         passes += [relax.transform.FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference()]
     # before constants are folded: a broadcast of a weight, once folded, is a constant of its own
     passes.append(SimplifyImportedGraph(fast_math=options.fast_math))
-    channels_last = (
-        options.channels_last
-        if options.channels_last is not None
-        else (target is not None and target.kind.name == "llvm")
-    )
-    if channels_last:
+    if _on_cpus_by_default(options.channels_last, target):
         passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions()]  # biases must be constants to move past
-        if options.winograd if options.winograd is not None else (target is not None and target.kind.name == "llvm"):
+        if _on_cpus_by_default(options.winograd, target):
             passes.append(WinogradConvolutions())
     if options.fast_math:
         passes.append(relax.transform.FastMathTransform())

@@ -185,11 +185,6 @@ def transform_weight(weight_hwio: np.ndarray, tile: int) -> np.ndarray:
     return np.einsum("ak,bl,klio->aboi", g, g, weight_hwio.astype(np.float64)).astype(weight_hwio.dtype)
 
 
-def _padding(attrs) -> tuple[int, int, int, int]:
-    pad = [int(p) for p in attrs.padding]
-    return (pad[0], pad[1], pad[0], pad[1]) if len(pad) == 2 else tuple(pad)
-
-
 def suits_winograd(call: Call) -> bool:
     """A float32 NHWC 3x3 stride-1 convolution with constant weights, enough channels for the
     transforms to pay and enough uses of each weight value for the larger transformed weights to."""
@@ -225,7 +220,7 @@ class _Winograd(PyExprMutator):
             conv2d_nhwc_winograd,
             data,
             transformed,
-            _padding(call.attrs),
+            tuple(int(p) for p in call.attrs.padding),  # Relax keeps all four: top, left, bottom, right
             tile,
             primfunc_name_hint="conv2d_winograd",
         )
