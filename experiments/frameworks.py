@@ -27,6 +27,7 @@ class Contender:
     call: Callable[[], Any] | None  # one inference; None when the runtime is unavailable
     missing: str = ""  # why it is unavailable
     samples: list[float] = field(default_factory=list)  # seconds per call
+    round_medians: list[float] = field(default_factory=list)  # seconds per call, median of each round
 
     @property
     def median(self) -> float | None:
@@ -170,24 +171,34 @@ _QUIET_SECONDS = 0.05
 
 
 def time_interleaved(
-    contenders: list[Contender], rounds: int = 5, seconds_per_round: float = 0.4, max_calls: int = 200
-) -> None:
-    """Fill each contender's ``samples``: in each round every contender is called in turn (after
-    a pause for the previous one's threads to go idle, and one untimed call) until it has run
-    ``seconds_per_round`` (at least once), so that drift of a shared machine reaches them all alike."""
+    contenders: list[Contender],
+    rounds: int = 5,
+    seconds_per_round: float = 0.4,
+    max_calls: int = 200,
+    probe: Callable[[], float] | None = None,
+) -> list[float]:
+    """Fill each contender's ``samples`` and ``round_medians``: in each round every contender is
+    called in turn (after a pause for the previous one's threads to go idle, and one untimed call)
+    until it has run ``seconds_per_round`` (at least once), so that drift of a shared machine
+    reaches them all alike. Returns ``probe()`` taken before each round (none without a probe)."""
+    probed = []
     for _ in range(rounds):
+        if probe is not None:
+            probed.append(probe())
         for contender in contenders:
             if contender.call is None:
                 continue
             time.sleep(_QUIET_SECONDS)
             contender.call()
-            spent, calls = 0.0, 0
-            while (spent < seconds_per_round or calls == 0) and calls < max_calls:
+            spent, samples = 0.0, []
+            while (spent < seconds_per_round or not samples) and len(samples) < max_calls:
                 start = time.perf_counter()
                 contender.call()
-                elapsed = time.perf_counter() - start
-                contender.samples.append(elapsed)
-                spent, calls = spent + elapsed, calls + 1
+                samples.append(time.perf_counter() - start)
+                spent += samples[-1]
+            contender.samples += samples
+            contender.round_medians.append(statistics.median(samples))
+    return probed
 
 
 def relative_error(output: Any, reference: np.ndarray) -> float:

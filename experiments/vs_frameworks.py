@@ -46,6 +46,7 @@ ZOO = [
     "bert-base",
     "llama3-8b-layer",
 ]
+_PREPACKED = "_prepacked"  # the suffix a kernel takes in the model when its weights' layout is rewritten
 FRAMEWORKS = ["PyTorch eager", "torch.compile", "ONNX Runtime"]
 GEMM_KINDS = ("conv2d", "matmul", "dense")
 TUNED_FILE = "tuned.json"  # in a workload's run dir: what its tuning step returned
@@ -126,7 +127,8 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
     import torch
 
     from experiments import frameworks as fw
-    from tuner.runtime import ModelDescription
+    from experiments.cross_core import fork_join_probe
+    from tuner.runtime import CompiledModel, ModelDescription
 
     torch.set_num_threads(threads)
     module, example = _placed(*_module_and_example(name), setting)
@@ -143,9 +145,18 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
     eager = next(c for c in contenders if c.name == "PyTorch eager")
     reference = fw.reference_output(eager)
     errors = {c.name: fw.relative_error(c.call(), reference) for c in contenders if c.call is not None}
-    fw.time_interleaved(contenders, rounds=2 if quick else 5, seconds_per_round=0.1 if quick else 0.4)
+    # on the CPU, how costly sharing data between threads is before each round: a shared VM's thread
+    # placement can change during the timing, and kernels that pass data between threads feel it most
+    probe = None if setting.on_gpu else fork_join_probe(threads)
+    probed = fw.time_interleaved(
+        contenders, rounds=2 if quick else 10, seconds_per_round=0.1 if quick else 0.3, probe=probe
+    )
+    in_model = CompiledModel(Path(tuned["artifact"]), description).kernel_times(tuned_input, runs=2 if quick else 10)
     return {
         "latency": {c.name: c.median for c in contenders},
+        # each kernel's time inside the model: the tuning timed it alone, its data in cache
+        "kernels_in_model": {name.removesuffix(_PREPACKED): seconds for name, seconds in in_model.items()},
+        "rounds": {"fork_join_us": probed, "latency": {c.name: c.round_medians for c in contenders if c.call}},
         "missing": {c.name: c.missing for c in contenders if c.missing},
         "errors": errors,
         "torch_ops": torch_op_times(module, example, runs=2 if quick else 5, gpu=setting.on_gpu),
@@ -197,10 +208,30 @@ def model_row(name: str, tuned: dict, timed: dict) -> dict:
         "TVM untuned (ms)": _ms(tuned.get("untuned_latency")),
         **{f"{f} (ms)": _ms(latency.get(f)) for f in FRAMEWORKS},
         "tuned / best": f"{ratio:.2f}" if ratio else "-",
+        "by round": _ratio_range(timed, latency, best_framework),
+        "kernels alone (ms)": _ms(sum(t["launches"] * t["latency"] for t in tuned["tasks"] if t["latency"])),
+        "kernels in model (ms)": _ms(sum(timed.get("kernels_in_model", {}).values())),
+        "fork-join (us)": _range(timed.get("rounds", {}).get("fork_join_us", []), "{:.2f}"),
         "tuned error": f"{timed['errors'].get('tuned', float('nan')):.1e}",
         "_ratio": ratio,
     }
     return row
+
+
+def _ratio_range(timed: dict, latency: dict, best_framework: float | None) -> str:
+    """The tuned / best ratio of each round, with the best framework over all rounds as the reference."""
+    per_round = timed.get("rounds", {}).get("latency", {})
+    best_name = next((f for f in FRAMEWORKS if best_framework and latency.get(f) == best_framework), None)
+    if not best_name or "tuned" not in per_round or best_name not in per_round:
+        return "-"
+    return _range([t / b for t, b in zip(per_round["tuned"], per_round[best_name], strict=True)], "{:.2f}")
+
+
+def _range(values: list[float], form: str) -> str:
+    if not values:
+        return "-"
+    low, high = min(values), max(values)
+    return form.format(low) if form.format(low) == form.format(high) else f"{form.format(low)}-{form.format(high)}"
 
 
 def kernel_rows(name: str, tuned: dict, timed: dict, limits) -> list[dict]:
@@ -211,6 +242,7 @@ def kernel_rows(name: str, tuned: dict, timed: dict, limits) -> list[dict]:
         if not latency:
             continue
         bound = limits.bound_seconds(t["flops"], t["bytes"])
+        in_model = timed.get("kernels_in_model", {}).get(t["name"])
         # a Winograd kernel's FLOPs are its own, fewer than those of the PyTorch op it replaces
         matched = _is_gemm(t["name"]) and "winograd" not in t["name"]
         torch_time = matching_torch_time(t["flops"], timed["torch_ops"]) if matched else None
@@ -221,6 +253,7 @@ def kernel_rows(name: str, tuned: dict, timed: dict, limits) -> list[dict]:
                 "launches": t["launches"],
                 "share": f"{t['launches'] * latency / total:.0%}",
                 "latency (us)": f"{latency * 1e6:.1f}",
+                "in model (us)": f"{in_model * 1e6 / t['launches']:.1f}" if in_model else "-",
                 "GFLOP/s": f"{t['flops'] / latency / 1e9:.1f}",
                 "GB/s": f"{t['bytes'] / latency / 1e9:.2f}",
                 "% of peak": f"{t['flops'] / latency / 1e9 / limits.peak_gflops:.0%}",
@@ -255,7 +288,12 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
         limits.describe(),
         f"Budget: {trials_per_task} trials per task (allocated by the gradient scheduler); `tuning (s)` sums every "
         "session that tuned a work dir. Latencies are medians of interleaved calls in one process, inputs as torch "
-        "tensors; `tuned error` is the largest deviation from PyTorch eager's output relative to its largest value.",
+        "tensors; `tuned error` is the largest deviation from PyTorch eager's output relative to its largest value. "
+        "`by round`: the ratio in each of the interleaved rounds; `fork-join (us)`: TVM's fork-join of a tiny "
+        "parallel loop before each round. Where both spread, the VM's vCPUs moved to where sharing data between "
+        "threads costs more (see `experiments/cross_core.py`). `kernels alone`: the tuned kernels' times as the "
+        "tuning measured them (each alone, its data in cache), added up; `kernels in model`: the same kernels "
+        "timed inside the model (`CompiledModel.kernel_times`).",
         "",
         markdown_table(_public(models), [k for k in models[0] if not k.startswith("_")])
         if models

@@ -3,6 +3,7 @@ where the memory allows, and loadable in another process without tuning again.""
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -83,3 +84,15 @@ def test_loading_a_library_without_its_description_says_how_to_export(tuned_mlp,
         tuner.load(bare)
     with pytest.raises(TunerError, match="no compiled model"):
         tuner.load(tmp_path / "missing.so")
+
+
+def test_kernel_times_name_each_kernel_of_the_model_and_leave_it_running_as_before(tuned_mlp):
+    model = tuned_mlp.compiled()
+    x = _input()
+    times = model.kernel_times(x, runs=3)
+    assert times and all(seconds > 0 for seconds in times.values())
+    assert not any(name.startswith("vm.") for name in times)  # the VM's own builtins are left out
+    start = time.perf_counter()
+    model(x)
+    assert sum(times.values()) < 10 * (time.perf_counter() - start) + 1e-3  # a share of a call, not more
+    np.testing.assert_allclose(model(x), tuned_mlp.reference(x), rtol=1e-4, atol=1e-4)  # instrument removed

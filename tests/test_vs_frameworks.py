@@ -33,11 +33,15 @@ def test_the_quick_run_times_every_runtime_and_writes_its_tables(tmp_path):
             assert float(row[runtime]) > 0, (runtime, row)
         assert float(row["tuned error"]) < 1e-3  # checked against PyTorch's output
         assert float(row["tuned / best"]) > 0
+        assert float(row["by round"].split("-")[0]) > 0  # the ratio of each interleaved round
+        assert float(row["fork-join (us)"].split("-")[0]) > 0
+        assert float(row["kernels in model (ms)"]) > 0  # the tuned kernels profiled inside the model
     kernels = _rows(tmp_path / "kernels.csv")
     assert {k["workload"] for k in kernels} == set(models)
     direct = [k for k in kernels if "conv2d" in k["kernel"] and "winograd" not in k["kernel"]]
     assert direct and all(k["PyTorch op (us)"] != "-" for k in direct)  # matched to aten::conv2d by FLOPs
     assert all(0 < float(k["% of roofline"].rstrip("%")) for k in kernels)
+    assert all(float(k["in model (us)"]) > 0 for k in kernels)  # every tuned kernel found in the model
     summary = (tmp_path / "vs_frameworks.md").read_text()
     assert "Machine limits" in summary and "Geometric mean" in summary
     assert (tmp_path / "vs_frameworks.png").stat().st_size > 0
@@ -66,3 +70,14 @@ def test_the_gpu_comparison_says_in_one_line_that_it_needs_a_gpu(tmp_path):
     )
     assert run.returncode == 2 and "torch sees none here" in run.stderr.strip().splitlines()[-1], run.stderr
     assert not list(tmp_path.iterdir())  # nothing started
+
+
+def test_two_thread_placements_are_told_apart_only_when_the_probe_spreads():
+    sys.path.insert(0, str(ROOT))
+    from experiments.cross_core import fork_join_probe, placement_threshold
+
+    assert placement_threshold([0.75, 0.77, 0.80]) is None
+    threshold = placement_threshold([0.75, 1.55, 0.76, 1.58])
+    assert 0.8 < threshold < 1.5
+    probe = fork_join_probe(2)
+    assert 0 < probe() < 1000  # microseconds of one fork-join of TVM's pool

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +88,8 @@ class CompiledModel:
         self._on_host = self.device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
         _set_threads(description.target)
         executable = tvm.runtime.load_module(str(self.library))
-        self._main = tvm.runtime.vm.VirtualMachine(executable, self.device)["main"]
+        self._vm = tvm.runtime.vm.VirtualMachine(executable, self.device)
+        self._main = self._vm["main"]
         self._buffers = [tvm.runtime.empty(spec.shape, spec.dtype, self.device) for spec in description.inputs]
 
     @property
@@ -102,6 +105,37 @@ class CompiledModel:
         if isinstance(out, tvm.runtime.Tensor):
             return self._result(out, as_torch)
         return [self._result(o, as_torch) for o in out]
+
+    def kernel_times(self, *inputs: Any, runs: int = 10) -> dict[str, float]:
+        """Median seconds of each kernel (summed over its calls in one inference) as it runs inside
+        the model, over ``runs`` inferences on ``inputs``. A kernel can run slower here than it was
+        tuned alone: its weights and inputs are not left in cache by the previous call of itself."""
+        per_run: dict[str, list[float]] = {}
+        current: dict[str, float] = {}
+        started = [0.0]
+
+        def instrument(func: Any, symbol: str, before_run: bool, ret_value: Any, *args: Any) -> int:
+            if not self._on_host:  # a GPU kernel is only queued by its call
+                self.device.sync()
+            if before_run:
+                started[0] = time.perf_counter()
+            else:
+                current[symbol] = current.get(symbol, 0.0) + time.perf_counter() - started[0]
+            return 0
+
+        arguments = [self._argument(i, x) for i, x in enumerate(inputs)]
+        self._main(*arguments)
+        self._vm.set_instrument(instrument)
+        try:
+            for _ in range(runs):
+                current.clear()
+                self._main(*arguments)
+                self.device.sync()
+                for symbol, seconds in current.items():
+                    per_run.setdefault(symbol, []).append(seconds)
+        finally:
+            self._vm.set_instrument(None)
+        return {symbol: statistics.median(times) for symbol, times in per_run.items() if not symbol.startswith("vm.")}
 
     def _argument(self, index: int, value: Any) -> tvm.runtime.Tensor:
         spec = self.inputs[index]
