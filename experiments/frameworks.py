@@ -175,16 +175,12 @@ def time_interleaved(
     rounds: int = 5,
     seconds_per_round: float = 0.4,
     max_calls: int = 200,
-    probe: Callable[[], float] | None = None,
-) -> list[float]:
+) -> None:
     """Fill each contender's ``samples`` and ``round_medians``: in each round every contender is
     called in turn (after a pause for the previous one's threads to go idle, and one untimed call)
     until it has run ``seconds_per_round`` (at least once), so that drift of a shared machine
-    reaches them all alike. Returns ``probe()`` taken before each round (none without a probe)."""
-    probed = []
+    reaches them all alike."""
     for _ in range(rounds):
-        if probe is not None:
-            probed.append(probe())
         for contender in contenders:
             if contender.call is None:
                 continue
@@ -198,7 +194,6 @@ def time_interleaved(
                 spent += samples[-1]
             contender.samples += samples
             contender.round_medians.append(statistics.median(samples))
-    return probed
 
 
 def relative_error(output: Any, reference: np.ndarray) -> float:

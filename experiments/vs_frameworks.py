@@ -50,6 +50,7 @@ _PREPACKED = "_prepacked"  # the suffix a kernel takes in the model when its wei
 FRAMEWORKS = ["PyTorch eager", "torch.compile", "ONNX Runtime"]
 GEMM_KINDS = ("conv2d", "matmul", "dense")
 TUNED_FILE = "tuned.json"  # in a workload's run dir: what its tuning step returned
+TIMED_FILE = "timed.json"  # and what its timing step measured, round by round
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,9 @@ def _placed(module, example, setting: Setting):
     import torch
 
     device, dtype = ("cuda" if setting.on_gpu else "cpu"), getattr(torch, setting.dtype)
-    return module.to(device=device, dtype=dtype), example.to(device=device, dtype=dtype)
+    # token ids (BERT's input) stay integers
+    example = example.to(device=device, dtype=dtype) if example.is_floating_point() else example.to(device=device)
+    return module.to(device=device, dtype=dtype), example
 
 
 # -- tuning, one fresh process per workload --------------------------------------------------------
@@ -127,7 +130,6 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
     import torch
 
     from experiments import frameworks as fw
-    from experiments.cross_core import fork_join_probe
     from tuner.runtime import CompiledModel, ModelDescription
 
     torch.set_num_threads(threads)
@@ -145,18 +147,15 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
     eager = next(c for c in contenders if c.name == "PyTorch eager")
     reference = fw.reference_output(eager)
     errors = {c.name: fw.relative_error(c.call(), reference) for c in contenders if c.call is not None}
-    # on the CPU, how costly sharing data between threads is before each round: a shared VM's thread
-    # placement can change during the timing, and kernels that pass data between threads feel it most
-    probe = None if setting.on_gpu else fork_join_probe(threads)
-    probed = fw.time_interleaved(
-        contenders, rounds=2 if quick else 10, seconds_per_round=0.1 if quick else 0.3, probe=probe
-    )
+    # ten short rounds rather than five long ones: a shared VM's thread placement can change during
+    # the timing (experiments/cross_core.py), and each round's ratio shows whether it did
+    fw.time_interleaved(contenders, rounds=2 if quick else 10, seconds_per_round=0.1 if quick else 0.3)
     in_model = CompiledModel(Path(tuned["artifact"]), description).kernel_times(tuned_input, runs=2 if quick else 10)
     return {
         "latency": {c.name: c.median for c in contenders},
         # each kernel's time inside the model: the tuning timed it alone, its data in cache
         "kernels_in_model": {name.removesuffix(_PREPACKED): seconds for name, seconds in in_model.items()},
-        "rounds": {"fork_join_us": probed, "latency": {c.name: c.round_medians for c in contenders if c.call}},
+        "rounds": {c.name: c.round_medians for c in contenders if c.call},
         "missing": {c.name: c.missing for c in contenders if c.missing},
         "errors": errors,
         "torch_ops": torch_op_times(module, example, runs=2 if quick else 5, gpu=setting.on_gpu),
@@ -211,7 +210,6 @@ def model_row(name: str, tuned: dict, timed: dict) -> dict:
         "by round": _ratio_range(timed, latency, best_framework),
         "kernels alone (ms)": _ms(sum(t["launches"] * t["latency"] for t in tuned["tasks"] if t["latency"])),
         "kernels in model (ms)": _ms(sum(timed.get("kernels_in_model", {}).values())),
-        "fork-join (us)": _range(timed.get("rounds", {}).get("fork_join_us", []), "{:.2f}"),
         "tuned error": f"{timed['errors'].get('tuned', float('nan')):.1e}",
         "_ratio": ratio,
     }
@@ -220,7 +218,7 @@ def model_row(name: str, tuned: dict, timed: dict) -> dict:
 
 def _ratio_range(timed: dict, latency: dict, best_framework: float | None) -> str:
     """The tuned / best ratio of each round, with the best framework over all rounds as the reference."""
-    per_round = timed.get("rounds", {}).get("latency", {})
+    per_round = timed.get("rounds", {})
     best_name = next((f for f in FRAMEWORKS if best_framework and latency.get(f) == best_framework), None)
     if not best_name or "tuned" not in per_round or best_name not in per_round:
         return "-"
@@ -289,11 +287,11 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
         f"Budget: {trials_per_task} trials per task (allocated by the gradient scheduler); `tuning (s)` sums every "
         "session that tuned a work dir. Latencies are medians of interleaved calls in one process, inputs as torch "
         "tensors; `tuned error` is the largest deviation from PyTorch eager's output relative to its largest value. "
-        "`by round`: the ratio in each of the interleaved rounds; `fork-join (us)`: TVM's fork-join of a tiny "
-        "parallel loop before each round. Where both spread, the VM's vCPUs moved to where sharing data between "
-        "threads costs more (see `experiments/cross_core.py`). `kernels alone`: the tuned kernels' times as the "
-        "tuning measured them (each alone, its data in cache), added up; `kernels in model`: the same kernels "
-        "timed inside the model (`CompiledModel.kernel_times`).",
+        "`by round`: the ratio in each of the 10 interleaved rounds; where it spreads, the VM's vCPUs moved during "
+        "the timing to where sharing data between threads costs more (see `experiments/cross_core.py`). "
+        "`kernels alone`: the tuned kernels' times as the tuning measured them (each alone, its data in cache), "
+        "added up; `kernels in model`: the same kernels timed inside the model (`CompiledModel.kernel_times`; "
+        "Python runs between the kernels then, which slows short ones).",
         "",
         markdown_table(_public(models), [k for k in models[0] if not k.startswith("_")])
         if models
@@ -411,7 +409,9 @@ def main() -> None:
     if args.time:
         run_dir = Path(args.work_dir)
         tuned = json.loads((run_dir / TUNED_FILE).read_text())
-        print(json.dumps(time_workload(args.time, tuned, args.threads, run_dir, args.quick, setting)))
+        timed = time_workload(args.time, tuned, args.threads, run_dir, args.quick, setting)
+        (run_dir / TIMED_FILE).write_text(json.dumps(timed) + "\n")  # each round's latencies, kept for a closer look
+        print(json.dumps(timed))
         return
     default_out = "experiments/results/vs_frameworks" + ("/cuda" if setting.on_gpu else "")
     if args.quick:

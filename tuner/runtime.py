@@ -109,7 +109,9 @@ class CompiledModel:
     def kernel_times(self, *inputs: Any, runs: int = 10) -> dict[str, float]:
         """Median seconds of each kernel (summed over its calls in one inference) as it runs inside
         the model, over ``runs`` inferences on ``inputs``. A kernel can run slower here than it was
-        tuned alone: its weights and inputs are not left in cache by the previous call of itself."""
+        tuned alone: its weights and inputs are not left in cache by the previous call of itself. Python
+        runs between the kernels while they are timed, which slows short ones: SqueezeNet's kernels
+        added up to 4.5 ms here in a model that ran in 3.9."""
         per_run: dict[str, list[float]] = {}
         current: dict[str, float] = {}
         started = [0.0]
