@@ -134,3 +134,14 @@ def test_an_engine_with_remember_dop_off_neither_reads_nor_writes_the_memory(llv
     remembering = MeasureEngine(llvm_target, tmp_path, EngineConfig(build_workers=1, max_dop=2))
     assert remembering.dop.dop == 2 and remembering.dop.start.startswith("start: remembered DOP 2")
     remembering.close()
+
+
+def test_a_cold_cache_run_times_cpu_kernels_with_their_arguments_flushed(tmp_path, llvm_target):
+    from tuner.run import make_engine
+
+    with make_engine(llvm_target, tmp_path, 1, None, cold_cache=True) as engine:
+        assert engine.config.timing.for_device("cpu").flush_cache  # TVM's flush before every sample
+        (result,) = engine.measure([MeasureInput("copy", faulty.copy(1 << 16))])
+        assert result.ok and len(result.samples) >= 3 and result.latency > 0
+    with make_engine(llvm_target, tmp_path / "warm", 1, None) as engine:
+        assert not engine.config.timing.for_device("cpu").flush_cache  # the default: as the kernel runs again

@@ -43,6 +43,7 @@ def tune(
     cluster: str | None = None,
     lowering: LoweringOptions | None = None,
     trials_per_task: int | None = None,
+    cold_cache: bool = False,
     trimmer: bool | FilterSettings | None = None,
 ) -> TuneResult:
     """Tune every kernel of ``model`` for ``target`` and return the compiled result.
@@ -66,6 +67,9 @@ def tune(
     ``lowering`` sets how a model is lowered to kernels (``tuner.lowering.LoweringOptions``: batch
     norms folded, fast math, layout-only kernels fused, weight layouts chosen by the schedules; all
     on by default).
+    ``cold_cache=True`` times each CPU kernel with its arguments flushed from the caches (all but the
+    first, TVM's way), as it meets data written by other kernels inside a model rather than left in
+    cache by its own previous call; GPU kernels are always timed with the L2 flushed.
 
     ``stop`` adds cost objectives for the whole run (time, energy, money budgets, or no
     improvement; the first one met ends it) and ``task_stop`` the same per task (a task that
@@ -96,5 +100,6 @@ def tune(
         cluster=cluster,
         lowering=lowering,
         trials_per_task=trials_per_task,
+        cold_cache=cold_cache,
     )
     return run_tuning(model, options)

@@ -184,6 +184,11 @@ def _add_tune(commands) -> None:
         "--batch-size", type=_positive_int, help="candidates measured per round (default: chosen from the budget)"
     )
     tune.add_argument("--build-workers", type=_positive_int, help="parallel build processes (default: one per core)")
+    tune.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="time CPU kernels with their arguments flushed from the caches, as they meet their data inside a model",
+    )
     _add_model_options(tune)
     tune.add_argument("--seed", type=_positive_int, default=1, help="random seed (default: 1)")
     tune.add_argument(
@@ -317,6 +322,7 @@ def _tune(args: argparse.Namespace) -> int:
         transfer_from=args.transfer_from,
         cost_model_from=args.cost_model_from,
         cluster=args.cluster,
+        cold_cache=args.cold_cache,
     )
     if args.quiet:
         print(result.summary())

@@ -39,6 +39,7 @@ class TuneOptions:
     cluster: str | None = None
     lowering: LoweringOptions | None = None
     trials_per_task: int | None = None
+    cold_cache: bool = False
 
     @property
     def filter_settings(self) -> FilterSettings:

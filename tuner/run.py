@@ -17,7 +17,7 @@ from typing import Any
 import tvm
 
 from costmodel import CostModel
-from measure import DeviceUnavailable, Engine, EngineConfig, MeasureEngine
+from measure import DeviceUnavailable, Engine, EngineConfig, MeasureEngine, TimingConfig
 from measure.cluster import ClusterEngine, ClusterLost, ClusterOptions, ClusterUnavailable
 from measure.contract import is_cuda
 from workloads import Workload
@@ -77,7 +77,9 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
         held.enter_context(plan.work_dir.lock())
         db = plan.work_dir.open_database()
         held.callback(db.close)
-        engine = make_engine(plan.target, plan.work_dir.path, options.build_workers, options.cluster)
+        engine = make_engine(
+            plan.target, plan.work_dir.path, options.build_workers, options.cluster, options.cold_cache
+        )
         held.callback(engine.close)
         with _saving_work(db, plan.target):
             start_engine(engine, report)  # local workers import TVM while the tasks and search spaces are prepared
@@ -145,10 +147,17 @@ def run_objectives(trials: Any, stop: Objectives | None) -> Objectives:
 
 
 # -- phase 2: the engine ------------------------------------------------------------------------
-def make_engine(target: tvm.target.Target, work_dir: Path, build_workers: int | None, cluster: str | None) -> Engine:
+def make_engine(
+    target: tvm.target.Target,
+    work_dir: Path,
+    build_workers: int | None,
+    cluster: str | None,
+    cold_cache: bool = False,
+) -> Engine:
     """This machine's worker processes, or, given a cluster address, the Ray cluster's."""
+    timing = TimingConfig(flush_cache=True) if cold_cache else TimingConfig()
     if cluster is None:
-        return MeasureEngine(target, work_dir, EngineConfig(build_workers=build_workers))
+        return MeasureEngine(target, work_dir, EngineConfig(build_workers=build_workers, timing=timing))
     if not isinstance(cluster, str) or not cluster.strip():
         raise TunerError(
             f"cluster must be a Ray address ('auto', 'HOST:PORT', 'ray://HOST:PORT' or 'local'), got {cluster!r}"
@@ -157,7 +166,7 @@ def make_engine(target: tvm.target.Target, work_dir: Path, build_workers: int | 
         raise TunerError(
             "build_workers sizes this machine's build processes; on a Ray cluster every CPU builds: leave it out"
         )
-    return ClusterEngine(target, work_dir, ClusterOptions(cluster.strip()))
+    return ClusterEngine(target, work_dir, ClusterOptions(cluster.strip()), EngineConfig(timing=timing))
 
 
 def start_engine(engine: Engine, report: Progress) -> None:
