@@ -59,17 +59,6 @@ def placement_threshold(probe_values: list[float]) -> float | None:
     return (low * high) ** 0.5 if high > 1.5 * low else None
 
 
-def _timed(call: Callable[[], object], seconds: float) -> float:
-    call()
-    samples, spent = [], 0.0
-    while spent < seconds:
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-        spent += samples[-1]
-    return statistics.median(samples)
-
-
 def _onnx_session(path: Path, threads: int) -> Callable[[np.ndarray], object]:
     import onnxruntime
 
@@ -82,6 +71,7 @@ def _onnx_session(path: Path, threads: int) -> Callable[[np.ndarray], object]:
 
 def main() -> None:
     import tuner
+    from experiments.frameworks import Contender, time_interleaved
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="compiled models of one network (.so with its .json beside it)")
@@ -95,16 +85,22 @@ def main() -> None:
     threads = int(os.environ["TVM_NUM_THREADS"]) if os.environ.get("TVM_NUM_THREADS") else (os.cpu_count() or 1)
     spec = model.inputs[0]
     x = np.random.default_rng(0).random(spec.shape, dtype=np.float32).astype(spec.dtype)
-    onnx = _onnx_session(Path(args.onnx), threads) if args.onnx else None
+    contenders = [Contender(path, lambda m=m: m(x)) for path, m in zip(args.models, models, strict=True)]
+    if args.onnx:
+        onnx = _onnx_session(Path(args.onnx), threads)
+        contenders.append(Contender("ONNX Runtime", lambda: onnx(x)))
     probe = fork_join_probe(threads)
     rounds: list[dict] = []
     deadline = time.time() + args.minutes * 60
     while time.time() < deadline:
+        probed = probe()
+        time_interleaved(contenders, rounds=1, seconds_per_round=0.5)
+        medians = [c.round_medians[-1] for c in contenders]
         rounds.append(
             {
-                "probe": probe(),
-                "model": [_timed(lambda m=m: m(x), 0.5) for m in models],
-                "onnx": _timed(lambda: onnx(x), 0.5) if onnx else None,
+                "probe": probed,
+                "model": medians[: len(models)],
+                "onnx": medians[-1] if args.onnx else None,
                 "kernels": model.kernel_times(x, runs=5),
             }
         )
@@ -134,27 +130,27 @@ def report(rounds: list[dict], names: list[str]) -> None:
         values = [r[key] if index is None else r[key][index] for r in group if r[key] is not None]
         return statistics.median(values) if values else None
 
-    for name, group in groups.items():
+    for placement, group in groups.items():
         onnx = median_of(group, "onnx")
         print(
-            f"{name}: {len(group)} rounds, probe {median_of(group, 'probe'):.2f} us"
+            f"{placement}: {len(group)} rounds, probe {median_of(group, 'probe'):.2f} us"
             + (f", ONNX Runtime {onnx * 1e3:.2f} ms" if onnx else "")
         )
         for index, path in enumerate(names):
             model = median_of(group, "model", index)
             print(f"  {path}: {model * 1e3:.2f} ms" + (f", {model / onnx:.2f} of ONNX Runtime" if onnx else ""))
     print(f"\nkernels of {names[0]}:")
-    names = list(groups)
+    placements = list(groups)
     kernels = sorted({k for r in rounds for k in r["kernels"]})
     medians = {
-        name: {k: statistics.median(r["kernels"].get(k, 0.0) for r in group) for k in kernels}
-        for name, group in groups.items()
+        placement: {k: statistics.median(r["kernels"].get(k, 0.0) for r in group) for k in kernels}
+        for placement, group in groups.items()
     }
-    order = sorted(kernels, key=lambda k: medians[names[-1]][k] - medians[names[0]][k], reverse=True)
-    print(f"\n| kernel | {' | '.join(f'{n} (us)' for n in names)} |")
-    print(f"|---|{'---:|' * len(names)}")
+    order = sorted(kernels, key=lambda k: medians[placements[-1]][k] - medians[placements[0]][k], reverse=True)
+    print(f"\n| kernel | {' | '.join(f'{p} (us)' for p in placements)} |")
+    print(f"|---|{'---:|' * len(placements)}")
     for k in order:
-        print(f"| {k} | {' | '.join(f'{medians[n][k] * 1e6:.1f}' for n in names)} |")
+        print(f"| {k} | {' | '.join(f'{medians[p][k] * 1e6:.1f}' for p in placements)} |")
 
 
 if __name__ == "__main__":

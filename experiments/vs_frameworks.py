@@ -196,8 +196,8 @@ def _ms(seconds: float | None) -> str:
 
 def model_row(name: str, tuned: dict, timed: dict) -> dict:
     latency = timed["latency"]
-    best_framework = min((latency[f] for f in FRAMEWORKS if latency.get(f)), default=None)
-    ratio = latency["tuned"] / best_framework if latency.get("tuned") and best_framework else None
+    best = min((f for f in FRAMEWORKS if latency.get(f)), key=latency.get, default=None)
+    ratio = latency["tuned"] / latency[best] if latency.get("tuned") and best else None
     row = {
         "workload": name,
         "tasks": len(tuned["tasks"]),
@@ -207,7 +207,7 @@ def model_row(name: str, tuned: dict, timed: dict) -> dict:
         "TVM untuned (ms)": _ms(tuned.get("untuned_latency")),
         **{f"{f} (ms)": _ms(latency.get(f)) for f in FRAMEWORKS},
         "tuned / best": f"{ratio:.2f}" if ratio else "-",
-        "by round": _ratio_range(timed, latency, best_framework),
+        "by round": _ratio_range(timed, best),
         "kernels alone (ms)": _ms(sum(t["launches"] * t["latency"] for t in tuned["tasks"] if t["latency"])),
         "kernels in model (ms)": _ms(sum(timed.get("kernels_in_model", {}).values())),
         "tuned error": f"{timed['errors'].get('tuned', float('nan')):.1e}",
@@ -216,20 +216,15 @@ def model_row(name: str, tuned: dict, timed: dict) -> dict:
     return row
 
 
-def _ratio_range(timed: dict, latency: dict, best_framework: float | None) -> str:
-    """The tuned / best ratio of each round, with the best framework over all rounds as the reference."""
+def _ratio_range(timed: dict, best: str | None) -> str:
+    """The lowest and highest tuned / ``best`` ratio over the rounds (``best``: the fastest framework
+    over all of them)."""
     per_round = timed.get("rounds", {})
-    best_name = next((f for f in FRAMEWORKS if best_framework and latency.get(f) == best_framework), None)
-    if not best_name or "tuned" not in per_round or best_name not in per_round:
+    if not best or "tuned" not in per_round or best not in per_round:
         return "-"
-    return _range([t / b for t, b in zip(per_round["tuned"], per_round[best_name], strict=True)], "{:.2f}")
-
-
-def _range(values: list[float], form: str) -> str:
-    if not values:
-        return "-"
-    low, high = min(values), max(values)
-    return form.format(low) if form.format(low) == form.format(high) else f"{form.format(low)}-{form.format(high)}"
+    ratios = [t / b for t, b in zip(per_round["tuned"], per_round[best], strict=True)]
+    low, high = f"{min(ratios):.2f}", f"{max(ratios):.2f}"
+    return low if low == high else f"{low}-{high}"
 
 
 def kernel_rows(name: str, tuned: dict, timed: dict, limits) -> list[dict]:
