@@ -167,6 +167,12 @@ def _add_tune(commands) -> None:
         action="store_true",
         help="compute 3x3 convolutions directly on a CPU, not by Winograd's algorithm",
     )
+    tune.add_argument(
+        "--no-block-fusion",
+        action="store_true",
+        help="keep a 1x1 expanding convolution and the depthwise one after it as two kernels on a CPU "
+        "(MobileNet's inverted-residual blocks)",
+    )
     _add_objective_options(tune)
     tune.add_argument(
         "--scheduler",
@@ -308,7 +314,11 @@ def _tune(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         trials=args.trials,
         trials_per_task=args.trials_per_task,
-        lowering=LoweringOptions(fast_math=not args.exact_math, winograd=False if args.no_winograd else None),
+        lowering=LoweringOptions(
+            fast_math=not args.exact_math,
+            winograd=False if args.no_winograd else None,
+            fuse_expand_depthwise=False if args.no_block_fusion else None,
+        ),
         stop=stop,
         task_stop=task_stop,
         scheduler=args.scheduler,

@@ -23,7 +23,10 @@ from tvm.s_tir.schedule import _ffi_api as _ffi_api_schedule
 from measure.contract import is_cuda
 from measure.tensor_cores import ensure_tensor_intrinsics, trace_uses_tensor_intrinsics
 
+from . import schedule_rules
 from .targets import cuda_arch_number
+
+schedule_rules.register()
 
 MAX_SEED = 2**31 - 1
 

@@ -7,8 +7,10 @@ looks up:
    before them (and the rest decomposed into element-wise arithmetic), constants folded, the
    importers' slow forms replaced (``rewrites``), and, with ``fast_math``, exp/erf/tanh/sigmoid/
    softmax computed by vectorisable approximations instead of one libm call per element; on a
-   CPU, convolutions computed channels-last (``channels_last``), and those 3x3 convolutions of
-   stride 1 that reuse their weights enough by Winograd's algorithm (``winograd``);
+   CPU, convolutions computed channels-last (``channels_last``), those 3x3 convolutions of
+   stride 1 that reuse their weights enough by Winograd's algorithm (``winograd``), and each 1x1
+   expanding convolution with the depthwise convolution after it as one kernel
+   (``inverted_residual``);
 2. TVM's legalization and operator fusion (element-wise epilogues such as bias, activation and
    residual add fuse into the convolution or matmul that produces them);
 3. layout-only kernels pulled into the kernels that consume them (``layout_fusion``), pure
@@ -26,6 +28,7 @@ from tvm import relax
 from tvm.relax import pipeline as relax_pipeline
 
 from .channels_last import ChannelsLastConvolutions
+from .inverted_residual import FuseExpandDepthwise
 from .layout_free import KeepLayoutFreeWeightsOfReductions
 from .layout_fusion import FuseLayoutIntoConsumers
 from .rewrites import SimplifyImportedGraph
@@ -44,6 +47,8 @@ class LoweringOptions:
     layout_free_weights: bool = True
     channels_last: bool | None = None  # convolutions in NHWC; None: on CPUs, where it is faster
     winograd: bool | None = None  # channels-last 3x3 convolutions by Winograd's algorithm; None: on CPUs
+    # a 1x1 expanding convolution and the depthwise one after it as one kernel; None: on CPUs
+    fuse_expand_depthwise: bool | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -55,7 +60,7 @@ class LoweringOptions:
 
 
 # Options added after work dirs began recording theirs, with the behaviour those work dirs were tuned with.
-_PREDATING_RECORDS = {"winograd": False}
+_PREDATING_RECORDS = {"winograd": False, "fuse_expand_depthwise": False}
 
 
 def _on_cpus_by_default(option: bool | None, target: tvm.target.Target | None) -> bool:
@@ -73,6 +78,12 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions()]  # biases must be constants to move past
         if _on_cpus_by_default(options.winograd, target):
             passes.append(WinogradConvolutions())
+        if _on_cpus_by_default(options.fuse_expand_depthwise, target):
+            passes += [
+                relax.transform.FoldConstant(),  # the weights in HWIO
+                FuseExpandDepthwise(),
+                relax.transform.DeadCodeElimination(["main"]),
+            ]
     if options.fast_math:
         passes.append(relax.transform.FastMathTransform())
     return [

@@ -1,0 +1,122 @@
+"""A 1x1 expanding convolution and the depthwise convolution after it as one kernel
+(tuner.lowering.inverted_residual, scheduled by tuner.schedule_rules): which blocks are fused, that
+the fused kernel's design space replays under new decisions, and that the model built with its
+schedules, by real TVM, still computes what PyTorch computes."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+
+from measure.build_job import build_lowered_model
+from tuner import metaschedule as msc
+from tuner.lowering import LoweringOptions, inverted_residual
+from tuner.tasks import extract_tasks, lower_workload
+from workloads import load_workload
+
+torch = pytest.importorskip("torch")
+
+
+class _InvertedResidual(torch.nn.Module):
+    """MobileNetV2's block: 1x1 expansion, 3x3 depthwise (stride 1 or 2), 1x1 projection; batch norms
+    and ReLU6 between, the input added back at stride 1."""
+
+    def __init__(self, channels: int, expansion: int, stride: int):
+        super().__init__()
+        wide = channels * expansion
+
+        def conv_bn(cin, cout, kernel, stride=1, groups=1, relu=True):
+            layers = [
+                torch.nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
+                torch.nn.BatchNorm2d(cout),
+            ]
+            return layers + ([torch.nn.ReLU6()] if relu else [])
+
+        self.stride = stride
+        self.body = torch.nn.Sequential(
+            *conv_bn(channels, wide, 1),
+            *conv_bn(wide, wide, 3, stride, groups=wide),
+            *conv_bn(wide, channels, 1, relu=False),
+        )
+        for module in self.body:  # batch-norm statistics that are not the identity
+            if isinstance(module, torch.nn.BatchNorm2d):
+                torch.nn.init.uniform_(module.weight, 0.5, 1.5)
+                torch.nn.init.uniform_(module.bias, -0.5, 0.5)
+                module.running_mean.uniform_(-0.2, 0.2)
+                module.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        y = self.body(x)
+        return x + y if self.stride == 1 else y
+
+
+def _block(stride: int, side: int, llvm_target, options=None):
+    """The block, its workload and the workload lowered."""
+    block = _InvertedResidual(8, 4, stride).eval()
+    workload = load_workload(block, [(1, 8, side, side)])
+    return block, workload, lower_workload(workload, llvm_target, options)
+
+
+def _fused_tasks(workload, target, lowered):
+    return [t for t in extract_tasks(workload, target, lowered) if t.name.startswith("expand_depthwise")]
+
+
+@pytest.fixture
+def fuse_small_blocks(monkeypatch):
+    """Fuse blocks whatever the size of their expanded activation, so that tests stay small."""
+    monkeypatch.setattr(inverted_residual, "MIN_EXPANDED_BYTES", 0)
+
+
+def _with_sampled_schedule(task, target, seed: int) -> ms.database.MemoryDatabase:
+    """A database holding one schedule drawn from the fused kernel's design space."""
+    context = msc.make_context(task.mod, target, seed=seed)
+    sch = msc.sample(task.mod, msc.design_spaces(context)[0], seed, msc.postprocessors(context))
+    assert sch is not None
+    database = ms.database.MemoryDatabase()
+    workload = database.commit_workload(task.mod)
+    args = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
+    database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [1e-3], target, args))
+    return database
+
+
+@pytest.mark.parametrize(("stride", "seed"), [(1, 3), (2, 5)])
+def test_a_fused_block_computes_what_pytorch_computes(stride, seed, llvm_target, fuse_small_blocks):
+    """One fused kernel per block (the projection stays a kernel of its own), built with a schedule from
+    its design space: the padding rows and columns, the halo between row bands and the weights'
+    rewritten layout must all come out right."""
+    block, workload, lowered = _block(stride, 20, llvm_target)
+    (task,) = _fused_tasks(workload, llvm_target, lowered)
+    x = np.random.default_rng(stride).standard_normal((1, 8, 20, 20)).astype("float32")
+    database = _with_sampled_schedule(task, llvm_target, seed)
+    vm = relax.VirtualMachine(build_lowered_model(lowered, llvm_target, database), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    with torch.no_grad():
+        expected = block(torch.from_numpy(x)).numpy().astype(np.float64)
+    assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) < 1e-5
+
+
+def test_the_design_space_replays_whatever_tiles_are_drawn(llvm_target, fuse_small_blocks):
+    """The search draws and mutates the space's tile sizes: every draw must give a schedule that the
+    postprocessors accept (a loop count that depends on a draw breaks the trace's replay)."""
+    _, workload, lowered = _block(2, 24, llvm_target)
+    (task,) = _fused_tasks(workload, llvm_target, lowered)
+    context = msc.make_context(task.mod, llvm_target, seed=1)
+    space, postprocs = msc.design_spaces(context)[0], msc.postprocessors(context)
+    assert all(msc.sample(task.mod, space, seed, postprocs) is not None for seed in range(1, 9))
+
+
+def test_only_expansions_larger_than_a_cores_cache_are_fused(llvm_target):
+    """The default threshold keeps a block whose expanded activation fits the L2 as two kernels; a
+    larger one is fused; with the option off, none is."""
+    _, small, lowered = _block(1, 20, llvm_target)  # 20x20x32 floats: 51 KB
+    assert _fused_tasks(small, llvm_target, lowered) == []
+    _, large, lowered = _block(1, 96, llvm_target)  # 96x96x32 floats: 1.2 MB
+    assert len(_fused_tasks(large, llvm_target, lowered)) == 1
+    off = lower_workload(large, llvm_target, LoweringOptions(fuse_expand_depthwise=False))
+    assert _fused_tasks(large, llvm_target, off) == []
+
+
+def test_a_work_dir_tuned_before_the_fusion_existed_is_applied_without_it():
+    before = {k: v for k, v in LoweringOptions().as_dict().items() if k != "fuse_expand_depthwise"}
+    assert LoweringOptions.from_record(before).fuse_expand_depthwise is False

@@ -1,0 +1,77 @@
+"""Design spaces of ours for kernels that MetaSchedule's own rules cannot schedule well.
+
+A kernel's block names such a space with a ``schedule_rule`` annotation; MetaSchedule's
+``ApplyCustomRule`` then calls the function registered here under
+``s_tir.meta_schedule.<target key>.<name>`` instead of its generic rules. The spaces use MetaSchedule's
+sampling instructions, so that the search draws and mutates their tile sizes as it does its own.
+"""
+
+from __future__ import annotations
+
+import tvm_ffi
+from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import SBlockRV
+
+EXPAND_DEPTHWISE_RULE = "tuner_expand_depthwise"
+
+VECTOR_LANES = 16  # fp32 lanes of AVX-512; the kernel's channels are a multiple of it
+MAX_OUTPUT_ROWS = 8  # output rows per tile: more rows share the tile's halo, fewer give more parallel work
+MAX_OUTPUT_COLUMNS = 8  # depthwise accumulators per row and vector of channels
+MAX_CHANNEL_VECTORS = 4  # channel vectors per tile
+EXPAND_PIXELS = (2, 4, 6, 8)  # pixels of the expanding GEMM's register tile
+
+
+def schedule_expand_depthwise(sch: Schedule, depthwise: SBlockRV) -> list[Schedule]:
+    """A 1x1 expanding convolution and the depthwise convolution that consumes it, computed tile by tile
+    (``tuner.lowering.inverted_residual``): each parallel task takes a band of output rows and a group of
+    channels, computes the expanded activation that band needs (with its halo) into a buffer that
+    stays in the core's cache, then the depthwise convolution over it. The expanded activation never
+    goes to memory."""
+    expand, padded = sch.get_sblock("expand"), "expand_padded"
+    sch.compute_inline(sch.get_sblock("data_clamped"))
+    depthwise_out = sch.cache_write(depthwise, 0, "local")
+    sch.reverse_compute_inline(sch.get_sblock("depthwise_epilogue"))
+
+    batch, rows, columns, channels, kernel_h, kernel_w = sch.get_loops(depthwise)
+    row_tiles, tile_rows = sch.split(rows, sch.sample_perfect_tile(rows, n=2, max_innermost_factor=MAX_OUTPUT_ROWS))
+    column_tiles, tile_columns = sch.split(
+        columns, sch.sample_perfect_tile(columns, n=2, max_innermost_factor=MAX_OUTPUT_COLUMNS)
+    )
+    channel_vectors, lanes = sch.split(channels, [None, VECTOR_LANES])
+    channel_tiles, tile_vectors = sch.split(
+        channel_vectors, sch.sample_perfect_tile(channel_vectors, n=2, max_innermost_factor=MAX_CHANNEL_VECTORS)
+    )
+    sch.reorder(
+        batch, row_tiles, channel_tiles, column_tiles, tile_rows, tile_columns, kernel_h, kernel_w, tile_vectors, lanes
+    )
+    sch.reverse_compute_at(depthwise_out, tile_rows, preserve_unit_loops=True)
+
+    expand_out = sch.cache_write(expand, 0, "local")
+    sch.reverse_compute_inline(sch.get_sblock(padded))
+    sch.compute_at(expand_out, channel_tiles, preserve_unit_loops=True)
+    sch.compute_at(expand, channel_tiles, preserve_unit_loops=True)
+    e_rows, e_columns, e_channels, e_inputs = sch.get_loops(expand)[-4:]
+    pixels = sch.sample_categorical(list(EXPAND_PIXELS), [1.0 / len(EXPAND_PIXELS)] * len(EXPAND_PIXELS))
+    e_column_tiles, e_tile_columns = sch.split(e_columns, [None, pixels])
+    e_vectors, e_lanes = sch.split(e_channels, [None, VECTOR_LANES])
+    sch.reorder(e_rows, e_column_tiles, e_inputs, e_tile_columns, e_vectors, e_lanes)
+    sch.reverse_compute_at(expand_out, e_column_tiles, preserve_unit_loops=True)
+
+    for loop in (tile_columns, kernel_h, kernel_w, tile_vectors, e_tile_columns, e_vectors):
+        sch.unroll(loop)
+    for loop in (lanes, e_lanes):
+        sch.vectorize(loop)
+    for block in (depthwise_out, expand_out):
+        sch.vectorize(sch.split(sch.get_loops(block)[-1], [None, VECTOR_LANES])[1])
+    sch.parallel(sch.fuse(batch, row_tiles, channel_tiles))
+    # keeps MetaSchedule's generic rules from annotating the kernel for parallelising and unrolling
+    # again, which its postprocessors would then fail to apply over the loops above
+    sch.annotate(sch.get_sblock("root"), "schedule_rule", "None")
+    return [sch]
+
+
+def register() -> None:
+    """Make the rules known to MetaSchedule in this process (idempotent)."""
+    tvm_ffi.register_global_func(
+        f"s_tir.meta_schedule.cpu.{EXPAND_DEPTHWISE_RULE}", schedule_expand_depthwise, override=True
+    )
