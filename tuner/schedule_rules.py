@@ -27,7 +27,7 @@ def schedule_expand_depthwise(sch: Schedule, depthwise: SBlockRV) -> list[Schedu
     channels, computes the expanded activation that band needs (with its halo) into a buffer that
     stays in the core's cache, then the depthwise convolution over it. The expanded activation never
     goes to memory."""
-    expand, padded = sch.get_sblock("expand"), "expand_padded"
+    expand = sch.get_sblock("expand")
     sch.compute_inline(sch.get_sblock("data_clamped"))
     depthwise_out = sch.cache_write(depthwise, 0, "local")
     sch.reverse_compute_inline(sch.get_sblock("depthwise_epilogue"))
@@ -47,7 +47,7 @@ def schedule_expand_depthwise(sch: Schedule, depthwise: SBlockRV) -> list[Schedu
     sch.reverse_compute_at(depthwise_out, tile_rows, preserve_unit_loops=True)
 
     expand_out = sch.cache_write(expand, 0, "local")
-    sch.reverse_compute_inline(sch.get_sblock(padded))
+    sch.reverse_compute_inline(sch.get_sblock("expand_padded"))
     sch.compute_at(expand_out, channel_tiles, preserve_unit_loops=True)
     sch.compute_at(expand, channel_tiles, preserve_unit_loops=True)
     e_rows, e_columns, e_channels, e_inputs = sch.get_loops(expand)[-4:]
