@@ -47,6 +47,14 @@ def test_resuming_measures_nothing_twice(tmp_path):
     assert len({candidate for candidate, _ in after}) == 12
 
 
+def test_a_work_dir_is_resumed_only_with_the_cache_state_it_was_timed_with(tmp_path):
+    tune("matmul-128", trials=8, work_dir=tmp_path, batch_size=8, progress=False, verify=False)
+    first = _records(tmp_path)
+    with pytest.raises(TunerError, match=r"tuned with warm caches: resume it without --cold-cache"):
+        tune("matmul-128", trials=12, work_dir=tmp_path, batch_size=8, progress=False, verify=False, cold_cache=True)
+    assert _records(tmp_path) == first
+
+
 def test_a_relax_model_is_tuned_task_by_task_and_runs(tmp_path):
     from tvm import relax
 

@@ -44,6 +44,7 @@ from .workdir import (
     JobTask,
     ResultRecord,
     WorkDir,
+    read_meta,
     storage_errno,
     write_meta,
 )
@@ -77,6 +78,7 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
         held.enter_context(plan.work_dir.lock())
         db = plan.work_dir.open_database()
         held.callback(db.close)
+        check_timing_matches(db, options.cold_cache, plan.work_dir)
         engine = make_engine(
             plan.target, plan.work_dir.path, options.build_workers, options.cluster, options.cold_cache
         )
@@ -84,7 +86,7 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
         with _saving_work(db, plan.target):
             start_engine(engine, report)  # local workers import TVM while the tasks and search spaces are prepared
             lowering = options.lowering or LoweringOptions()
-            tasks = prepare_tasks(plan, lowering, options.trials_per_task, db)
+            tasks = prepare_tasks(plan, lowering, options.trials_per_task, db, options.cold_cache)
             cost_model = CostModel(seed=options.seed)
             loop = TuningLoop(
                 tasks.tasks, plan.target, db, engine, cost_model, options.seed, _loop_config(options), report
@@ -144,6 +146,20 @@ def run_objectives(trials: Any, stop: Objectives | None) -> Objectives:
             "nothing would end this run: give trials, or a time, energy, money or no-improvement objective in stop"
         )
     return objectives
+
+
+def check_timing_matches(db: TuningDatabase, cold_cache: bool, work_dir: WorkDir) -> None:
+    """Refuse to resume a work dir whose kernels were timed with the other cache state: the search
+    would compare warm and cold timings as equals (MobileNetV2's kernels add up to 3.29 ms warm and
+    4.51 ms cold)."""
+    job = read_meta(db, JobRecord)
+    if job is None or job.cold_cache == cold_cache or db.count_records() == 0:
+        return
+    tuned, flag = ("cold", "with") if job.cold_cache else ("warm", "without")
+    raise TunerError(
+        f"{work_dir.path} was tuned with {tuned} caches: resume it {flag} --cold-cache (cold_cache={job.cold_cache}),"
+        " or tune in a new work dir"
+    )
 
 
 # -- phase 2: the engine ------------------------------------------------------------------------
@@ -214,7 +230,9 @@ def _saved(db: TuningDatabase) -> str:
 
 
 # -- phase 3: the tasks ---------------------------------------------------------------------------
-def prepare_tasks(plan: Plan, lowering: LoweringOptions, trials_per_task: int | None, db: TuningDatabase) -> Tasks:
+def prepare_tasks(
+    plan: Plan, lowering: LoweringOptions, trials_per_task: int | None, db: TuningDatabase, cold_cache: bool = False
+) -> Tasks:
     lowered = lower_workload(plan.workload, plan.target, lowering)
     tasks = extract_tasks(plan.workload, plan.target, lowered)
     objectives = plan.objectives
@@ -228,6 +246,7 @@ def prepare_tasks(plan: Plan, lowering: LoweringOptions, trials_per_task: int | 
         lowering=lowering.as_dict(),
         inputs=[[s.name, list(s.shape), s.dtype] for s in workload.inputs],
         tasks=[JobTask(t.name, db.kernel_id(t.mod, t.name), t.weight, t.flops) for t in tasks],
+        cold_cache=cold_cache,
     )
     write_meta(db, job)
     return Tasks(lowered, tasks, objectives)

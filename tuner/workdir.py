@@ -134,6 +134,7 @@ class JobRecord(_MetaRecord):
     lowering: dict = field(default_factory=dict)  # LoweringOptions.as_dict()
     inputs: list = field(default_factory=list)  # [name, shape, dtype] per input
     tasks: list[JobTask] = field(default_factory=list)
+    cold_cache: bool = False  # CPU kernels timed with their arguments flushed from the caches
 
     @classmethod
     def from_dict(cls, data: dict) -> JobRecord:
