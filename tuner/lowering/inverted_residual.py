@@ -304,7 +304,7 @@ class _FuseExpandDepthwise(PyExprMutator):
         block = self.match(call) if ends_block and isinstance(call, Call) else None
         if block is None:
             return call
-        fused = self.builder_.call_te(
+        return self.builder_.call_te(
             expand_depthwise,
             block.data,
             relax.const(block.expand_weight),
@@ -316,10 +316,8 @@ class _FuseExpandDepthwise(PyExprMutator):
             block.stride,
             block.padding,
             primfunc_name_hint="expand_depthwise",
+            primfunc_attrs={"op_pattern": OPAQUE_PATTERN},
         )
-        gv = fused.args[0]
-        self.builder_.update_func(gv, self.builder_.get()[gv].with_attr("op_pattern", OPAQUE_PATTERN))
-        return fused
 
 
 @tvm.transform.module_pass(opt_level=0, name="FuseExpandDepthwise")
