@@ -30,7 +30,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 from workloads.relax_functions import rewrite_functions
 
-from .rewrites import static_shape
+from .rewrites import op_name, static_shape
 
 # Channels are the vectorised axis of an NHWC convolution; MetaSchedule tiles an axis only by its
 # exact divisors, so an output-channel count that is not a multiple of the vector length (1000
@@ -92,12 +92,7 @@ class _ChannelsLast(PyExprMutator):
             if isinstance(tuple_value, relax.Tuple):
                 return self._nchw_source(tuple_value.fields[int(value.index)])
             return None
-        if (
-            isinstance(value, Call)
-            and isinstance(value.op, tvm.ir.Op)
-            and value.op.name == "relax.permute_dims"
-            and _axes(value) == TO_NCHW
-        ):
+        if op_name(value) == "relax.permute_dims" and _axes(value) == TO_NCHW:
             return value.args[0]
         return None
 
@@ -169,10 +164,7 @@ class _ChannelsLast(PyExprMutator):
         """Two transposes in a row as one, or none where they undo each other."""
         inner = self.lookup_binding(call.args[0]) if isinstance(call.args[0], relax.Var) else None
         outer = _axes(call)
-        if (
-            not (isinstance(inner, Call) and isinstance(inner.op, tvm.ir.Op) and inner.op.name == "relax.permute_dims")
-            or outer is None
-        ):
+        if op_name(inner) != "relax.permute_dims" or outer is None:
             return call
         first = _axes(inner)
         if first is None or len(first) != len(outer):

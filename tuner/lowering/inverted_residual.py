@@ -28,7 +28,7 @@ from workloads.relax_functions import rewrite_functions
 
 from ..metaschedule import FLOPS_ANNOTATION
 from ..schedule_rules import EXPAND_DEPTHWISE_RULE, VECTOR_LANES
-from .rewrites import static_shape
+from .rewrites import op_name, static_shape
 
 # (low, high) bounds of a clip or ReLU; None where unbounded
 Activation = tuple[float | None, float | None]
@@ -131,12 +131,8 @@ def expand_depthwise(
     )
 
 
-def _op_name(expr: Expr) -> str | None:
-    return expr.op.name if isinstance(expr, Call) and isinstance(expr.op, tvm.ir.Op) else None
-
-
 def _activation(call: Call) -> Activation | None:
-    name = _op_name(call)
+    name = op_name(call)
     if name == "relax.nn.relu":
         return (0.0, None)
     if name == "relax.nn.relu6":
@@ -163,7 +159,7 @@ def _conv_layout_ok(call: Call) -> bool:
 def _is_depthwise(expr: Expr) -> bool:
     """A depthwise convolution, equally strided both ways, over a multiple of the vector length of
     channels."""
-    if _op_name(expr) != _CONV or not _conv_layout_ok(expr):
+    if op_name(expr) != _CONV or not _conv_layout_ok(expr):
         return False
     _, _, per_group, channels = static_shape(expr.args[1])
     strides = [int(s) for s in expr.attrs.strides]
@@ -177,7 +173,7 @@ def _is_depthwise(expr: Expr) -> bool:
 
 def _is_expansion(expr: Expr) -> bool:
     """A 1x1 convolution of stride 1, without padding."""
-    if _op_name(expr) != _CONV or not _conv_layout_ok(expr) or int(expr.attrs.groups) != 1:
+    if op_name(expr) != _CONV or not _conv_layout_ok(expr) or int(expr.attrs.groups) != 1:
         return False
     kernel_h, kernel_w, _, _ = static_shape(expr.args[1])
     return (
@@ -230,11 +226,11 @@ class _Dataflow:
 def _continues(value: Expr, user: Expr | None) -> bool:
     """Whether ``user`` extends the block that ends at ``value``: a bias after a convolution, an
     activation after either."""
-    if user is None or _op_name(value) in _ACTIVATIONS:
+    if user is None or op_name(value) in _ACTIVATIONS:
         return False
-    if _op_name(user) in _ACTIVATIONS:
+    if op_name(user) in _ACTIVATIONS:
         return True
-    return _op_name(value) == _CONV and _op_name(user) == _ADD and isinstance(user.args[1], Constant)
+    return op_name(value) == _CONV and op_name(user) == _ADD and isinstance(user.args[1], Constant)
 
 
 @expr_functor.mutator
@@ -252,14 +248,14 @@ class _FuseExpandDepthwise(PyExprMutator):
     def _bias_and_activation(self, end: Expr) -> tuple[Expr, Expr | None, Activation] | None:
         """``end`` read as ``act(add(x, bias))``, with either part optional: (x, bias or None, act)."""
         activation: Activation = (None, None)
-        if _op_name(end) in _ACTIVATIONS:
+        if op_name(end) in _ACTIVATIONS:
             found = _activation(end)
             if found is None:
                 return None
             activation, end = found, self._producer(end.args[0])
         if end is None:
             return None
-        if _op_name(end) == _ADD and isinstance(end.args[1], Constant):
+        if op_name(end) == _ADD and isinstance(end.args[1], Constant):
             producer = self._producer(end.args[0])
             return None if producer is None else (producer, end.args[1], activation)
         return end, None, activation

@@ -21,6 +21,11 @@ def static_shape(expr: Expr) -> tuple[int, ...] | None:
     return tuple(int(d) for d in values)
 
 
+def op_name(expr: Expr) -> str | None:
+    """The operator ``expr`` calls, if it is a call of a Relax operator."""
+    return expr.op.name if isinstance(expr, Call) and isinstance(expr.op, tvm.ir.Op) else None
+
+
 def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
     exp = topi.fast_exp(topi.negative(x))
     return te.compute(
@@ -96,12 +101,10 @@ class _Rewriter(PyExprMutator):
         super().__init__(mod)
         self.fast_math = fast_math
 
-    def _bound_call(self, expr: Expr, op_name: str) -> Call | None:
-        """The call ``expr`` is bound to, if it is a call of ``op_name``."""
+    def _bound_call(self, expr: Expr, wanted: str) -> Call | None:
+        """The call ``expr`` is bound to, if it is a call of the operator ``wanted``."""
         value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
-        if isinstance(value, Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == op_name:
-            return value
-        return None
+        return value if op_name(value) == wanted else None
 
     def visit_call_(self, call: Call) -> Expr:
         call = super().visit_call_(call)
@@ -262,17 +265,17 @@ class _Rewriter(PyExprMutator):
         """Whether ``condition`` is not(any(not(scores == -inf))) along the last axis, keeping dims."""
         chain = ["relax.logical_not", "relax.max", "relax.logical_not", "relax.equal"]
         expr = condition
-        for op_name in chain:
+        for wanted in chain:
             expr = self._skip_casts(expr)
-            call = self._bound_call(expr, op_name)
+            call = self._bound_call(expr, wanted)
             if call is None:
                 return False
-            if op_name == "relax.max" and (
+            if wanted == "relax.max" and (
                 not call.attrs.keepdims
                 or [int(a) for a in call.attrs.axis] not in ([-1], [len(static_shape(scores) or ()) - 1])
             ):
                 return False
-            if op_name == "relax.equal":
+            if wanted == "relax.equal":
                 bound = call.args[1]
                 return (
                     call.args[0].same_as(scores)
@@ -324,7 +327,7 @@ class _SoftmaxRewriter(PyExprMutator):
 
     def visit_call_(self, call: Call) -> Expr:
         call = super().visit_call_(call)
-        if not isinstance(call, Call) or not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.softmax":
+        if op_name(call) != "relax.nn.softmax":
             return call
         shape = static_shape(call)
         if shape is None or int(call.attrs.axis) not in (-1, len(shape) - 1):
