@@ -231,7 +231,7 @@ def _saved(db: TuningDatabase) -> str:
 
 # -- phase 3: the tasks ---------------------------------------------------------------------------
 def prepare_tasks(
-    plan: Plan, lowering: LoweringOptions, trials_per_task: int | None, db: TuningDatabase, cold_cache: bool = False
+    plan: Plan, lowering: LoweringOptions, trials_per_task: int | None, db: TuningDatabase, cold_cache: bool
 ) -> Tasks:
     lowered = lower_workload(plan.workload, plan.target, lowering)
     tasks = extract_tasks(plan.workload, plan.target, lowered)
