@@ -14,7 +14,7 @@ from tvm.s_tir.schedule import SBlockRV
 
 EXPAND_DEPTHWISE_RULE = "tuner_expand_depthwise"
 
-VECTOR_LANES = 16  # fp32 lanes of AVX-512; the kernel's channels are a multiple of it
+VECTOR_LANES = 16  # fp32 lanes of AVX-512; the kernels vectorise their channels by it
 MAX_OUTPUT_ROWS = 8  # output rows per tile: more rows share the tile's halo, fewer give more parallel work
 MAX_OUTPUT_COLUMNS = 8  # depthwise accumulators per row and vector of channels
 MAX_CHANNEL_VECTORS = 4  # channel vectors per tile

@@ -30,14 +30,14 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 from workloads.relax_functions import rewrite_functions
 
+from ..schedule_rules import VECTOR_LANES
 from .rewrites import op_name, static_shape
 
 # Channels are the vectorised axis of an NHWC convolution; MetaSchedule tiles an axis only by its
 # exact divisors, so an output-channel count that is not a multiple of the vector length (1000
 # classes) gets half-width vectors at best: SqueezeNet's 512 -> 1000 classifier ran well below the
 # rate its other convolutions reach. Such a convolution gets zero weights up to the next multiple
-# and its result sliced back, where that adds at most 1/8 of work.
-VECTOR_LANES = 16  # fp32 lanes of AVX-512
+# and its result sliced back, where that adds at most 1/8 of work (VECTOR_LANES: AVX-512's fp32 lanes).
 MAX_PADDING = 0.125
 
 # Measured here (64 trials each, alone, experiments/vs_frameworks.md): channels-last with its edge transposes
