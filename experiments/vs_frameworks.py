@@ -194,10 +194,12 @@ def _ms(seconds: float | None) -> str:
     return f"{seconds * 1e3:.3f}" if seconds else "-"
 
 
-def model_row(name: str, tuned: dict, timed: dict) -> dict:
+def model_row(name: str, tuned: dict, timed: dict, limits) -> dict:
     latency = timed["latency"]
     best = min((f for f in FRAMEWORKS if latency.get(f)), key=latency.get, default=None)
     ratio = latency["tuned"] / latency[best] if latency.get("tuned") and best else None
+    floor = arithmetic_floor(tuned, limits.peak_gflops)
+    floor_ratio = floor / latency[best] if floor and best else None
     row = {
         "workload": name,
         "tasks": len(tuned["tasks"]),
@@ -208,12 +210,22 @@ def model_row(name: str, tuned: dict, timed: dict) -> dict:
         **{f"{f} (ms)": _ms(latency.get(f)) for f in FRAMEWORKS},
         "tuned / best": f"{ratio:.2f}" if ratio else "-",
         "by round": _ratio_range(timed, best),
+        "FLOPs at peak / best": f"{floor_ratio:.2f}" if floor_ratio else "-",
         "kernels alone (ms)": _ms(sum(t["launches"] * t["latency"] for t in tuned["tasks"] if t["latency"])),
         "kernels in model (ms)": _ms(sum(timed.get("kernels_in_model", {}).values())),
         "tuned error": f"{timed['errors'].get('tuned', float('nan')):.1e}",
         "_ratio": ratio,
+        "_floor_ratio": floor_ratio,
     }
     return row
+
+
+def arithmetic_floor(tuned: dict, peak_gflops: float) -> float:
+    """The seconds the model's kernels take if every one of them computes at the machine's peak: a
+    lower bound on the latency of this lowering, whose kernels do these FLOPs. (Not the roofline's
+    memory term: measured alone or in a model, small activations come from cache, faster than the
+    copy bandwidth.)"""
+    return sum(t["launches"] * t["flops"] for t in tuned["tasks"] if t["latency"]) / (peak_gflops * 1e9)
 
 
 def _ratio_range(timed: dict, best: str | None) -> str:
@@ -273,6 +285,7 @@ def _public(rows: list[dict]) -> list[dict]:
 
 def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: int) -> str:
     ratios = [r["_ratio"] for r in models if r["_ratio"]]
+    floors = [r["_floor_ratio"] for r in models if r["_ratio"] and r["_floor_ratio"]]
     gemm = sorted(k["_peak_fraction"] for k in kernels if k["_gemm"])
     low = [k for k in kernels if k["_roofline_fraction"] < 0.10]
     lines = [
@@ -284,6 +297,9 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
         "tensors; `tuned error` is the largest deviation from PyTorch eager's output relative to its largest value. "
         "`by round`: the ratio in each of the 10 interleaved rounds; where it spreads, the VM's vCPUs moved during "
         "the timing to where sharing data between threads costs more (see `experiments/cross_core.py`). "
+        "`FLOPs at peak / best`: the model's kernels' FLOPs at the machine's peak against the best framework, the "
+        "lowest ratio this lowering can reach here; the FLOPs are the kernels' own (Winograd's and Strassen's "
+        "kernels do fewer than the direct forms the frameworks compute). "
         "`kernels alone`: the tuned kernels' times as the tuning measured them (each alone, its data in cache), "
         "added up; `kernels in model`: the same kernels timed inside the model (`CompiledModel.kernel_times`; "
         "Python runs between the kernels then, which slows short ones).",
@@ -295,8 +311,8 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
     ]
     if ratios:
         lines.append(
-            f"Geometric mean of tuned / best framework: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f} over "
-            f"{len(ratios)} workloads."
+            f"Geometric mean of tuned / best framework: {_geomean(ratios):.2f} over {len(ratios)} workloads"
+            + (f"; at the FLOPs' peak: {_geomean(floors):.2f}." if len(floors) == len(ratios) else ".")
         )
     if gemm:
         lines.append(
@@ -308,6 +324,10 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
     )
     lines += ["", "Per kernel: kernels.csv.", ""]
     return "\n".join(lines)
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 def plot(models: list[dict], timed: dict[str, dict], path: Path) -> None:
@@ -440,7 +460,7 @@ def main() -> None:
             failures.append(f"{name}: {error_line(err)}")
             continue
         timed_all[name] = timed
-        model_rows.append(model_row(name, tuned, timed))
+        model_rows.append(model_row(name, tuned, timed, limits))
         all_kernels += kernel_rows(name, tuned, timed, limits)
         for framework, why in timed["missing"].items():
             print(f"{name}: {framework} unavailable: {why}", flush=True)

@@ -35,6 +35,7 @@ def test_the_quick_run_times_every_runtime_and_writes_its_tables(tmp_path):
         assert float(row["tuned / best"]) > 0
         assert float(row["by round"].split("-")[0]) > 0  # the ratio of each interleaved round
         assert float(row["kernels in model (ms)"]) > 0  # the tuned kernels profiled inside the model
+        assert float(row["FLOPs at peak / best"]) > 0  # the kernels' arithmetic at the machine's peak
     kernels = _rows(tmp_path / "kernels.csv")
     assert {k["workload"] for k in kernels} == set(models)
     direct = [k for k in kernels if "conv2d" in k["kernel"] and "winograd" not in k["kernel"]]
@@ -42,7 +43,7 @@ def test_the_quick_run_times_every_runtime_and_writes_its_tables(tmp_path):
     assert all(0 < float(k["% of roofline"].rstrip("%")) for k in kernels)
     assert all(float(k["in model (us)"]) > 0 for k in kernels)  # every tuned kernel found in the model
     summary = (tmp_path / "vs_frameworks.md").read_text()
-    assert "Machine limits" in summary and "Geometric mean" in summary
+    assert "Machine limits" in summary and "Geometric mean" in summary and "at the FLOPs' peak" in summary
     assert (tmp_path / "vs_frameworks.png").stat().st_size > 0
 
 
@@ -56,6 +57,17 @@ def test_the_roofline_bound_is_the_slower_of_compute_and_memory():
     assert limits.peak_gflops == 250.0
     assert limits.bound_seconds(flops=250e9, bytes_moved=1e9) == pytest.approx(1.0)  # compute-bound
     assert limits.bound_seconds(flops=1e9, bytes_moved=20e9) == pytest.approx(2.0)  # memory-bound
+
+    from experiments.vs_frameworks import arithmetic_floor
+
+    tuned = {
+        "tasks": [
+            {"launches": 3, "flops": 250e9, "bytes": 1e9, "latency": 1.5},  # 1 s at peak, three times
+            {"launches": 1, "flops": 1e9, "bytes": 20e9, "latency": 2.5},  # memory-bound: its FLOPs only
+            {"launches": 1, "flops": 9e12, "bytes": 1e9, "latency": None},  # no latency: left out, as from `kernels alone`
+        ]
+    }
+    assert arithmetic_floor(tuned, limits.peak_gflops) == pytest.approx(3.004)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here: the comparison would run")

@@ -173,6 +173,11 @@ def _add_tune(commands) -> None:
         help="keep a 1x1 expanding convolution and the depthwise one after it as two kernels on a CPU "
         "(MobileNet's inverted-residual blocks)",
     )
+    tune.add_argument(
+        "--no-strassen",
+        action="store_true",
+        help="compute large matmuls by constant weights directly on a CPU, not by one level of Strassen's algorithm",
+    )
     _add_objective_options(tune)
     tune.add_argument(
         "--scheduler",
@@ -318,6 +323,7 @@ def _tune(args: argparse.Namespace) -> int:
             fast_math=not args.exact_math,
             winograd=False if args.no_winograd else None,
             fuse_expand_depthwise=False if args.no_block_fusion else None,
+            strassen=False if args.no_strassen else None,
         ),
         stop=stop,
         task_stop=task_stop,

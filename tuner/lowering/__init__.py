@@ -10,7 +10,8 @@ looks up:
    CPU, convolutions computed channels-last (``channels_last``), those 3x3 convolutions of
    stride 1 that reuse their weights enough by Winograd's algorithm (``winograd``), and each 1x1
    expanding convolution with the depthwise convolution after it as one kernel
-   (``inverted_residual``);
+   (``inverted_residual``), and large matmuls by constant weights by one level of Strassen's algorithm
+   (``strassen``);
 2. TVM's legalization and operator fusion (element-wise epilogues such as bias, activation and
    residual add fuse into the convolution or matmul that produces them);
 3. layout-only kernels pulled into the kernels that consume them (``layout_fusion``), pure
@@ -32,6 +33,7 @@ from .inverted_residual import FuseExpandDepthwise
 from .layout_free import KeepLayoutFreeWeightsOfReductions
 from .layout_fusion import FuseLayoutIntoConsumers
 from .rewrites import SimplifyImportedGraph
+from .strassen import StrassenMatmuls
 from .winograd import WinogradConvolutions
 
 __all__ = ["FuseLayoutIntoConsumers", "LoweringOptions", "SimplifyImportedGraph", "lower_model"]
@@ -49,6 +51,8 @@ class LoweringOptions:
     winograd: bool | None = None  # channels-last 3x3 convolutions by Winograd's algorithm; None: on CPUs
     # a 1x1 expanding convolution and the depthwise one after it as one kernel; None: on CPUs
     fuse_expand_depthwise: bool | None = None
+    # large float32 matmuls by constant weights in 7 half-size products instead of 8; None: on CPUs
+    strassen: bool | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -60,7 +64,7 @@ class LoweringOptions:
 
 
 # Options added after work dirs began recording theirs, with the behaviour those work dirs were tuned with.
-_PREDATING_RECORDS = {"winograd": False, "fuse_expand_depthwise": False}
+_PREDATING_RECORDS = {"winograd": False, "fuse_expand_depthwise": False, "strassen": False}
 
 
 def _on_cpus_by_default(option: bool | None, target: tvm.target.Target | None) -> bool:
@@ -84,6 +88,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
                 FuseExpandDepthwise(),
                 relax.transform.DeadCodeElimination(["main"]),
             ]
+    if _on_cpus_by_default(options.strassen, target):
+        passes += [relax.transform.FoldConstant(), StrassenMatmuls()]  # the weights, transposed, as constants
     if options.fast_math:
         passes.append(relax.transform.FastMathTransform())
     return [
