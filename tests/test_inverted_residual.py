@@ -5,11 +5,9 @@ schedules, by real TVM, still computes what PyTorch computes."""
 
 import numpy as np
 import pytest
-import tvm
-from tvm import relax
+from lowered_models import error_against_torch
 from tvm.s_tir import meta_schedule as ms
 
-from measure.build_job import build_lowered_model
 from tuner import metaschedule as msc
 from tuner.lowering import LoweringOptions, inverted_residual
 from tuner.tasks import extract_tasks, lower_workload
@@ -89,11 +87,7 @@ def test_a_fused_block_computes_what_pytorch_computes(stride, seed, llvm_target,
     (task,) = _fused_tasks(workload, llvm_target, lowered)
     x = np.random.default_rng(stride).standard_normal((1, 8, 20, 20)).astype("float32")
     database = _with_sampled_schedule(task, llvm_target, seed)
-    vm = relax.VirtualMachine(build_lowered_model(lowered, llvm_target, database), tvm.cpu())
-    got = vm["main"](tvm.runtime.tensor(x)).numpy()
-    with torch.no_grad():
-        expected = block(torch.from_numpy(x)).numpy().astype(np.float64)
-    assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) < 1e-5
+    assert error_against_torch(block, lowered, llvm_target, x, database) < 1e-5
 
 
 def test_the_design_space_replays_whatever_tiles_are_drawn(llvm_target, fuse_small_blocks):

@@ -5,10 +5,9 @@ computes what PyTorch computes."""
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, te
-from tvm.s_tir import meta_schedule as ms
+from lowered_models import error_against_torch
+from tvm import te
 
-from measure.build_job import build_lowered_model
 from tuner.lowering import LoweringOptions, strassen
 from tuner.targets import resolve_target
 from tuner.tasks import lower_workload
@@ -66,11 +65,7 @@ def test_a_feed_forward_block_computes_what_pytorch_computes(llvm_target):
     model, lowered = _lowered(128, llvm_target)
     assert _batched_products(lowered) == 2
     x = np.random.default_rng(1).standard_normal((1, 128, 512)).astype("float32")
-    vm = relax.VirtualMachine(build_lowered_model(lowered, llvm_target, ms.database.MemoryDatabase()), tvm.cpu())
-    got = vm["main"](tvm.runtime.tensor(x)).numpy()
-    with torch.no_grad():
-        expected = model(torch.from_numpy(x)).numpy().astype(np.float64)
-    assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) < 1e-5
+    assert error_against_torch(model, lowered, llvm_target, x) < 1e-5
 
 
 def test_only_large_matmuls_on_cpus_take_strassen_form(llvm_target):

@@ -64,7 +64,7 @@ def test_the_roofline_bound_is_the_slower_of_compute_and_memory():
         "tasks": [
             {"launches": 3, "flops": 250e9, "bytes": 1e9, "latency": 1.5},  # 1 s at peak, three times
             {"launches": 1, "flops": 1e9, "bytes": 20e9, "latency": 2.5},  # memory-bound: its FLOPs only
-            {"launches": 1, "flops": 9e12, "bytes": 1e9, "latency": None},  # no latency: left out, as from `kernels alone`
+            {"launches": 1, "flops": 9e12, "bytes": 1e9, "latency": None},  # no latency: left out
         ]
     }
     assert arithmetic_floor(tuned, limits.peak_gflops) == pytest.approx(3.004)

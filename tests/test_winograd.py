@@ -3,11 +3,8 @@ lowered model, built by real TVM with its default schedules, still computes what
 
 import numpy as np
 import pytest
-import tvm
-from tvm import relax
-from tvm.s_tir import meta_schedule as ms
+from lowered_models import error_against_torch
 
-from measure.build_job import build_lowered_model
 from tuner.lowering import LoweringOptions
 from tuner.lowering.winograd import tile_size, transforms
 from tuner.tasks import extract_tasks, lower_workload
@@ -43,11 +40,7 @@ def test_a_residual_block_in_winograd_form_computes_what_pytorch_computes(side, 
     kernels = _winograd_kernels(workload, llvm_target, lowered)
     assert len(kernels) == 2 and any("relu" in k for k in kernels), kernels  # epilogues fused
     x = np.random.default_rng(0).standard_normal(shape).astype("float32")
-    vm = relax.VirtualMachine(build_lowered_model(lowered, llvm_target, ms.database.MemoryDatabase()), tvm.cpu())
-    got = vm["main"](tvm.runtime.tensor(x)).numpy()
-    with torch.no_grad():
-        expected = block(torch.from_numpy(x)).numpy().astype(np.float64)
-    assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) < 1e-5
+    assert error_against_torch(block, lowered, llvm_target, x) < 1e-5
 
 
 def test_only_stride_one_3x3_convolutions_over_enough_positions_take_winograd_form(llvm_target):

@@ -101,9 +101,7 @@ def strassen_operands(data: te.Tensor) -> te.Tensor:
 
     def operand(product, i, j):
         terms = _signed_terms(product, choices, 2)
-        return sum(
-            sign.astype(data.dtype) * data[r * half_rows + i, c * half_depth + j] for sign, r, c in terms
-        )
+        return sum(sign.astype(data.dtype) * data[r * half_rows + i, c * half_depth + j] for sign, r, c in terms)
 
     return te.compute((7, half_rows, half_depth), operand, name="strassen_operands")
 
