@@ -131,7 +131,8 @@ class _Strassen(PyExprMutator):
         rows, (depth, columns) = int(np.prod(shape[:-1])), weight.value.shape
         flat = self.builder_.emit(relax.op.reshape(data, (rows, depth)))
         operands = self.builder_.emit(
-            # a kernel of its own: fused with the element-wise kernel producing its input, it ran 6x slower
+            # a kernel of its own: fused into the kernel that produces its input, the two took 3.5x as
+            # long as apart (855 against about 245 us on BERT's feed-forward sizes)
             self.builder_.call_te(
                 strassen_operands,
                 flat,
