@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -311,8 +310,9 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
     ]
     if ratios:
         lines.append(
-            f"Geometric mean of tuned / best framework: {_geomean(ratios):.2f} over {len(ratios)} workloads"
-            + (f"; at the FLOPs' peak: {_geomean(floors):.2f}." if len(floors) == len(ratios) else ".")
+            f"Geometric mean of tuned / best framework: {statistics.geometric_mean(ratios):.2f} over "
+            f"{len(ratios)} workloads"
+            + (f"; at the FLOPs' peak: {statistics.geometric_mean(floors):.2f}." if len(floors) == len(ratios) else ".")
         )
     if gemm:
         lines.append(
@@ -324,10 +324,6 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
     )
     lines += ["", "Per kernel: kernels.csv.", ""]
     return "\n".join(lines)
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 def plot(models: list[dict], timed: dict[str, dict], path: Path) -> None:

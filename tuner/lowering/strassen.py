@@ -77,7 +77,7 @@ def strassen_weights(weight: np.ndarray) -> np.ndarray:
     return np.stack(sums).astype(weight.dtype)
 
 
-def _signed_terms(selector: tirx.PrimExpr, choices: list[tuple], width: int) -> list[tuple]:
+def _signed_terms(selector: tirx.PrimExpr, choices: list[list[tuple]], width: int) -> list[list[tirx.PrimExpr]]:
     """For each of ``width`` term positions, the scalar expressions (sign, *indices) chosen by
     ``selector``; a choice with fewer terms pads with sign 0 on its first term's indices."""
     padded = [list(terms) + [(0, *terms[0][1:])] * (width - len(terms)) for terms in choices]
