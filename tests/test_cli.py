@@ -56,6 +56,24 @@ def test_help_explains_each_command(tmp_path):
         assert run.returncode == 0 and len(run.stdout.splitlines()) > 5
 
 
+def test_the_command_line_starts_without_tvm_or_torch(tmp_path):
+    """`tuner --help` and a mistake answer at once: TVM and PyTorch load when a command needs them."""
+    probe = (
+        "import sys, tuner.cli; from tuner import TunerError; "
+        "print(sorted(m for m in ('tvm', 'torch', 'numpy') if m in sys.modules))"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr
+
+    public = subprocess.run(
+        [sys.executable, "-c", "import tuner, workloads; print(tuner.tune.__module__, workloads.Workload.__module__)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert public.stdout.split() == ["tuner.api", "workloads.workload"], public.stderr
+
+
 @pytest.mark.slow  # builds every model (a minute); test_workloads_lists_flops_tasks_and_sources lists from the cache
 def test_workloads_lists_builtins(tmp_path):
     run = tuner("workloads", cwd=tmp_path)
