@@ -33,6 +33,9 @@ class EngineConfig:
     remember_dop: bool = True  # start the DOP controller where the last run on this machine left it
     build_timeout: TimeoutPolicy = TimeoutPolicy(initial=120.0, floor=2.0)
     run_timeout: TimeoutPolicy = TimeoutPolicy(initial=60.0, floor=5.0, factor=20.0)
+    # The unscheduled kernel candidates are checked against runs once per task, on one CPU core: a
+    # 13-GFLOP matmul of the Llama-3 layer (its down projection in Strassen form) takes 50 s on this 2-core VM.
+    reference_timeout: float = 600.0
 
 
 def is_cuda(target: tvm.target.Target | str) -> bool:

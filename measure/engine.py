@@ -10,6 +10,7 @@ The DOP controller starts where the last run on this machine and device left it 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -330,21 +331,48 @@ class MeasureEngine(Engine):
     def compare_built(
         self, reference: BuildResult, candidate: BuildResult, reference_device: str, rtol: float
     ) -> VerifyResult:
-        """Run a built candidate and its built reference on the same inputs and compare."""
+        """Run a built candidate on the arguments its built reference was run on, and compare."""
+        try:
+            expected = self._reference_outputs(reference, reference_device, candidate.args)
+        except WorkerTimeout:
+            return VerifyResult(
+                None,
+                f"its unscheduled kernel takes over {self.config.reference_timeout:.0f} s on the CPU, too long to "
+                "check against",
+                worth_retrying=False,
+            )
+        except (WorkerError, WorkerCrashed) as err:
+            return VerifyResult(None, f"could not run the unscheduled kernel to compare: {err}")
         try:
             outcome = self._runners.call_alone(
                 "compare_outputs",
                 self.run_timeout.value * 10,
                 candidate=candidate.artifact,
                 candidate_device=self.device,
-                reference=reference.artifact,
-                reference_device=reference_device,
+                reference_outputs=str(expected),
                 args=candidate.args,
                 rtol=rtol,
             )
         except (WorkerError, WorkerTimeout, WorkerCrashed) as err:
             return VerifyResult(False, f"running the candidate to compare failed: {err}")
         return VerifyResult(bool(outcome["ok"]), outcome["detail"])
+
+    def _reference_outputs(self, reference: BuildResult, reference_device: str, args: Sequence) -> Path:
+        """The file of what the reference wrote (``run_job.reference_outputs``), run once per reference."""
+        digest = hashlib.sha256(Path(reference.artifact).read_bytes()).hexdigest()[:16]
+        path = self._artifact_dir / "references" / f"{digest}-{reference_device}.npz"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            ran = self._runners.call_alone(
+                "reference_outputs",
+                self.config.reference_timeout,
+                reference=reference.artifact,
+                reference_device=reference_device,
+                args=args,
+                path=str(path),
+            )
+            log.info("ran the unscheduled kernel to check candidates against in %.1f s", ran["seconds"])
+        return path
 
     # -- whole programs ---------------------------------------------------------------------------
     def compile_program(self, artifact: Path, timeout: float = 1800.0, **request) -> Path:

@@ -91,7 +91,9 @@ class MeasureResult:
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """Whether a candidate's output matched the unscheduled function's; ``ok`` is None if it could not be checked."""
+    """Whether a candidate's output matched the unscheduled function's; ``ok`` is None if it could not be
+    checked, and ``worth_retrying`` False where checking again would fail the same way."""
 
     ok: bool | None
     detail: str
+    worth_retrying: bool = True

@@ -57,6 +57,20 @@ def test_verify_tells_right_from_wrong(engine):
     assert wrong.ok is False and "relative error" in wrong.detail
 
 
+def test_a_task_is_run_unscheduled_once_for_all_its_candidates(engine):
+    for candidate in (faulty.wrong_copy(), faulty.copy(), faulty.copy()):
+        engine.verify(faulty.copy(), candidate, rtol=1e-3)
+    assert len(list((engine._artifact_dir / "references").iterdir())) == 1
+
+
+def test_a_reference_too_slow_to_run_leaves_the_candidate_unchecked_not_wrong(tmp_path, llvm_target):
+    config = EngineConfig(build_workers=1, reference_timeout=2.0)
+    with MeasureEngine(llvm_target, tmp_path, config) as engine:
+        outcome = engine.verify(faulty.hanging(), faulty.copy(1), rtol=1e-3)
+        assert outcome.ok is None and not outcome.worth_retrying and "too long" in outcome.detail, outcome
+        assert engine.verify(faulty.copy(), faulty.copy(), rtol=1e-3).ok is True
+
+
 def test_workers_start_once_and_are_reused(engine):
     list(engine.measure([MeasureInput("a", faulty.copy())]))
     pids = [w.pid for w in engine._builders] + [*[w.pid for w in engine._runners.workers]]

@@ -404,6 +404,6 @@ class TuningLoop:
         # candidate's answers, so it is tried again before the candidate is kept unverified.
         for _ in range(VERIFY_ATTEMPTS):
             outcome = self.engine.verify(run.task.mod, candidate, tolerance(run.task.mod), group=run.group)
-            if outcome.ok is not None:
+            if outcome.ok is not None or not outcome.worth_retrying:
                 break
         return outcome
