@@ -223,8 +223,8 @@ def arithmetic_floor(tuned: dict, peak_gflops: float) -> float:
     """The seconds the model's kernels take if every one of them computes at the machine's peak: a
     lower bound on the latency of this lowering, whose kernels do these FLOPs. (Not the roofline's
     memory term: measured alone or in a model, small activations come from cache, faster than the
-    copy bandwidth.)"""
-    return sum(t["launches"] * t["flops"] for t in tuned["tasks"] if t["latency"]) / (peak_gflops * 1e9)
+    copy bandwidth.) A kernel left without a tuned schedule counts too: the model still runs it."""
+    return sum(t["launches"] * t["flops"] for t in tuned["tasks"]) / (peak_gflops * 1e9)
 
 
 def _ratio_range(timed: dict, best: str | None) -> str:
