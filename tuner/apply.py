@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ import tvm
 
 from measure import EngineConfig, MeasureEngine
 
-from .compile import best_schedules, compile_workload
+from .checked_build import CheckedBuild
+from .compile import choose_schedules, fell_back
 from .errors import TunerError
 from .lowering import LoweringOptions
 from .targets import resolve_target
@@ -29,9 +31,10 @@ def apply(
     batch: int | None = None,
     dtype: str | None = None,
 ) -> Path:
-    """Compile ``model`` with the best schedules tuned in ``work_dir`` and write it to ``output``
-    (a shared library for ``tvm.runtime.load_module``). Kernels without a tuned schedule keep
-    TVM's default one."""
+    """Compile ``model`` with the best verified schedules tuned in ``work_dir`` and write it to
+    ``output`` (a shared library for ``tvm.runtime.load_module``), then check it against the model's
+    own framework on its example inputs. Kernels without a verified schedule, or whose schedule breaks
+    the compile or the model's output, keep TVM's default one."""
     run_dir, output = WorkDir.existing(work_dir, "apply the schedules of"), Path(output).resolve()
     db = run_dir.open_database(read_only=True)
     try:
@@ -43,19 +46,29 @@ def apply(
         lowering = LoweringOptions.from_record(job.lowering) if job else LoweringOptions()  # as the work dir was tuned
         lowered = lower_workload(workload, tvm_target, lowering)
         tasks = extract_tasks(workload, tvm_target, lowered)
-        schedules = best_schedules(db, tasks, tvm_target)
+        choices = choose_schedules(db, tasks, tvm_target, verified_only=job.verify if job else True)
     finally:
         db.close()
-    if not schedules:
+    if not any(choice.record for choice in choices):
         tuned_for = job.model if job else "another model"
         raise TunerError(
-            f"{work_dir} holds no tuned schedule for any of the {len(tasks)} kernels of {workload.name} (it was tuned "
-            f"for {tuned_for}): "
-            f"apply it to {tuned_for}, or tune {workload.name} first"
+            f"{work_dir} holds no verified schedule for any of the {len(tasks)} kernels of {workload.name} (it was "
+            f"tuned for {tuned_for}): apply it to {tuned_for}, or tune {workload.name} first"
         )
-    print(f"tuner: {len(schedules)} of {len(tasks)} kernels have tuned schedules in {work_dir}", file=sys.stderr)
+    tuned = sum(1 for choice in choices if choice.record)
+    _say(f"{tuned} of {len(tasks)} kernels have verified schedules in {work_dir}")
+    for name, why in fell_back(choices).items():
+        _say(f"{name}: built with TVM's default schedule: no usable candidate ({why})")
     engine = MeasureEngine(tvm_target, run_dir.path, EngineConfig(build_workers=1))
     try:
-        return compile_workload(engine, workload, lowered, schedules, output)
+        with tempfile.TemporaryDirectory(prefix="tuner-apply-") as scratch:
+            untuned = Path(scratch) / "untuned.so"  # compiled only if the check needs it
+            check = CheckedBuild(engine, workload, lowered, choices, tvm_target, untuned, _say).build(output)
     finally:
         engine.close()
+    _say(check.line())
+    return output
+
+
+def _say(line: str) -> None:
+    print(f"tuner: {line}", file=sys.stderr, flush=True)

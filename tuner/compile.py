@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import tvm
 
 from measure import Engine, TimingConfig
+from measure.error_text import error_line
 from workloads import Workload
 
-from .database import TuningDatabase
+from . import metaschedule as msc
+from .database import Record, TuningDatabase
 from .tasks import Task
 
 _MODEL_TIMING = TimingConfig(min_repeats=5, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.1)
@@ -19,15 +22,61 @@ _MODEL_TIMING = TimingConfig(min_repeats=5, max_repeats=30, budget_seconds=0.5, 
 UNTUNED_TIMING = TimingConfig(min_repeats=1, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.0)
 
 
-def best_schedules(db: TuningDatabase, tasks: list[Task], target: tvm.target.Target) -> list[tuple[tvm.IRModule, str]]:
-    """(kernel, trace JSON) of the fastest correct record of each task that has one."""
-    schedules = []
+@dataclass(frozen=True)
+class KernelChoice:
+    """What compile takes for one kernel: a tuned record, or TVM's default schedule (``record`` None),
+    with ``fell_back`` saying why where tuned records existed but none could be used."""
+
+    task: Task
+    record: Record | None
+    fell_back: str | None = None
+
+
+def choose_schedules(
+    db: TuningDatabase, tasks: list[Task], target: tvm.target.Target, verified_only: bool = True
+) -> list[KernelChoice]:
+    """Per task, the fastest record compile may use: with ``verified_only`` (verification on, the
+    default), only one whose output was checked against the unscheduled kernel and matched; a record
+    whose trace no longer replays on the kernel is never used."""
+    key = str(target)
+    choices = []
     for task in tasks:
         kernel_id = db.find_kernel(task.mod)
-        best = db.best(kernel_id, str(target), 1) if kernel_id is not None else []
-        if best:
-            schedules.append((task.mod, best[0].trace))
-    return schedules
+        if kernel_id is None:
+            choices.append(KernelChoice(task, None))
+            continue
+        if verified_only:
+            record = db.best_verified(kernel_id, key)
+        else:
+            record = next(iter(db.best(kernel_id, key, 1)), None)
+        if record is None:
+            choices.append(KernelChoice(task, None, _why_none_usable(db, kernel_id, key)))
+            continue
+        try:
+            msc.schedule_from_json(task.mod, record.trace)
+        except Exception as err:  # noqa: BLE001 - TVM raises several types for a trace that does not replay
+            choices.append(KernelChoice(task, None, f"its schedule does not replay ({error_line(err)})"))
+            continue
+        choices.append(KernelChoice(task, record))
+    return choices
+
+
+def _why_none_usable(db: TuningDatabase, kernel_id: int, key: str) -> str | None:
+    wrong = db.count_status(kernel_id, key, "wrong_result")
+    unchecked = db.count_status(kernel_id, key, "ok")
+    parts = [f"{wrong} candidate{'s' if wrong != 1 else ''} wrong"] if wrong else []
+    if unchecked:
+        parts.append(f"{unchecked} not checked")
+    return ", ".join(parts) or None
+
+
+def schedules_of(choices: list[KernelChoice], leave_out: frozenset[str] = frozenset()) -> list[tuple]:
+    """(kernel, trace JSON) pairs for ``compile_workload``: the tuned kernels not in ``leave_out``."""
+    return [(c.task.mod, c.record.trace) for c in choices if c.record and c.task.name not in leave_out]
+
+
+def fell_back(choices: list[KernelChoice]) -> dict[str, str]:
+    return {c.task.name: c.fell_back for c in choices if c.fell_back}
 
 
 def compile_workload(

@@ -265,6 +265,20 @@ class TuningDatabase:
             (kernel_id, target, k),
         )
 
+    def best_verified(self, kernel_id: int, target: str) -> Record | None:
+        """The fastest record of a workload whose output was checked and matched."""
+        found = self._select(
+            "WHERE workload_id=? AND target=? AND status='ok' AND verified=1 ORDER BY latency ASC, id ASC LIMIT 1",
+            (kernel_id, target),
+        )
+        return found[0] if found else None
+
+    def count_status(self, kernel_id: int, target: str, status: str) -> int:
+        (n,) = self._conn.execute(
+            "SELECT COUNT(*) FROM records WHERE workload_id=? AND target=? AND status=?", (kernel_id, target, status)
+        ).fetchone()
+        return n
+
     def records(self, target: str | None = None) -> list[Record]:
         if target is None:
             return self._select("ORDER BY id", ())

@@ -38,6 +38,7 @@ from .targets import describe_target
 from .tasks import Task
 from .workdir import FILTER_LEDGER_KEY, FILTER_STATE_KEY, stop_on_storage_failure
 
+VERIFY_DEPTH = 2  # candidates checked at the end, at most, in multiples of those re-measured
 VERIFY_ATTEMPTS = 3  # tries at checking a candidate's output when the check itself fails to build or run
 # A task under this share of the model's estimated latency re-measures only its best candidate at the end: picking
 # its second-best instead could not change the model by more than timing noise does.
@@ -380,7 +381,9 @@ class TuningLoop:
             run.progress.best = run.best.latency if run.best else None
 
     def _first_correct(self, run: TaskRun, schedules: dict) -> Record | None:
-        for record in self.db.best(run.kernel_id, self.target_key, self.config.remeasure_top):
+        # past the re-measured top, the next fastest are checked too: a compiled model takes only a
+        # verified schedule, and a kernel whose top candidates are all wrong would keep TVM's default
+        for record in self.db.best(run.kernel_id, self.target_key, VERIFY_DEPTH * self.config.remeasure_top):
             if not self.config.verify or record.verified:
                 return record
             sch = schedules.get(record.candidate) or msc.schedule_from_json(run.task.mod, record.trace)

@@ -13,6 +13,7 @@ import tvm
 from measure.contract import is_cuda
 from workloads import TensorSpec
 
+from .check import ModelCheck
 from .progress import filter_summary, format_latency, format_phases, format_seconds
 from .runtime import CompiledModel, ModelDescription
 from .targets import describe_target
@@ -28,6 +29,7 @@ class TaskResult:
     verified: bool | None
     schedule: str | None  # the best schedule as a MetaSchedule trace (Python)
     bytes: int = 0  # of the kernel's arguments: what one launch moves at the least
+    fell_back: str | None = None  # why the model was built with TVM's default schedule for it, despite tuning
 
     @property
     def gflops(self) -> float | None:
@@ -58,6 +60,7 @@ class TuneResult:
     filtered: dict = field(
         default_factory=dict
     )  # what the cost-model filter dropped and saved (costmodel.FilterLedger)
+    check: ModelCheck | None = None  # the compiled model against its framework on the example inputs
     _module: Any = field(default=None, repr=False)
     _compiled: Any = field(default=None, repr=False)
 
@@ -112,6 +115,11 @@ class TuneResult:
             f"{self.model} on {describe_target(self.target)}: {self.trials} trials in "
             f"{format_seconds(self.wall_seconds)}"
         ]
+        if self.check is not None:
+            lines.append(self.check.line())
+        fallen = sum(1 for task in self.tasks if task.fell_back)
+        if fallen:
+            lines.append(f"{fallen} kernel(s) built with TVM's default schedule (fell back: see below)")
         if self.seconds:
             lines.append("time: " + format_phases(self.seconds))
         if self.stop_reason:
@@ -127,6 +135,8 @@ class TuneResult:
         for task in self.tasks:
             speed = f"  {task.gflops:.1f} GFLOP/s" if task.gflops else ""
             check = {True: "verified", False: "WRONG", None: "unverified"}[task.verified]
+            if task.fell_back:
+                check = f"default schedule (fell back: {task.fell_back})"
             lines.append(
                 f"  {task.name} x{task.weight}: {format_latency(task.best_latency)}{speed}, {task.trials} trials, "
                 f"{check}"

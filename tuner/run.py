@@ -23,7 +23,9 @@ from measure.contract import is_cuda
 from workloads import Workload
 
 from . import metaschedule as msc
-from .compile import UNTUNED_TIMING, best_schedules, compile_workload, time_workload
+from .check import ModelCheck
+from .checked_build import CheckedBuild
+from .compile import UNTUNED_TIMING, KernelChoice, choose_schedules, compile_workload, fell_back, time_workload
 from .database import TuningDatabase
 from .errors import NoDeviceError, TunerError
 from .loop import LoopConfig, TaskRun, TuningLoop
@@ -86,7 +88,7 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
         with _saving_work(db, plan.target):
             start_engine(engine, report)  # local workers import TVM while the tasks and search spaces are prepared
             lowering = options.lowering or LoweringOptions()
-            tasks = prepare_tasks(plan, lowering, options.trials_per_task, db, options.cold_cache)
+            tasks = prepare_tasks(plan, lowering, options.trials_per_task, db, options.cold_cache, options.verify)
             cost_model = CostModel(seed=options.seed)
             loop = TuningLoop(
                 tasks.tasks, plan.target, db, engine, cost_model, options.seed, _loop_config(options), report
@@ -99,7 +101,7 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
             loop.finalize()
             cost_model.save(plan.work_dir.cost_model)
             compiling = time.monotonic()
-            artifact, latency_before, latency_after = compile_and_time(engine, plan, tasks, db, report)
+            built = compile_and_time(engine, plan, tasks, db, report, options.verify)
             seconds = {
                 "start-up": tuning_started - started,
                 **({"transfer": transfer_seconds} if plan.sources else {}),
@@ -107,10 +109,17 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
                 "compile and time": time.monotonic() - compiling,
             }
             outcome = ResultRecord(
-                latency_before, latency_after, loop.trials_done, seconds, stop_reason, options.scheduler
+                built.latency_before,
+                built.latency_after,
+                loop.trials_done,
+                seconds,
+                stop_reason,
+                options.scheduler,
+                built.check.as_dict(),
+                built.fell_back,
             )
             write_meta(db, outcome)
-            result = make_result(plan, loop, artifact, outcome, time.monotonic() - started)
+            result = make_result(plan, loop, built.artifact, outcome, time.monotonic() - started)
             report.line(result.summary())
             return result
 
@@ -231,7 +240,12 @@ def _saved(db: TuningDatabase) -> str:
 
 # -- phase 3: the tasks ---------------------------------------------------------------------------
 def prepare_tasks(
-    plan: Plan, lowering: LoweringOptions, trials_per_task: int | None, db: TuningDatabase, cold_cache: bool
+    plan: Plan,
+    lowering: LoweringOptions,
+    trials_per_task: int | None,
+    db: TuningDatabase,
+    cold_cache: bool,
+    verify: bool = True,
 ) -> Tasks:
     lowered = lower_workload(plan.workload, plan.target, lowering)
     tasks = extract_tasks(plan.workload, plan.target, lowered)
@@ -247,6 +261,7 @@ def prepare_tasks(
         inputs=[[s.name, list(s.shape), s.dtype] for s in workload.inputs],
         tasks=[JobTask(t.name, db.kernel_id(t.mod, t.name), t.weight, t.flops) for t in tasks],
         cold_cache=cold_cache,
+        verify=verify,
     )
     write_meta(db, job)
     return Tasks(lowered, tasks, objectives)
@@ -272,18 +287,39 @@ def warm_up(plan: Plan, loop: TuningLoop, cost_model: CostModel, db: TuningDatab
 
 
 # -- phase 5: the compiled model ------------------------------------------------------------------
+@dataclass(frozen=True)
+class BuiltModel:
+    artifact: Path
+    latency_before: float  # seconds per run with TVM's default schedules
+    latency_after: float  # and with the tuned ones
+    check: ModelCheck
+    fell_back: dict[str, str]  # kernel name: why it keeps TVM's default schedule
+
+
 def compile_and_time(
-    engine: Engine, plan: Plan, tasks: Tasks, db: TuningDatabase, report: Progress
-) -> tuple[Path, float, float]:
-    """The tuned and the untuned program, compiled and timed: (tuned artifact, untuned s, tuned s)."""
+    engine: Engine, plan: Plan, tasks: Tasks, db: TuningDatabase, report: Progress, verify: bool = True
+) -> BuiltModel:
+    """The tuned program (verified schedules only, with ``verify``) and the untuned one, compiled,
+    the tuned one checked against the model's own framework, and both timed."""
     report.line("compiling the tuned and the untuned program")
     workload, work_dir = plan.workload, plan.work_dir
-    schedules = best_schedules(db, tasks.tasks, plan.target)
-    artifact = compile_workload(engine, workload, tasks.lowered, schedules, work_dir.artifact)
+    choices = choose_schedules(db, tasks.tasks, plan.target, verified_only=verify)
+    for name, why in fell_back(choices).items():
+        report.line(f"{name}: built with TVM's default schedule: no usable candidate ({why})")
     untuned = compile_workload(engine, workload, tasks.lowered, [], work_dir.untuned)
-    latency_after = time_workload(engine, workload, artifact)
+    build = CheckedBuild(engine, workload, tasks.lowered, choices, plan.target, untuned, report.line)
+    check = build.build(work_dir.artifact, check=verify)
+    _mark_wrong_in_model(db, choices, check)
+    latency_after = time_workload(engine, workload, work_dir.artifact)
     latency_before = time_workload(engine, workload, untuned, UNTUNED_TIMING, windows=1)  # minutes a call, at worst
-    return artifact, latency_before, latency_after
+    return BuiltModel(work_dir.artifact, latency_before, latency_after, check, {**fell_back(choices), **check.left_out})
+
+
+def _mark_wrong_in_model(db: TuningDatabase, choices: list[KernelChoice], check: ModelCheck) -> None:
+    """Records whose kernels made the model wrong are never chosen again (a resume, ``tuner apply``)."""
+    for choice in choices:
+        if choice.record is not None and choice.task.name in check.left_out:
+            db.set_verified(choice.record.id, False, check.left_out[choice.task.name])
 
 
 # -- phase 6: the result --------------------------------------------------------------------------
@@ -297,7 +333,7 @@ def make_result(plan: Plan, loop: TuningLoop, artifact: Path, outcome: ResultRec
         database_path=plan.work_dir.database,
         artifact_path=artifact,
         inputs=workload.inputs,
-        tasks=[_task_result(run) for run in loop.runs],
+        tasks=[_task_result(run, outcome.fell_back.get(run.task.name)) for run in loop.runs],
         latency_before=outcome.latency_before,
         latency_after=outcome.latency_after,
         trials=outcome.trials,
@@ -305,13 +341,15 @@ def make_result(plan: Plan, loop: TuningLoop, artifact: Path, outcome: ResultRec
         seconds=outcome.seconds,
         stop_reason=outcome.stop_reason,
         filtered=loop.ledger.as_dict(),
+        check=ModelCheck(**outcome.check) if outcome.check else None,
     )
     result.description.save(artifact)
     return result
 
 
-def _task_result(run: TaskRun) -> TaskResult:
-    best = run.best
+def _task_result(run: TaskRun, fell_back_because: str | None) -> TaskResult:
+    """A task's outcome: the schedule the model was built with, or none where it fell back."""
+    best = None if fell_back_because else run.best
     schedule = None
     if best is not None:
         schedule = "\n".join(schedule_from_json(run.task.mod, best.trace).trace.as_python())
@@ -324,4 +362,5 @@ def _task_result(run: TaskRun) -> TaskResult:
         verified=best.verified if best else None,
         schedule=schedule,
         bytes=msc.kernel_bytes(run.task.mod),
+        fell_back=fell_back_because,
     )

@@ -135,6 +135,7 @@ class JobRecord(_MetaRecord):
     inputs: list = field(default_factory=list)  # [name, shape, dtype] per input
     tasks: list[JobTask] = field(default_factory=list)
     cold_cache: bool = False  # CPU kernels timed with their arguments flushed from the caches
+    verify: bool = True  # only schedules whose output was checked reach a compiled model
 
     @classmethod
     def from_dict(cls, data: dict) -> JobRecord:
@@ -156,6 +157,8 @@ class ResultRecord(_MetaRecord):
     seconds: dict[str, float] = field(default_factory=dict)  # per phase
     stop_reason: str | None = None
     scheduler: str = "gradient"
+    check: dict | None = None  # the compiled model against the model's own framework (tuner.check.ModelCheck)
+    fell_back: dict[str, str] = field(default_factory=dict)  # kernel name: why it keeps TVM's default schedule
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,14 @@ IRModule, a torch.nn.Module with example inputs, or the path of an ONNX file."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -135,7 +137,24 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
                 f"torch module {name} uses operators TVM's importer does not support: {ops.group(1)}"
             ) from None
         raise WorkloadError(f"TVM's torch importer cannot translate module {name}: {error_line(err)}") from None
-    return from_ir_module(mod, name)
+    workload = from_ir_module(mod, name)
+    workload.reference, workload.reference_name = torch_reference(module), "PyTorch"
+    workload.examples = [x.detach().cpu().numpy() for x in examples]
+    return workload
+
+
+def torch_reference(module: Any) -> Callable[..., list[np.ndarray]]:
+    """The module's outputs (a list of NumPy arrays) for NumPy inputs: the reference a compiled model
+    is checked against."""
+
+    def reference(*inputs: np.ndarray) -> list[np.ndarray]:
+        import torch
+
+        with torch.no_grad():
+            out = module(*[torch.from_numpy(np.array(x)) for x in inputs])
+        return [t.detach().numpy() for t in (out if isinstance(out, tuple | list) else (out,))]
+
+    return reference
 
 
 def from_onnx(path: Path, example_inputs: Sequence[Any] | None = None, name: str | None = None) -> Workload:
@@ -178,7 +197,23 @@ def from_onnx(path: Path, example_inputs: Sequence[Any] | None = None, name: str
     except tvm.error.OpNotImplemented as err:
         ops = error_line(err).split(":", 1)[-1].strip()
         raise WorkloadError(f"{path.name} uses ONNX operators TVM's importer does not support: {ops}") from None
-    return from_ir_module(mod, name)
+    workload = from_ir_module(mod, name)
+    if importlib.util.find_spec("onnxruntime") is not None:  # else the model is checked against TVM's defaults
+        names = [graph_input.name for graph_input in graph_inputs]
+        workload.reference, workload.reference_name = onnx_reference(path, names), "ONNX Runtime"
+    return workload
+
+
+def onnx_reference(path: Path, input_names: list[str]) -> Callable[..., list[np.ndarray]]:
+    """ONNX Runtime's outputs of the model at ``path`` for NumPy inputs."""
+
+    def reference(*inputs: np.ndarray) -> list[np.ndarray]:
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return session.run(None, dict(zip(input_names, inputs, strict=True)))
+
+    return reference
 
 
 def _check_fits_onnx_input(what: str, declared: Sequence[Any], example: Any, dtype: str) -> None:

@@ -35,6 +35,10 @@ class Workload:
     # Computes the expected output from the inputs (NumPy arrays, outputs excluded) independently
     # of TVM: NumPy for operators, the PyTorch module for models. None for imported programs.
     reference: Callable[..., object] | None = field(default=None, repr=False)
+    # What ``reference`` is (PyTorch, ONNX Runtime, NumPy), for reports; and the inputs the model was
+    # imported with (NumPy arrays), on which the compiled model is checked against it. None: random ones.
+    reference_name: str = ""
+    examples: list | None = field(default=None, repr=False)
 
     @property
     def is_model(self) -> bool:

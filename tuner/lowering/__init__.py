@@ -32,6 +32,7 @@ from .channels_last import ChannelsLastConvolutions
 from .inverted_residual import FuseExpandDepthwise
 from .layout_free import KeepLayoutFreeWeightsOfReductions
 from .layout_fusion import FuseLayoutIntoConsumers
+from .pads import FoldPadsIntoConvolutions, KeepGrowingBlocksOutOfEpilogues
 from .rewrites import SimplifyImportedGraph
 from .strassen import StrassenMatmuls
 from .winograd import WinogradConvolutions
@@ -78,6 +79,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         passes += [relax.transform.FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference()]
     # before constants are folded: a broadcast of a weight, once folded, is a constant of its own
     passes.append(SimplifyImportedGraph(fast_math=options.fast_math))
+    passes.append(FoldPadsIntoConvolutions())
     if _on_cpus_by_default(options.channels_last, target):
         passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions()]  # biases must be constants to move past
         if _on_cpus_by_default(options.winograd, target):
@@ -105,6 +107,7 @@ def fusion_passes(target: tvm.target.Target, options: LoweringOptions) -> list[t
         *relax_pipeline.library_dispatch_passes(target),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
+        KeepGrowingBlocksOutOfEpilogues(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
     ]

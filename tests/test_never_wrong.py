@@ -1,0 +1,249 @@
+"""No compiled model is wrong: only verified schedules reach it, each build is checked end to end,
+and a schedule that makes the model wrong is found and left out (issue 32)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import tvm
+from tvm.s_tir import Schedule
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+from tuner import tune
+from tuner.apply import apply
+from tuner.checked_build import find_culprits
+from tuner.compile import choose_schedules
+from tuner.metaschedule import trace_to_json
+from tuner.tasks import extract_tasks, load_model, lower_workload
+from tuner.workdir import WorkDir
+
+
+@I.ir_module
+class ConvThenPad:
+    """A convolution whose output is padded by one row and column in the same kernel: the shape of
+    kernel that tuned wrong in Hugging Face's MobileNetV2 (issue 32). Padded with ones: a row left
+    unwritten in freshly allocated (zeroed) memory shows."""
+
+    @T.prim_func(private=True, s_tir=True)
+    def conv_pad(
+        x: T.Buffer((1, 4, 8, 8), "float32"),
+        w: T.Buffer((8, 4, 1, 1), "float32"),
+        out: T.Buffer((1, 8, 9, 9), "float32"),
+    ):
+        conv = T.sblock_alloc_buffer((1, 8, 8, 8))
+        for n, f, y, xx, c in T.grid(1, 8, 8, 8, 4):
+            with T.sblock("conv"):
+                vn, vf, vy, vx, vc = T.axis.remap("SSSSR", [n, f, y, xx, c])
+                with T.init():
+                    conv[vn, vf, vy, vx] = T.float32(0)
+                conv[vn, vf, vy, vx] = conv[vn, vf, vy, vx] + x[vn, vc, vy, vx] * w[vf, vc, 0, 0]
+        for n, f, y, xx in T.grid(1, 8, 9, 9):
+            with T.sblock("pad"):
+                vn, vf, vy, vx = T.axis.remap("SSSS", [n, f, y, xx])
+                out[vn, vf, vy, vx] = T.if_then_else(vy < 8 and vx < 8, conv[vn, vf, vy, vx], T.float32(1))
+
+    @R.function
+    def main(x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((8, 4, 1, 1), "float32")) -> R.Tensor(
+        (1, 8, 9, 9), "float32"
+    ):
+        cls = ConvThenPad
+        with R.dataflow():
+            y = R.call_tir(cls.conv_pad, (x, w), out_ty=R.Tensor((1, 8, 9, 9), "float32"))
+            R.output(y)
+        return y
+
+
+def _padding_under_the_tiles(mod: tvm.IRModule, rows: int = 4) -> Schedule:
+    """What MetaSchedule's multi-level tiling does to such a kernel: the pad computed under the
+    convolution's row tiles (reverse_compute_at). TVM covers only the rows the convolution writes."""
+    sch = Schedule(mod)
+    outer, _ = sch.split(sch.get_loops(sch.get_sblock("conv"))[2], [8 // rows, rows])
+    sch.reverse_compute_at(sch.get_sblock("pad"), outer)
+    return sch
+
+
+def test_tvm_drops_the_padded_row_when_a_growing_block_is_computed_under_the_tiles():
+    """The root cause, kept as a test: if TVM ever covers the consumer's whole domain, the lowering's
+    guard (tuner.lowering.pads) can be revisited."""
+    mod = tvm.IRModule({"main": ConvThenPad["conv_pad"].with_attr("global_symbol", "main")})
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 4, 8, 8)).astype("float32"), rng.standard_normal((8, 4, 1, 1)).astype("float32")
+    expected = np.ones((1, 8, 9, 9), "float32")
+    expected[:, :, :8, :8] = np.einsum("nchw,fc->nfhw", x, w[:, :, 0, 0])
+    library = tvm.compile(_padding_under_the_tiles(mod).mod, target="llvm")
+    out = tvm.runtime.tensor(np.full((1, 8, 9, 9), 7.0, "float32"))
+    library["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    assert np.abs(out.numpy()[:, :, 8, :]).max() == 7.0  # never written
+    np.testing.assert_allclose(out.numpy()[:, :, :8, :8], expected[:, :, :8, :8], rtol=1e-5, atol=1e-5)
+
+
+class SamePadded(torch.nn.Module):
+    """TensorFlow's "same" padding, as Hugging Face's MobileNetV2 writes it: an expanding 1x1
+    convolution with ReLU6, padded (0, 1, 0, 1), then a strided depthwise convolution; beside it a pad
+    that feeds no convolution, and a concatenation of two convolutions' outputs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.expand, self.other = torch.nn.Conv2d(4, 16, 1), torch.nn.Conv2d(4, 16, 1)
+        self.depthwise = torch.nn.Conv2d(16, 16, 3, stride=2, groups=16)
+
+    def forward(self, x):
+        y = self.depthwise(F.pad(torch.clamp(self.expand(x), 0, 6), (0, 1, 0, 1)))
+        lone_pad = F.pad(torch.relu(self.other(x)), (1, 0, 1, 0)) + 1.0
+        joined = torch.cat([torch.relu(self.expand(x)), self.other(x)], 1)
+        return y, lone_pad, joined
+
+
+def test_lowering_folds_same_padding_and_keeps_growing_blocks_out_of_epilogues():
+    workload = load_model(SamePadded().eval(), [torch.randn(1, 4, 16, 16)])
+    target = tvm.target.Target({"kind": "llvm"})
+    names = [task.name for task in extract_tasks(workload, target, lower_workload(workload, target, None))]
+    assert not any("conv2d" in name and ("pad" in name or "concatenate" in name) for name in names), names
+    assert any(name.startswith("pad") for name in names) and any(name.startswith("concatenate") for name in names)
+
+
+def test_every_candidate_of_a_same_padded_model_verifies(tmp_path):
+    """Tuned with a real search, every candidate measured computes what the unscheduled kernel does,
+    and the model matches PyTorch."""
+    from measure import EngineConfig, MeasureEngine
+
+    module, x = SamePadded().eval(), torch.randn(1, 4, 16, 16)
+    result = tune(module, example_inputs=[x], trials_per_task=6, work_dir=tmp_path / "run", progress=False)
+    assert result.check.ok and result.check.error < 1e-5 and result.check.reference == "PyTorch"
+    outputs = result.run(x.numpy())
+    for got, want in zip(outputs, module(x), strict=True):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-4, atol=1e-4)
+    work_dir = WorkDir.existing(tmp_path / "run", "read")
+    db = work_dir.open_database(read_only=True)
+    target = tvm.target.Target(result.target)
+    engine = MeasureEngine(target, tmp_path / "check", EngineConfig(build_workers=1))
+    engine.start()
+    try:
+        checked = 0
+        for record in db.records(str(target)):
+            assert record.status != "wrong_result", record.error
+            if record.status != "ok":
+                continue
+            from tuner.metaschedule import schedule_from_json
+
+            kernel = db.kernel_mod(record.kernel_id)
+            outcome = engine.verify(kernel, schedule_from_json(kernel, record.trace).mod, 1e-3)
+            assert outcome.ok, (db.kernel_name(record.kernel_id), outcome.detail)
+            checked += 1
+        assert checked >= 10
+    finally:
+        engine.close()
+        db.close()
+
+
+@pytest.fixture(scope="module")
+def conv_then_pad_work_dir(tmp_path_factory):
+    """ConvThenPad tuned a little, and its database given one wrong schedule (the pad under the
+    convolution's tiles), the fastest of all, as ``status``/``verified`` say in each test."""
+    work_dir = tmp_path_factory.mktemp("conv-then-pad")
+    tune(ConvThenPad, trials=4, work_dir=work_dir, progress=False)
+    return work_dir
+
+
+def _add_wrong_record(work_dir, verified: bool) -> str:
+    workload = load_model(ConvThenPad)
+    target = tvm.target.Target({"kind": "llvm"})
+    run_dir = WorkDir.existing(work_dir, "edit")
+    db = run_dir.open_database()
+    try:
+        (target_key,) = db.targets()
+        (task,) = [t for t in extract_tasks(workload, target, lower_workload(workload, target, None))]
+        kernel_id = db.find_kernel(task.mod)
+        record_id = db.commit(
+            kernel_id,
+            target_key,
+            f"wrong-{verified}",
+            trace_to_json(_padding_under_the_tiles(task.mod, 4 if verified else 2)),
+            "ok",
+            [1e-9],
+        )
+        if verified:  # a check that missed the fault
+            db.set_verified(record_id, True)
+        return task.name
+    finally:
+        db.close()
+
+
+def test_an_unverified_record_never_reaches_a_compiled_model(conv_then_pad_work_dir, tmp_path):
+    name = _add_wrong_record(conv_then_pad_work_dir, verified=False)
+    workload = load_model(ConvThenPad)
+    target = tvm.target.Target({"kind": "llvm"})
+    db = WorkDir.existing(conv_then_pad_work_dir, "read").open_database(read_only=True)
+    try:
+        (choice,) = choose_schedules(
+            db, extract_tasks(workload, target, lower_workload(workload, target, None)), target
+        )
+        assert choice.task.name == name and (choice.record is None or choice.record.verified)
+        assert choice.record is None or choice.record.candidate != "wrong-False"
+    finally:
+        db.close()
+    apply(conv_then_pad_work_dir, ConvThenPad, tmp_path / "model.so")  # checks end to end, or raises
+
+
+def test_a_schedule_that_makes_the_model_wrong_is_found_and_left_out(conv_then_pad_work_dir, tmp_path, capsys):
+    name = _add_wrong_record(conv_then_pad_work_dir, verified=True)
+    apply(conv_then_pad_work_dir, ConvThenPad, tmp_path / "model.so")
+    said = capsys.readouterr().err
+    assert f"{name}: built with TVM's default schedule: the model's output was wrong with its schedule" in said
+    assert "end-to-end check: matches TVM's default schedules" in said
+
+
+def test_find_culprits_finds_each_bad_member_and_only_those():
+    names = [f"k{i}" for i in range(13)]
+    for bad in ({"k0"}, {"k12"}, {"k3", "k9"}, {"k1", "k2", "k11"}):
+        probes = []
+
+        def fails_with(kept, bad=bad, probes=probes):
+            probes.append(kept)
+            return bool(bad & set(kept))
+
+        assert set(find_culprits(names, fails_with)) == bad
+        assert len(probes) <= 2 * len(bad) * 4 + 2
+
+
+class Constant(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.linear(x * 0.0)
+
+
+def test_a_model_whose_output_ignores_its_input_is_said_to_prove_nothing(tmp_path):
+    result = tune(Constant().eval(), example_inputs=[torch.randn(2, 8)], trials=2, work_dir=tmp_path, progress=False)
+    assert result.check.ok and result.check.degenerate == "the model's output does not depend on its input"
+    assert "warning: the check proves nothing" in result.summary()
+
+
+def test_tvm_runs_a_second_build_of_a_model_with_the_first_ones_kernels(tmp_path):
+    """Why the end-to-end check runs each build in a process of its own (tuner.run_model): loaded
+    after the default-schedule build of the same model, a wrong build returns the right outputs."""
+    from measure.build_job import _memory_database, build_lowered_model
+    from tuner.check import run_compiled
+
+    workload, target = load_model(ConvThenPad), tvm.target.Target({"kind": "llvm"})
+    lowered = lower_workload(workload, target, None)
+    (task,) = extract_tasks(workload, target, lowered)
+    wrong = [(task.mod, trace_to_json(_padding_under_the_tiles(task.mod)))]
+    for name, schedules in (("default.so", []), ("wrong.so", wrong)):
+        build_lowered_model(lowered, target, _memory_database(schedules, target)).export_library(str(tmp_path / name))
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((1, 4, 8, 8)).astype("float32"), rng.standard_normal((8, 4, 1, 1)).astype("float32")]
+    alone = [run_compiled(tmp_path / name, workload, target, inputs)[0] for name in ("default.so", "wrong.so")]
+    assert np.abs(alone[1] - alone[0]).max() > 0.5  # in processes of their own: the wrong build shows
+    from tuner.runtime import CompiledModel, ModelDescription
+
+    description = ModelDescription(workload.name, "relax", str(target), workload.inputs)
+    together = [np.array(CompiledModel(tmp_path / n, description)(*inputs)) for n in ("default.so", "wrong.so")]
+    np.testing.assert_array_equal(together[1], together[0])
