@@ -157,6 +157,7 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
         "rounds": {c.name: c.round_medians for c in contenders if c.call},
         "missing": {c.name: c.missing for c in contenders if c.missing},
         "errors": errors,
+        "output_scale": float(abs(reference).max()),  # what the errors are relative to
         "torch_ops": torch_op_times(module, example, runs=2 if quick else 5, gpu=setting.on_gpu),
     }
 
@@ -213,6 +214,7 @@ def model_row(name: str, tuned: dict, timed: dict, limits) -> dict:
         "kernels alone (ms)": _ms(sum(t["launches"] * t["latency"] for t in tuned["tasks"] if t["latency"])),
         "kernels in model (ms)": _ms(sum(timed.get("kernels_in_model", {}).values())),
         "tuned error": f"{timed['errors'].get('tuned', float('nan')):.1e}",
+        "of outputs up to": f"{timed['output_scale']:.3g}" if "output_scale" in timed else "-",
         "_ratio": ratio,
         "_floor_ratio": floor_ratio,
     }
@@ -293,7 +295,8 @@ def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: in
         limits.describe(),
         f"Budget: {trials_per_task} trials per task (allocated by the gradient scheduler); `tuning (s)` sums every "
         "session that tuned a work dir. Latencies are medians of interleaved calls in one process, inputs as torch "
-        "tensors; `tuned error` is the largest deviation from PyTorch eager's output relative to its largest value. "
+        "tensors; `tuned error` is the largest deviation from PyTorch eager's output relative to its largest value, "
+        "`of outputs up to` (an error beside an output of 1e-21 proves nothing). "
         "`by round`: the ratio in each of the 10 interleaved rounds; where it spreads, the VM's vCPUs moved during "
         "the timing to where sharing data between threads costs more (see `experiments/cross_core.py`). "
         "`FLOPs at peak / best`: the model's kernels' FLOPs at the machine's peak against the best framework, the "

@@ -8,6 +8,8 @@ import json
 import time
 
 import tvm
+from tvm.relax.transform import SplitLayoutRewritePreproc
+from tvm.s_tir import SBlock, SBlockRealize
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
@@ -147,6 +149,7 @@ def build_lowered_model(
             *([_DefaultGpuSchedule()] if is_cuda(target) else []),
             # a tuned kernel that reads a weight in another layout gets a separate transform of that
             # weight; on constants, FoldConstant runs it now instead of at every call
+            NestBlocklessRoots(),  # else SplitLayoutRewritePreproc rejects extern kernels (cumsum)
             relax.transform.SplitLayoutRewritePreproc(),
             relax.transform.FoldConstant(),
             relax.transform.DeadCodeElimination(["main"]),
@@ -154,6 +157,46 @@ def build_lowered_model(
             *backend.finalize_passes(target),
         ]
         return relax.build(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes))
+
+
+def _layout_rewrite_splits(func: tvm.tirx.PrimFunc) -> bool:
+    """Whether relax's SplitLayoutRewritePreproc accepts the kernel on its own."""
+    try:
+        SplitLayoutRewritePreproc()(tvm.IRModule({"main": func}))
+    except tvm.error.InternalError:
+        return False
+    return True
+
+
+def _under_a_new_root(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """``func`` with its root block nested, unchanged, in a new empty root block."""
+    return func.with_body(SBlockRealize([], True, SBlock([], [], [], "root", func.body)))
+
+
+@tvm.transform.module_pass(opt_level=0, name="NestBlocklessRoots")
+class NestBlocklessRoots:
+    """Make kernels that SplitLayoutRewritePreproc rejects acceptable to it.
+
+    TVM's extern-style kernels (topi's cumsum, sort, topk, ..., built with the IR builder) are one
+    opaque block of plain loops with no block inside: its root. SplitLayoutRewritePreproc requires a
+    compute block under every root ("There should be a compute block if there is only one subtree
+    under the root") and rejects them, tuned or not, failing the whole model's compile. Nested under
+    a new root block they have one, and mean the same; they have no layout rewrite to split.
+    A kernel still rejected after that is left as it is (the pass then names the error)."""
+
+    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        nested = {}
+        for gv, func in mod.functions_items():
+            if isinstance(func, tvm.tirx.PrimFunc) and not _layout_rewrite_splits(func):
+                candidate = _under_a_new_root(func)
+                if _layout_rewrite_splits(candidate):
+                    nested[gv] = candidate
+        if not nested:
+            return mod
+        mod = mod.clone()
+        for gv, func in nested.items():
+            mod.update_func(gv, func)
+        return mod
 
 
 @tvm.transform.module_pass(opt_level=0, name="DefaultGpuSchedule")

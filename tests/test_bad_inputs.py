@@ -245,7 +245,7 @@ CASES = [
         "apply to a model with no tuned kernel",
         ["apply", "tuned", "matmul-512", "-o", "m.so"],
         lambda: apply("tuned", "matmul-512", "m.so"),
-        "no tuned schedule for any of the 1 kernels of matmul-512",
+        "no verified schedule for any of the 1 kernels of matmul-512",
     ),
 ]
 if NO_GPU:

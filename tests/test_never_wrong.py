@@ -247,3 +247,67 @@ def test_tvm_runs_a_second_build_of_a_model_with_the_first_ones_kernels(tmp_path
     description = ModelDescription(workload.name, "relax", str(target), workload.inputs)
     together = [np.array(CompiledModel(tmp_path / n, description)(*inputs)) for n in ("default.so", "wrong.so")]
     np.testing.assert_array_equal(together[1], together[0])
+
+
+class TransposedResidualAndCumsum(torch.nn.Module):
+    """Two shapes that sank whole models (issue 32): a residual that is a transpose of the input
+    (MobileViT: no design space for the matmul that absorbed it) and a cumulative sum (RoBERTa's
+    position ids: a kernel TVM's layout-rewrite split rejected, so the model did not compile)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.linear(x.t()) + x.t() + torch.cumsum(x.t(), 1)
+
+
+def test_a_transposed_residual_and_a_cumulative_sum_tune_compile_and_match(tmp_path):
+    result = tune(
+        TransposedResidualAndCumsum().eval(),
+        example_inputs=[torch.randn(64, 128)],
+        trials_per_task=1,
+        work_dir=tmp_path,
+        progress=False,
+    )
+    assert result.check.ok and result.check.error < 1e-5, result.summary()
+    assert not any(task.fell_back for task in result.tasks), result.summary()
+
+
+@T.prim_func(s_tir=True)
+def matmul_with_a_transposed_residual(
+    a: T.Buffer((64, 128), "float32"), w: T.Buffer((64, 64), "float32"), out: T.Buffer((128, 64), "float32")
+):
+    """The shape of MobileViT's kernels that had no design space: the epilogue reads a second
+    producer, a transpose that MetaSchedule does not inline on CPUs, so its multi-level tiling fails
+    to move the epilogue under the matmul's tiles."""
+    at = T.sblock_alloc_buffer((128, 64))
+    rt = T.sblock_alloc_buffer((128, 64))
+    mm = T.sblock_alloc_buffer((128, 64))
+    for i, j in T.grid(128, 64):
+        with T.sblock("transpose"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            at[vi, vj] = a[vj, vi]
+    for i, j in T.grid(128, 64):
+        with T.sblock("residual"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            rt[vi, vj] = a[vj, vi]
+    for i, j, k in T.grid(128, 64, 64):
+        with T.sblock("matmul"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                mm[vi, vj] = T.float32(0)
+            mm[vi, vj] = mm[vi, vj] + at[vi, vk] * w[vk, vj]
+    for i, j in T.grid(128, 64):
+        with T.sblock("add"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = mm[vi, vj] + rt[vi, vj]
+
+
+def test_a_kernel_without_a_design_space_keeps_the_default_schedule_and_the_run_goes_on(tmp_path, capsys):
+    result = tune(matmul_with_a_transposed_residual, trials=4, work_dir=tmp_path)
+    (task,) = result.tasks
+    assert task.trials == 0 and "its design space cannot be generated (reverse-compute-at" in task.fell_back
+    assert result.artifact_path.exists()
+    assert "left at TVM's default schedule: its design space cannot be generated" in capsys.readouterr().err

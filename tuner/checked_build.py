@@ -7,6 +7,7 @@ out: that kernel keeps TVM's default schedule, and a line says which and why.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -58,6 +59,7 @@ class CheckedBuild:
         self.target, self.untuned, self.say = target, untuned, say
         self.tuned = [c.task.name for c in choices if c.record is not None]
         self.left_out: dict[str, str] = {}
+        self.check_seconds = 0.0  # spent running the model and its reference, and finding culprits
         self._probes = 0
 
     def build(self, artifact: Path, check: bool = True) -> ModelCheck:
@@ -68,7 +70,11 @@ class CheckedBuild:
         skipped = skipped or (None if check else "turned off") or no_device_here(self.target)
         if skipped:
             return ModelCheck("", None, None, tolerance_for(self.workload), skipped=skipped, left_out=self.left_out)
-        return self._check(artifact)
+        started = time.monotonic()
+        try:
+            return self._check(artifact)
+        finally:
+            self.check_seconds = time.monotonic() - started
 
     # -- compile ----------------------------------------------------------------------------------
     def _compile(self, kept: Sequence[str], artifact: Path) -> str | None:

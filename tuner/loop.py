@@ -140,7 +140,15 @@ class TuningLoop:
             self.runs.append(
                 TaskRun(task, kernel_id, search, TaskProgress(task.weight, task.flops, task_kind(task.name)))
             )
+            if search.unsearchable:
+                self.runs[-1].progress.exhausted = True
+                self.progress.line(f"{task.name}: left at TVM's default schedule: {search.unsearchable}")
         self._restore()
+
+    @property
+    def unsearchable(self) -> dict[str, str]:
+        """Tasks that cannot be tuned (kernel name: why), left at TVM's default schedule."""
+        return {run.task.name: run.search.unsearchable for run in self.runs if run.search.unsearchable}
 
     @property
     def tasks(self) -> list[Task]:

@@ -21,6 +21,7 @@ from tvm.s_tir.schedule import Trace
 from tvm.s_tir.schedule import _ffi_api as _ffi_api_schedule
 
 from measure.contract import is_cuda
+from measure.error_text import error_line
 from measure.tensor_cores import ensure_tensor_intrinsics, trace_uses_tensor_intrinsics
 
 from . import schedule_rules
@@ -113,8 +114,32 @@ def tensor_core_rules() -> list:
     return [cuda[0], tiling, *cuda[1:]]
 
 
+class DesignSpaceError(RuntimeError):
+    """MetaSchedule's schedule rules fail on a kernel: it has no design space to search."""
+
+
 def design_spaces(context: ms.TuneContext) -> list[Schedule]:
-    return list(context.generate_design_space())
+    """The design spaces of the context's kernel; DesignSpaceError, TVM's reason in one line, where a
+    schedule rule fails on it (one of its primitives refuses the kernel: MultiLevelTiling's
+    reverse_compute_at of an epilogue with a producer outside the matmul, raised as ScheduleError)."""
+    try:
+        spaces = list(context.generate_design_space())
+    except RuntimeError as err:  # TVM's ScheduleError and InternalError
+        raise DesignSpaceError(schedule_error_line(err)) from err
+    if not spaces:
+        raise DesignSpaceError("MetaSchedule generated no design space")
+    return spaces
+
+
+def schedule_error_line(err: BaseException) -> str:
+    """A TVM schedule error in one line: the primitive and the first sentence of its message (the
+    text between is the whole module, printed)."""
+    text = str(err)
+    primitive = re.search(r"in the schedule primitive '([^']+)'", text)
+    message = re.search(r"^Error message: (.+?)(?:\.(?: |$)|$)", text, re.MULTILINE)
+    if primitive and message:
+        return f"{primitive.group(1)}: {message.group(1)}"
+    return error_line(err)
 
 
 def postprocessors(context: ms.TuneContext) -> list:

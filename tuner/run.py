@@ -101,12 +101,13 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
             loop.finalize()
             cost_model.save(plan.work_dir.cost_model)
             compiling = time.monotonic()
-            built = compile_and_time(engine, plan, tasks, db, report, options.verify)
+            built = compile_and_time(engine, plan, tasks, db, report, options.verify, loop.unsearchable)
             seconds = {
                 "start-up": tuning_started - started,
                 **({"transfer": transfer_seconds} if plan.sources else {}),
                 **loop.phase_seconds,
-                "compile and time": time.monotonic() - compiling,
+                "compile and time": time.monotonic() - compiling - built.check_seconds,
+                "end-to-end check": built.check_seconds,
             }
             outcome = ResultRecord(
                 built.latency_before,
@@ -294,10 +295,17 @@ class BuiltModel:
     latency_after: float  # and with the tuned ones
     check: ModelCheck
     fell_back: dict[str, str]  # kernel name: why it keeps TVM's default schedule
+    check_seconds: float  # of the compile and time, spent on the end-to-end check
 
 
 def compile_and_time(
-    engine: Engine, plan: Plan, tasks: Tasks, db: TuningDatabase, report: Progress, verify: bool = True
+    engine: Engine,
+    plan: Plan,
+    tasks: Tasks,
+    db: TuningDatabase,
+    report: Progress,
+    verify: bool = True,
+    untunable: dict[str, str] | None = None,
 ) -> BuiltModel:
     """The tuned program (verified schedules only, with ``verify``) and the untuned one, compiled,
     the tuned one checked against the model's own framework, and both timed."""
@@ -312,7 +320,8 @@ def compile_and_time(
     _mark_wrong_in_model(db, choices, check)
     latency_after = time_workload(engine, workload, work_dir.artifact)
     latency_before = time_workload(engine, workload, untuned, UNTUNED_TIMING, windows=1)  # minutes a call, at worst
-    return BuiltModel(work_dir.artifact, latency_before, latency_after, check, {**fell_back(choices), **check.left_out})
+    reasons = {**(untunable or {}), **fell_back(choices), **check.left_out}
+    return BuiltModel(work_dir.artifact, latency_before, latency_after, check, reasons, build.check_seconds)
 
 
 def _mark_wrong_in_model(db: TuningDatabase, choices: list[KernelChoice], check: ModelCheck) -> None:

@@ -12,6 +12,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import Trace
 
 from costmodel import CandidateFeatures, CostModel, TopKWithExploration
+from measure.error_text import error_line
 
 from . import metaschedule as msc
 from .parallel import THREADS, parallel_map
@@ -63,13 +64,17 @@ class TaskSearch:
         self.config = config or SearchConfig()
         self.rng = np.random.default_rng(seed)
         self.context = msc.make_context(mod, target, seed, num_threads=THREADS)
-        self.spaces = msc.design_spaces(self.context)
+        self.unsearchable: str | None = None  # why no design space could be made: the kernel keeps TVM's default
+        try:
+            self.spaces = msc.design_spaces(self.context)
+        except Exception as err:  # noqa: BLE001 - a schedule rule's error (ScheduleError, TVMError) on one kernel
+            self.spaces, self.unsearchable = [], f"its design space cannot be generated ({error_line(err)})"
         self.postprocs = msc.postprocessors(self.context)
         self.mutators, probs = msc.mutators(self.context)
         self.mutator_probs = np.asarray(probs) / sum(probs) if probs else np.zeros(0)
         self.seen: set[str] = set()  # measured, or dropped by the filter: never proposed again
         self.elites: list[tuple[float, Candidate]] = []  # best measured first
-        self.exhausted = False
+        self.exhausted = not self.spaces
         self.draws = 0  # random samples drawn from the design space, for statistics
         self._features: dict[str, np.ndarray] = {}
         self._fresh: dict[str, Candidate] = {}  # sampled, scored, not yet picked: carried to the next batch
@@ -132,7 +137,7 @@ class TaskSearch:
         starts from what they measure, in the next batch; then ``_search(n)``."""
         waiting = [c for c in self._seeds if c.key not in self.seen]
         seeds, self._seeds = waiting[:n], waiting[n:]
-        return seeds or self._search(n)
+        return seeds or (self._search(n) if self.spaces else [])
 
     def _search(self, n: int) -> list[Candidate]:
         """Up to ``n`` candidates never measured before; fewer if the space runs dry.

@@ -5,7 +5,8 @@ looks up:
 
 1. inference rewrites on the imported graph: eval-mode batch norms folded into the convolutions
    before them (and the rest decomposed into element-wise arithmetic), constants folded, the
-   importers' slow forms replaced (``rewrites``), and, with ``fast_math``, exp/erf/tanh/sigmoid/
+   importers' slow forms replaced (``rewrites``), zero pads folded into the convolutions they feed
+   (``pads``), and, with ``fast_math``, exp/erf/tanh/sigmoid/
    softmax computed by vectorisable approximations instead of one libm call per element; on a
    CPU, convolutions computed channels-last (``channels_last``), those 3x3 convolutions of
    stride 1 that reuse their weights enough by Winograd's algorithm (``winograd``), and each 1x1
@@ -13,7 +14,8 @@ looks up:
    (``inverted_residual``), and large matmuls by constant weights by one level of Strassen's algorithm
    (``strassen``);
 2. TVM's legalization and operator fusion (element-wise epilogues such as bias, activation and
-   residual add fuse into the convolution or matmul that produces them);
+   residual add fuse into the convolution or matmul that produces them; a pad or concatenation,
+   which writes more than it reads, never does: ``pads`` says why);
 3. layout-only kernels pulled into the kernels that consume them (``layout_fusion``), pure
    reshapes turned into views;
 4. the model's weights marked layout-free, so that MetaSchedule may choose their layout: compile

@@ -26,6 +26,7 @@ from tvm.ir.module import IRModule
 from ..metaschedule import prim_func_flops
 
 _INJECTIVE = 2  # op patterns (tvm/relax/op_attr_types.h): element-wise 0, broadcast 1, injective 2
+_BROADCAST = 1
 _REDUCING = (3, 4)  # a reduction; a matmul or convolution (out-element-wise fusable)
 # operations per element a consumer may recompute at each of its reads (a residual add, a scaling):
 # more, and recomputing costs more than the kernel launch it saves
@@ -61,6 +62,7 @@ class _Unit:
     arithmetic: float = (
         0.0  # operations per element (of a layout unit), recomputed at each read once pulled into a consumer
     )
+    broadcast_only: bool = False  # (of a layout unit) only element-wise and broadcast steps: AutoInline inlines it
 
     def computes(self, key: Any) -> bool:
         return any(_same(step.out, key) for step in self.steps)
@@ -152,12 +154,19 @@ class _Analysis:
         kernels = [self._kernel(step.prim) for step in unit.steps]
         if all(pattern <= _INJECTIVE and arithmetic is not None for pattern, arithmetic in kernels):
             unit.arithmetic = sum(arithmetic for _, arithmetic in kernels)
+            unit.broadcast_only = all(pattern <= _BROADCAST for pattern, _ in kernels)
             return "layout" if unit.arithmetic <= _MAX_ARITHMETIC else ""
         if any(pattern in _REDUCING for pattern, _ in kernels) and not any(
             "conv" in step.prim.name_hint for step in unit.steps
         ):
             return "reducing"
         return ""
+
+    def epilogue_inputs(self, unit: _Unit) -> list[Any]:
+        """What the steps after the unit's last matmul or reduction read."""
+        reducing = [i for i, step in enumerate(unit.steps) if self._kernel(step.prim)[0] in _REDUCING]
+        after = unit.steps[reducing[-1] + 1 :] if reducing else []
+        return _unique([arg for step in after for arg in step.args if not isinstance(arg, _Temp)])
 
     def _kernel(self, prim: tvm.ir.GlobalVar) -> tuple[int, float | None]:
         """(op pattern, operations per output element; None where a math intrinsic is called)."""
@@ -258,12 +267,15 @@ class FuseLayoutIntoConsumers:
             if kind != "reducing":
                 continue
             merged = unit
-            read_costs = [(expr, 0.0) for expr in unit.inputs]  # operations recomputed per read of each input
+            # (input, operations recomputed per read of it, whether the epilogue reads it)
+            epilogue = analysis.epilogue_inputs(unit)
+            read_costs = [(expr, 0.0, any(_same(expr, e) for e in epilogue)) for expr in unit.inputs]
             while (producer := _next_producer(read_costs, layouts)) is not None:
                 pulled_var, pulled, cost = producer
+                by_epilogue = any(_same(e, pulled_var) and ep for e, _, ep in read_costs)
                 merged = pulled.merged_into(merged)
-                read_costs = [(e, c) for e, c in read_costs if not _same(e, pulled_var)] + [
-                    (e, cost) for e in pulled.inputs if not merged.computes(e)
+                read_costs = [(e, c, ep) for e, c, ep in read_costs if not _same(e, pulled_var)] + [
+                    (e, cost, by_epilogue) for e in pulled.inputs if not merged.computes(e)
                 ]
             if merged is not unit:
                 name = _unit_name(merged)
@@ -279,14 +291,25 @@ class FuseLayoutIntoConsumers:
 
 
 def _next_producer(
-    read_costs: list[tuple[Any, float]], layouts: list[tuple[relax.Var, _Unit, int]]
+    read_costs: list[tuple[Any, float, bool]], layouts: list[tuple[relax.Var, _Unit, int]]
 ) -> tuple[relax.Var, _Unit, float] | None:
     """A layout kernel the consumer reads that it may absorb, with the operations then recomputed per
     read along that path: one that only moves data (copied into every consumer), or one with
-    arithmetic whose only reader is this consumer, within what a read may recompute."""
+    arithmetic whose only reader is this consumer, within what a read may recompute.
+
+    What the epilogue (the steps after the matmul or reduction) reads is absorbed only if it is
+    element-wise or a broadcast (a squeeze, an expand_dims): MetaSchedule's AutoInline inlines those
+    into the epilogue. A transpose or a reshape it does not inline (on CPUs it inlines only reads in
+    the order of the writes), and left as a block of its own it is a second producer of the epilogue,
+    which MultiLevelTiling then cannot move under the matmul's tiles: its reverse_compute_at raises
+    and the kernel has no design space (MobileViT's residual, unfolded into patches). Left out, a pure
+    reshape becomes a view (RewriteDataflowReshape) and a transpose a kernel of its own."""
     for var, unit, uses in layouts:
-        cost = next((c for e, c in read_costs if _same(e, var)), None)
-        if cost is None:
+        reads = [(c, ep) for e, c, ep in read_costs if _same(e, var)]
+        if not reads:
+            continue
+        cost = reads[0][0]
+        if any(ep for _, ep in reads) and not unit.broadcast_only:
             continue
         if unit.arithmetic == 0 or (uses == 1 and cost + unit.arithmetic <= _MAX_ARITHMETIC):
             return var, unit, cost + unit.arithmetic
