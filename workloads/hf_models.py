@@ -1,0 +1,228 @@
+"""Hugging Face transformers models built from their own definitions, for the correctness suite
+(experiments/correctness.py): default or slightly reduced configs (fewer layers where the default is
+deep), random weights fixed by a seed, nothing downloaded. Each builder returns an eval-mode module
+whose forward returns a plain tensor or a tuple of tensors, and its example inputs (batch 1).
+
+Convnets' batch norms are calibrated on random images so that outputs are of order 1: running
+statistics reset and averaged (``momentum=None``) over three forward passes of ``randn(2, 3, H, W)``
+with the batch norms in train mode (the rest of the model stays in eval mode: no dropout, no
+stochastic depth), then frozen.
+
+``transformers`` takes seconds to import, so it is imported inside the builders.
+
+    .venv/bin/python workloads/hf_models.py [NAME ...]   # each builder in PyTorch and torch.export
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+SEQUENCE = 128  # tokens of the text models
+WEIGHT_SEED = 0
+INPUT_SEED = 1
+
+
+class HFOutput(nn.Module):
+    """A transformers model called with its inputs by keyword, returning the named output fields:
+    one tensor for one field, else a tuple."""
+
+    def __init__(self, model: nn.Module, keys: Sequence[str], fields: Sequence[str]):
+        super().__init__()
+        self.model, self.keys, self.fields = model, tuple(keys), tuple(fields)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        out = self.model(**dict(zip(self.keys, inputs, strict=True)))
+        values = tuple(out[field] for field in self.fields)
+        return values[0] if len(values) == 1 else values
+
+
+def calibrate_batch_norms(model: nn.Module, height: int, width: int, passes: int = 3) -> nn.Module:
+    """Set every batch norm's running statistics to those of the activations of random images."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    model.eval()
+    for norm in norms:
+        if norm.affine and float(norm.weight.detach().abs().mean()) < 0.1:
+            # some models initialise a batch norm's scale like a conv's weights (MobileViT: normal, std 0.02), or
+            # at zero (a residual branch's last norm): that scales the activations down by 50x per norm
+            norm.reset_parameters()
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average over the passes
+        norm.train()
+    generator = torch.Generator().manual_seed(WEIGHT_SEED + 100)
+    with torch.no_grad():
+        for _ in range(passes if norms else 0):
+            model(torch.randn(2, 3, height, width, generator=generator))
+    return model.eval()
+
+
+def _seeded(build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()`` under a fixed global seed (transformers initialises weights with the global RNG),
+    leaving the caller's RNG state as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(WEIGHT_SEED)
+        return build().eval()
+
+
+def vision(
+    model_class: str,
+    config_class: str,
+    size: int | tuple[int, int] = 224,
+    fields: Sequence[str] = ("last_hidden_state",),
+    **config: Any,
+) -> Callable[[], tuple[nn.Module, list[torch.Tensor]]]:
+    """A builder of an image model taking ``pixel_values`` of ``size``."""
+    height, width = (size, size) if isinstance(size, int) else size
+
+    def build() -> tuple[nn.Module, list[torch.Tensor]]:
+        import transformers
+
+        def make() -> nn.Module:
+            cfg = getattr(transformers, config_class)(**config)
+            model = getattr(transformers, model_class)(cfg)
+            return calibrate_batch_norms(model, height, width)
+
+        module = HFOutput(_seeded(make), ["pixel_values"], fields).eval()
+        example = torch.randn(1, 3, height, width, generator=torch.Generator().manual_seed(INPUT_SEED))
+        return module, [example]
+
+    return build
+
+
+def text(
+    model_class: str,
+    config_class: str,
+    fields: Sequence[str] = ("last_hidden_state",),
+    mask: bool = True,
+    **config: Any,
+) -> Callable[[], tuple[nn.Module, list[torch.Tensor]]]:
+    """A builder of a text model taking ``input_ids`` (``SEQUENCE`` tokens) and an all-ones
+    ``attention_mask``."""
+
+    def build() -> tuple[nn.Module, list[torch.Tensor]]:
+        import transformers
+
+        def make() -> nn.Module:
+            cfg = getattr(transformers, config_class)(**config)
+            return getattr(transformers, model_class)(cfg)
+
+        model = _seeded(make)
+        vocab = model.config.vocab_size
+        ids = torch.randint(0, vocab, (1, SEQUENCE), generator=torch.Generator().manual_seed(INPUT_SEED))
+        keys, inputs = ["input_ids"], [ids]
+        if mask:
+            keys.append("attention_mask")
+            inputs.append(torch.ones(1, SEQUENCE, dtype=torch.int64))
+        return HFOutput(model, keys, fields).eval(), inputs
+
+    return build
+
+
+_SMALL_VIT = {"hidden_size": 192, "num_hidden_layers": 4, "num_attention_heads": 3, "intermediate_size": 768}
+
+HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
+    # convnets
+    "hf-mobilenetv2": vision("MobileNetV2Model", "MobileNetV2Config", 224, ("last_hidden_state", "pooler_output")),
+    "hf-mobilenetv1": vision("MobileNetV1Model", "MobileNetV1Config", 224),
+    "hf-resnet": vision("ResNetModel", "ResNetConfig", 224, ("pooler_output",), depths=[1, 1, 2, 1]),
+    "hf-convnext": vision("ConvNextModel", "ConvNextConfig", 224, depths=[1, 1, 2, 1]),
+    "hf-convnextv2": vision("ConvNextV2Model", "ConvNextV2Config", 224, depths=[1, 1, 2, 1]),
+    "hf-efficientnet": vision(
+        "EfficientNetModel",
+        "EfficientNetConfig",
+        224,
+        ("pooler_output",),
+        image_size=224,
+        hidden_dim=1280,
+        width_coefficient=1.0,
+        depth_coefficient=1.0,
+    ),
+    "hf-regnet": vision("RegNetModel", "RegNetConfig", 224, depths=[1, 1, 2, 1]),
+    "hf-bit": vision("BitModel", "BitConfig", 224, depths=[1, 1, 1, 1]),
+    "hf-poolformer": vision("PoolFormerModel", "PoolFormerConfig", 224, depths=[1, 1, 2, 1]),
+    # hybrids and vision transformers
+    "hf-mobilevit-s": vision("MobileViTModel", "MobileViTConfig", 256, ("last_hidden_state", "pooler_output")),
+    "hf-mobilevitv2": vision("MobileViTV2Model", "MobileViTV2Config", 256),
+    "hf-levit": vision("LevitModel", "LevitConfig", 224),
+    "hf-vit": vision("ViTModel", "ViTConfig", 224, ("last_hidden_state", "pooler_output"), **_SMALL_VIT),
+    "hf-deit": vision("DeiTModel", "DeiTConfig", 224, **_SMALL_VIT),
+    "hf-beit": vision("BeitModel", "BeitConfig", 224, use_relative_position_bias=True, **_SMALL_VIT),
+    "hf-dinov2-s": vision(
+        "Dinov2Model",
+        "Dinov2Config",
+        224,
+        image_size=224,
+        hidden_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+    ),
+    "hf-swin-t": vision("SwinModel", "SwinConfig", 224, depths=[1, 1, 2, 1]),
+    "hf-segformer-b0": vision(
+        "SegformerForSemanticSegmentation",
+        "SegformerConfig",
+        224,
+        ("logits",),
+        hidden_sizes=[32, 64, 160, 256],
+        depths=[2, 2, 2, 2],
+        num_attention_heads=[1, 2, 5, 8],
+        decoder_hidden_size=256,
+    ),
+    "hf-clip-vision": vision(
+        "CLIPVisionModel", "CLIPVisionConfig", 224, ("last_hidden_state", "pooler_output"), num_hidden_layers=4
+    ),
+    # text
+    "hf-bert": text("BertModel", "BertConfig", ("last_hidden_state", "pooler_output"), num_hidden_layers=2),
+    "hf-roberta": text("RobertaModel", "RobertaConfig", num_hidden_layers=2),
+    "hf-distilbert": text("DistilBertModel", "DistilBertConfig", n_layers=2),
+    "hf-albert": text("AlbertModel", "AlbertConfig", num_hidden_layers=2),
+    "hf-electra": text("ElectraModel", "ElectraConfig", num_hidden_layers=2),
+    "hf-deberta-v2": text("DebertaV2Model", "DebertaV2Config", num_hidden_layers=2),
+    "hf-mpnet": text("MPNetModel", "MPNetConfig", num_hidden_layers=2),
+    "hf-gpt2": text("GPT2Model", "GPT2Config", n_layer=2),
+    "hf-t5-encoder": text("T5EncoderModel", "T5Config", num_layers=2),
+}
+
+
+def _check(names: Sequence[str]) -> None:
+    """Run each builder in PyTorch: max |output|, whether the output follows the input, and whether
+    torch.export takes the module."""
+    import time
+
+    for name in names:
+        started = time.monotonic()
+        try:
+            module, inputs = HF_MODELS[name]()
+            with torch.no_grad():
+                outs = module(*inputs)
+                other = [
+                    torch.randn_like(x)
+                    if x.is_floating_point()
+                    else (x if x.min() == x.max() else torch.randint_like(x, 0, int(x.max()) + 1))
+                    for x in inputs
+                ]
+                outs2 = module(*other)
+            outs, outs2 = (outs, outs2) if isinstance(outs, tuple) else ((outs,), (outs2,))
+            scale = [float(o.abs().max()) for o in outs]
+            moved = [float((a - b).abs().max()) for a, b in zip(outs, outs2, strict=True)]
+            torch.export.export(module, tuple(inputs))
+            exported = "ok"
+        except Exception as err:  # noqa: BLE001 - a report of every builder
+            print(f"{name}: FAILED {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
+            continue
+        shapes = [tuple(o.shape) for o in outs]
+        degenerate = any(s < 1e-3 or m <= 1e-6 * s for s, m in zip(scale, moved, strict=True))
+        print(
+            f"{name}: outputs {shapes} max|out| {[f'{s:.3g}' for s in scale]}"
+            f" changed by input {[f'{m:.3g}' for m in moved]}"
+            f" export {exported}{' DEGENERATE' if degenerate else ''} ({time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    import sys
+
+    _check(sys.argv[1:] or list(HF_MODELS))
