@@ -1,6 +1,7 @@
 """What the correctness suite's tuning runs did to stay right, read from their work dirs: candidates
-measured, candidates rejected by verification (``wrong_result``), and kernels built with TVM's
-default schedule (no verified candidate, no design space, a broken compile, a wrong model).
+measured, candidates rejected by verification (``wrong_result``), kernels built with TVM's default
+schedule (no verified candidate, no design space, a broken compile, a wrong model), and the share of
+the runs' time the end-to-end check took.
 
     .venv/bin/python experiments/correctness_tally.py OUT [OUT ...]
 """
@@ -22,6 +23,7 @@ def tally(out_dirs: list[Path]) -> dict:
     """Summed over every work dir (a directory holding ``tuning.db``) under ``out_dirs``."""
     totals: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
+    seconds: Counter[str] = Counter()
     for database in sorted(db for out in out_dirs for db in Path(out).rglob("tuning.db")):
         db = TuningDatabase(database, read_only=True)
         try:
@@ -37,7 +39,15 @@ def tally(out_dirs: list[Path]) -> dict:
             reasons.update(_kind(why) for why in result.fell_back.values())
             check = result.check or {}
             totals["kernels left out by the end-to-end check"] += len(check.get("left_out", {}))
-    return {**totals, "fallen back, by reason": dict(reasons)}
+            if "end-to-end check" in result.seconds:  # runs since the check has been timed as a phase
+                seconds["end-to-end check"] += result.seconds["end-to-end check"]
+                seconds["whole runs"] += sum(result.seconds.values())
+    share = seconds["end-to-end check"] / seconds["whole runs"] if seconds["whole runs"] else None
+    return {
+        **totals,
+        "fallen back, by reason": dict(reasons),
+        "end-to-end check, share of the runs' time": f"{share:.1%}" if share is not None else "-",
+    }
 
 
 def _kind(why: str) -> str:
