@@ -189,7 +189,8 @@ HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
     "hf-electra": text("ElectraModel", "ElectraConfig", num_hidden_layers=2),
     "hf-deberta-v2": text("DebertaV2Model", "DebertaV2Config", num_hidden_layers=2),
     "hf-mpnet": text("MPNetModel", "MPNetConfig", num_hidden_layers=2),
-    "hf-gpt2": text("GPT2Model", "GPT2Config", n_layer=2),
+    # without use_cache=False the exported graph concatenates an empty (0,) cache with each layer's keys
+    "hf-gpt2": text("GPT2Model", "GPT2Config", n_layer=2, use_cache=False),
     "hf-t5-encoder": text("T5EncoderModel", "T5Config", num_layers=2),
 }
 
