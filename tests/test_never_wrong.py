@@ -312,3 +312,14 @@ def test_a_kernel_without_a_design_space_keeps_the_default_schedule_and_the_run_
     assert task.trials == 0 and "its design space cannot be generated (reverse-compute-at" in task.fell_back
     assert result.artifact_path.exists()
     assert "left at TVM's default schedule: its design space cannot be generated" in capsys.readouterr().err
+
+
+def test_integer_arguments_stay_inside_the_smallest_axis_they_may_index():
+    """An attention mask's gather (a (1, 128) mask indexed on its axis of 1) failed verification with
+    indices up to 7: reference and candidate read different memory out of bounds."""
+    from measure.run_job import random_arrays
+
+    mask, indices, _ = random_arrays([["bool", [1, 128]], ["int64", [1, 1, 1, 128]], ["bool", [1, 1, 1, 128]]])
+    assert not indices.any()
+    _, ids = random_arrays([["float32", [16, 16]], ["int32", [64]]])
+    assert 0 < ids.max() < 8
