@@ -91,12 +91,20 @@ class CheckedBuild:
         if failure is None:
             return
         self.say(f"the compile with every tuned schedule failed ({failure}); finding the kernel(s) that break it")
-        breakers = find_culprits(self.tuned, lambda kept: self._compile(kept, self._probe_path(artifact)) is not None)
+        breakers = find_culprits(self.tuned, lambda kept: self._probe_compile(kept, artifact) is not None)
         for name in breakers:
             self._leave_out(name, f"its schedule breaks the model's compile ({failure})")
         last = self._compile(self.tuned, artifact)
         if last is not None:
             raise TunerError(f"the model does not compile even with TVM's default schedules: {last}")
+
+    def _probe_compile(self, kept: Sequence[str], artifact: Path) -> str | None:
+        """``_compile`` into a probe beside ``artifact``, removed afterwards."""
+        probe = self._probe_path(artifact)
+        try:
+            return self._compile(kept, probe)
+        finally:
+            probe.unlink(missing_ok=True)
 
     def _leave_out(self, name: str, why: str) -> None:
         self.left_out[name] = why
