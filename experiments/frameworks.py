@@ -1,17 +1,20 @@
 """The runtimes a tuned model is compared with, each prepared once and then called on the same
-input in the same process: PyTorch eager, torch.compile (Inductor), ONNX Runtime (its CPU provider,
-or on a GPU its CUDA provider with the input and output bound on the device), TVM untuned (our
-lowering, TVM's default schedules) and the tuned model.
+inputs in the same process: PyTorch eager, torch.compile (Inductor), PyTorch under
+``torch.autocast`` (bf16), ONNX Runtime (its CPU provider, or on a GPU its CUDA provider with the
+inputs and output bound on the device), OpenVINO's CPU plugin (as its users get it, and forced to
+fp32), TVM untuned (our lowering, TVM's default schedules) and the tuned model.
 
-Each contender is a function of no arguments that runs one inference and returns its output; a
-runtime that cannot be had (not installed, fails to export or compile) is reported with why.
+Each contender is a function of no arguments that runs one inference and returns its (first)
+output, and states the precision it computes in; a runtime that cannot be had (not installed, fails
+to export or compile) is reported with why.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,12 +23,18 @@ import numpy as np
 
 from measure.error_text import error_line
 
+OPENVINO_DEFAULT = "OpenVINO (default)"
+OPENVINO_FP32 = "OpenVINO fp32"
+PRECISIONS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}  # dtype -> the tables' name
+_OPENVINO_PRECISIONS = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
+
 
 @dataclass
 class Contender:
     name: str
     call: Callable[[], Any] | None  # one inference; None when the runtime is unavailable
     missing: str = ""  # why it is unavailable
+    precision: str = "fp32"  # what it computes in ("" when unavailable and not known)
     samples: list[float] = field(default_factory=list)  # seconds per call
     round_medians: list[float] = field(default_factory=list)  # seconds per call, median of each round
 
@@ -38,33 +47,42 @@ def _as_numpy(out: Any) -> np.ndarray:
     if isinstance(out, (list, tuple)):
         out = out[0]
     if hasattr(out, "detach"):
-        return out.detach().cpu().numpy()
+        out = out.detach().cpu()
+        return (out.float() if str(out.dtype) == "torch.bfloat16" else out).numpy()  # numpy has no bf16
     if hasattr(out, "numpy"):  # a TVM tensor, an ONNX Runtime OrtValue
         return out.numpy()
     return np.asarray(out)
 
 
-def _prepare(name: str, build: Callable[[], Callable[[], Any]]) -> Contender:
+def _why(err: BaseException) -> str:
+    """One line: the error, and what caused it where the error only wraps it (OpenVINO's conversion
+    failures say "Couldn't get TorchScript module by tracing" over the model's own error)."""
+    why = f"{type(err).__name__}: {error_line(err)[:160]}"
+    cause = err.__cause__ or err.__context__
+    return f"{why} (from {type(cause).__name__}: {error_line(cause)[:120]})" if cause is not None else why
+
+
+def _prepare(name: str, build: Callable[[], Callable[[], Any]], precision: str = "fp32") -> Contender:
     try:
-        return Contender(name, build())
+        return Contender(name, build(), precision=precision)
     except Exception as err:  # noqa: BLE001 - any failure to set a runtime up is reported, not fatal
-        return Contender(name, None, f"{type(err).__name__}: {error_line(err)[:160]}")
+        return Contender(name, None, _why(err), precision=precision)
 
 
-def torch_eager(module: Any, example: Any) -> Contender:
+def torch_eager(module: Any, inputs: Sequence[Any], precision: str = "fp32") -> Contender:
     import torch
 
     def build():
         def call():
             with torch.inference_mode():
-                return module(example)
+                return module(*inputs)
 
         return call
 
-    return _prepare("PyTorch eager", build)
+    return _prepare("PyTorch eager", build, precision)
 
 
-def torch_compiled(module: Any, example: Any) -> Contender:
+def torch_compiled(module: Any, inputs: Sequence[Any], precision: str = "fp32") -> Contender:
     import torch
 
     def build():
@@ -72,59 +90,98 @@ def torch_compiled(module: Any, example: Any) -> Contender:
 
         def call():
             with torch.inference_mode():
-                return compiled(example)
+                return compiled(*inputs)
 
         call()  # compiles (minutes for a big model)
         return call
 
-    return _prepare("torch.compile", build)
+    return _prepare("torch.compile", build, precision)
 
 
-def onnx_runtime(module: Any, example: Any, threads: int, directory: Path) -> Contender:
+def torch_autocast(module: Any, inputs: Sequence[Any], dtype: str = "bfloat16") -> Contender:
+    """PyTorch eager on an fp32 module under ``torch.autocast``: what PyTorch offers for running a
+    model in ``dtype`` (its matmuls and convolutions; the rest stays fp32)."""
+    import torch
+
+    precision = PRECISIONS.get(dtype, dtype)
+
+    def build():
+        device = inputs[0].device.type
+
+        def call():
+            with torch.inference_mode(), torch.autocast(device, dtype=getattr(torch, dtype)):
+                return module(*inputs)
+
+        call()  # where autocast cannot run the model, it fails here
+        return call
+
+    return _prepare(autocast_name(dtype), build, precision)
+
+
+def autocast_name(dtype: str) -> str:
+    return f"PyTorch {PRECISIONS.get(dtype, dtype)} (autocast)"
+
+
+@contextmanager
+def composed_attention() -> Iterator[None]:
+    """MultiheadAttention's fused inference path (aten::_native_multi_head_attention) has no ONNX
+    export and no OpenVINO conversion: within this, torch runs its composed form."""
+    import torch
+
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def _input_names(inputs: Sequence[Any]) -> list[str]:
+    return ["input"] if len(inputs) == 1 else [f"input{i}" for i in range(len(inputs))]
+
+
+def onnx_runtime(
+    module: Any, inputs: Sequence[Any], threads: int, directory: Path, precision: str = "fp32"
+) -> Contender:
     def build():
         import onnxruntime
         import torch
 
         path = directory / "model.onnx"
         if not path.exists():
-            # MultiheadAttention's fused inference path (aten::_native_multi_head_attention) has no
-            # ONNX export: export its composed form
-            fastpath = torch.backends.mha.get_fastpath_enabled()
-            torch.backends.mha.set_fastpath_enabled(False)
-            try:
-                with torch.no_grad():
-                    torch.onnx.export(
-                        module,
-                        (example,),
-                        str(path),
-                        input_names=["input"],
-                        output_names=["output"],
-                        dynamo=False,
-                        opset_version=17,
-                    )
-            finally:
-                torch.backends.mha.set_fastpath_enabled(fastpath)
+            with composed_attention(), torch.no_grad():
+                torch.onnx.export(
+                    module,
+                    tuple(inputs),
+                    str(path),
+                    input_names=_input_names(inputs),
+                    output_names=["output"],
+                    dynamo=False,
+                    opset_version=17,
+                )
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if example.device.type == "cuda":
-            return _on_gpu(onnxruntime, path, options, example)
+        if inputs[0].device.type == "cuda":
+            return _on_gpu(onnxruntime, path, options, inputs)
         session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        feed = {"input": example.numpy()}
+        feed = {name: x.numpy() for name, x in zip(_input_names(inputs), inputs, strict=True)}
         return lambda: session.run(None, feed)[0]
 
-    return _prepare("ONNX Runtime", build)
+    return _prepare("ONNX Runtime", build, precision)
 
 
-def _on_gpu(onnxruntime: Any, path: Path, options: Any, example: Any) -> Callable[[], Any]:
-    """A CUDA-provider session reading the input where torch holds it and writing on the device."""
+def _on_gpu(onnxruntime: Any, path: Path, options: Any, inputs: Sequence[Any]) -> Callable[[], Any]:
+    """A CUDA-provider session reading the inputs where torch holds them and writing on the device."""
     if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
         raise RuntimeError("this onnxruntime has no CUDA provider (pip install onnxruntime-gpu)")
     session = onnxruntime.InferenceSession(str(path), options, providers=["CUDAExecutionProvider"])
     binding = session.io_binding()
-    element = np.dtype(str(example.dtype).removeprefix("torch."))
-    binding.bind_input("input", "cuda", example.device.index or 0, element, tuple(example.shape), example.data_ptr())
-    binding.bind_output("output", "cuda", example.device.index or 0)
+    for name, x in zip(_input_names(inputs), inputs, strict=True):
+        element = np.dtype(str(x.dtype).removeprefix("torch."))
+        binding.bind_input(name, "cuda", x.device.index or 0, element, tuple(x.shape), x.data_ptr())
+    for output in session.get_outputs():
+        binding.bind_output(output.name, "cuda", inputs[0].device.index or 0)
 
     def call():
         session.run_with_iobinding(binding)
@@ -133,17 +190,45 @@ def _on_gpu(onnxruntime: Any, path: Path, options: Any, example: Any) -> Callabl
     return call
 
 
-def tvm_model(name: str, library: Path, description: Any, example: Any) -> Contender:
+def openvino(module: Any, inputs: Sequence[Any], threads: int) -> list[Contender]:
+    """OpenVINO's CPU plugin on one conversion of ``module``, twice: as its users get it (only the
+    thread count set; on a CPU with bf16 it then computes in bf16) and forced to fp32. Each states
+    the precision it reports (INFERENCE_PRECISION_HINT)."""
+    try:
+        import openvino as ov
+
+        with composed_attention():
+            converted = ov.convert_model(module, example_input=tuple(inputs))
+    except Exception as err:  # noqa: BLE001 - not installed, or the model does not convert: reported
+        return [Contender(OPENVINO_FP32, None, _why(err)), Contender(OPENVINO_DEFAULT, None, _why(err), precision="")]
+    core, feed = ov.Core(), [x.numpy() for x in inputs]
+    threads_only = {"INFERENCE_NUM_THREADS": threads}
+    return [
+        _openvino_compiled(OPENVINO_FP32, core, converted, feed, {**threads_only, "INFERENCE_PRECISION_HINT": "f32"}),
+        _openvino_compiled(OPENVINO_DEFAULT, core, converted, feed, threads_only),
+    ]
+
+
+def _openvino_compiled(name: str, core: Any, converted: Any, feed: list[np.ndarray], config: dict) -> Contender:
+    try:
+        compiled = core.compile_model(converted, "CPU", config)
+        hint = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    except Exception as err:  # noqa: BLE001 - reported, not fatal
+        return Contender(name, None, _why(err), precision="")
+    return Contender(name, lambda: compiled(feed)[0], precision=_OPENVINO_PRECISIONS.get(hint, hint))
+
+
+def tvm_model(name: str, library: Path, description: Any, inputs: Sequence[Any], precision: str = "fp32") -> Contender:
     """A compiled TVM model called as a user calls it: ``tuner.runtime.CompiledModel`` on the torch
-    input (passed through DLPack without a copy)."""
+    inputs (passed through DLPack without a copy)."""
 
     def build():
         from tuner.runtime import CompiledModel
 
         model = CompiledModel(library, description)
-        return lambda: model(example)
+        return lambda: model(*inputs)
 
-    return _prepare(name, build)
+    return _prepare(name, build, precision)
 
 
 def synchronize_each_call(contenders: list[Contender]) -> None:

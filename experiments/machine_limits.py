@@ -1,5 +1,6 @@
 """This machine's limits, measured: the fp32 FMA peak (a C kernel of independent vector FMAs on
-every core), BLAS sgemm (numpy's and torch's), and memory bandwidth (a parallel copy of arrays far
+every core), the bf16 dot-product peak where the CPU has AVX512_BF16 (the same with
+``vdpbf16ps``), BLAS sgemm (numpy's and torch's), and memory bandwidth (a parallel copy of arrays far
 larger than the last-level cache); with ``--gpu``, a GPU's (cuBLAS GEMM in fp16, a device copy).
 A kernel's roofline bound is max(FLOPs / peak, bytes / bandwidth).
 
@@ -66,6 +67,33 @@ double copy_bytes(long floats, int threads, int repeats) {
 }
 """
 
+# vdpbf16ps on 512 bits: 32 bf16 products summed pairwise into 16 fp32 lanes, 64 FLOPs. 16 chains
+# (of the 32 zmm registers) cover its latency at two per cycle.
+_BF16_KERNEL = r"""
+#include <immintrin.h>
+#include <omp.h>
+#define CHAINS 16
+double bf16_dot_flops(long iterations, int threads) {
+    double start = omp_get_wtime();
+    float sink = 0;
+    #pragma omp parallel num_threads(threads) reduction(+:sink)
+    {
+        __m512 acc[CHAINS];
+        /* bf16 1.0 and about 1e-3 */
+        __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3a83);
+        for (int k = 0; k < CHAINS; k++) acc[k] = _mm512_set1_ps((float)k);
+        for (long n = 0; n < iterations; n++) {
+            #pragma GCC unroll 16
+            for (int k = 0; k < CHAINS; k++) acc[k] = _mm512_dpbf16_ps(acc[k], a, b);
+        }
+        for (int k = 0; k < CHAINS; k++) sink += _mm512_reduce_add_ps(acc[k]);
+    }
+    double seconds = omp_get_wtime() - start;
+    if (sink == 1234.5f) return 0;  /* keeps the result alive */
+    return (double)threads * iterations * CHAINS * 64 / seconds;
+}
+"""
+
 
 class _Roofline:
     peak_gflops: float
@@ -86,6 +114,8 @@ class MachineLimits(_Roofline):
     numpy_sgemm_gflops: float
     torch_sgemm_gflops: float | None
     copy_gbs: float
+    bf16_peak_gflops: float | None = None  # the bf16 dot-product kernel's; None where it cannot run
+    bf16_absent: str = ""  # why it cannot
 
     @property
     def peak_gflops(self) -> float:
@@ -96,8 +126,13 @@ class MachineLimits(_Roofline):
         return (
             f"Machine limits ({self.threads} threads): FMA peak {self.fma_gflops:.0f} GFLOP/s, numpy sgemm "
             f"{self.numpy_sgemm_gflops:.0f}, torch sgemm {self.torch_sgemm_gflops or 0:.0f} (peak used: "
-            f"{self.peak_gflops:.0f} GFLOP/s); memory copy {self.copy_gbs:.1f} GB/s."
+            f"{self.peak_gflops:.0f} GFLOP/s); {self._bf16_text()}; memory copy {self.copy_gbs:.1f} GB/s."
         )
+
+    def _bf16_text(self) -> str:
+        if self.bf16_peak_gflops is None:
+            return f"bf16 dot-product peak absent ({self.bf16_absent or 'not measured'})"
+        return f"bf16 dot-product peak {self.bf16_peak_gflops:.0f} GFLOP/s"
 
 
 @dataclass
@@ -124,29 +159,60 @@ class GpuLimits(_Roofline):
 GPU_GEMM_SIZE = 8192
 
 
+def _compile(directory: Path, name: str, source_text: str, flags: list[str]) -> ctypes.CDLL:
+    source, library = directory / f"{name}.c", directory / f"{name}.so"
+    source.write_text(source_text)
+    command = ["gcc", "-O2", *flags, "-fopenmp", "-shared", "-fPIC", "-o", str(library), str(source)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:200])
+        raise RuntimeError(f"gcc could not compile {name}.c ({' '.join(flags)}): {first}")
+    return ctypes.CDLL(str(library))
+
+
 def _compile_kernels(directory: Path) -> ctypes.CDLL:
-    source, library = directory / "limits.c", directory / "limits.so"
-    source.write_text(_KERNELS)
-    subprocess.run(
-        [
-            "gcc",
-            "-O2",
-            "-march=native",
-            "-ffp-contract=fast",
-            "-fopenmp",
-            "-shared",
-            "-fPIC",
-            "-o",
-            str(library),
-            str(source),
-        ],
-        check=True,
-    )
-    lib = ctypes.CDLL(str(library))
+    lib = _compile(directory, "limits", _KERNELS, ["-march=native", "-ffp-contract=fast"])
     lib.fma_flops.restype = lib.copy_bytes.restype = ctypes.c_double
     lib.fma_flops.argtypes = [ctypes.c_long, ctypes.c_int]
     lib.copy_bytes.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int]
     return lib
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty where there is no /proc/cpuinfo)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def bf16_dot_gflops(threads: int, iterations: int = 20_000_000) -> tuple[float | None, str]:
+    """(GFLOP/s of the bf16 dot-product kernel on ``threads`` threads, best of three; '') or, where
+    it cannot run, (None, why)."""
+    if "avx512_bf16" not in cpu_flags():
+        return None, "this CPU has no avx512_bf16 in /proc/cpuinfo's flags"
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            lib = _compile(Path(tmp), "bf16", _BF16_KERNEL, ["-mavx512bf16", "-mavx512f"])
+        except (RuntimeError, OSError) as err:  # an old gcc, or none
+            return None, str(err)
+        lib.bf16_dot_flops.restype = ctypes.c_double
+        lib.bf16_dot_flops.argtypes = [ctypes.c_long, ctypes.c_int]
+        lib.bf16_dot_flops(max(iterations // 10, 1), threads)  # wake the cores up
+        return max(lib.bf16_dot_flops(iterations, threads) for _ in range(3)) / 1e9, ""
+
+
+def fma_gflops(threads: int, iterations: int = 20_000_000) -> float:
+    """GFLOP/s of the fp32 FMA kernel on ``threads`` threads, best of three."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return _fma_gflops(_compile_kernels(Path(tmp)), threads, iterations)
+
+
+def _fma_gflops(lib: ctypes.CDLL, threads: int, iterations: int) -> float:
+    lib.fma_flops(max(iterations // 10, 1), threads)  # wake the cores up
+    return max(lib.fma_flops(iterations, threads) for _ in range(3)) / 1e9
 
 
 def _sgemm_gflops(matmul, size: int = 2048, seconds: float = 1.0) -> float:
@@ -180,9 +246,9 @@ def measure(threads: int | None = None) -> MachineLimits:
     threads = threads or os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp:
         lib = _compile_kernels(Path(tmp))
-        lib.fma_flops(2_000_000, threads)  # wake the cores up
-        fma = max(lib.fma_flops(20_000_000, threads) for _ in range(3))
+        fma = _fma_gflops(lib, threads, 20_000_000)
         copy = lib.copy_bytes(64 * 2**20, threads, 5)  # 2 x 256 MB, far beyond the caches
+    bf16, bf16_absent = bf16_dot_gflops(threads)
     try:
         import torch
 
@@ -190,7 +256,8 @@ def measure(threads: int | None = None) -> MachineLimits:
         torch_sgemm = _sgemm_gflops(_TorchMatmul(torch))
     except ImportError:
         torch_sgemm = None
-    return MachineLimits(threads, fma / 1e9, _sgemm_gflops(_NumpyMatmul()), torch_sgemm, copy / 1e9)
+    numpy_sgemm = _sgemm_gflops(_NumpyMatmul())
+    return MachineLimits(threads, fma, numpy_sgemm, torch_sgemm, copy / 1e9, bf16, bf16_absent)
 
 
 def torch_cuda_matmul_seconds(size: int, dtype: str) -> float:
@@ -231,7 +298,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="threads to measure with (default: every core)")
     parser.add_argument("--gpu", action="store_true", help="measure the GPU's limits instead (torch with CUDA)")
     args = parser.parse_args()
-    print(json.dumps((measure_gpu() if args.gpu else measure(args.threads)).as_dict(), indent=1))
+    limits = measure_gpu() if args.gpu else measure(args.threads)
+    print(json.dumps(limits.as_dict(), indent=1))
+    print(limits.describe())
 
 
 if __name__ == "__main__":

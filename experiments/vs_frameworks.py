@@ -1,19 +1,27 @@
-"""Tuned models against what a user runs today: for each zoo model and a set of operators, tune with
-a stated budget, then time side by side in one process, on the same input with the same threads,
-the tuned model, PyTorch eager, torch.compile and ONNX Runtime, with every output checked against
-PyTorch's; TVM untuned is the latency tune() measured before tuning (often orders of magnitude
-slower: timing it again here would take longer than the rest for the big models). Per kernel: its
-latency, FLOPs and bytes, its fraction of this machine's measured limits
-(experiments/machine_limits.py) and the time of the matching PyTorch operator.
+"""Tuned models against what a user runs today: PyTorch, torch.compile, ONNX Runtime and OpenVINO.
+
+For each zoo model and a set of operators (and models built from Hugging Face transformers'
+definitions, workloads/hf_models.py, when named), tune with a stated budget, then time side by side
+in one process, on the same inputs with the same threads, the tuned model, PyTorch eager,
+torch.compile, ONNX Runtime and OpenVINO (as its users get it, in bf16 on a CPU with bf16 dot
+products, and forced to fp32), with every output checked against PyTorch's; TVM untuned is the
+latency tune() measured before tuning (often orders of magnitude slower: timing it again here would
+take longer than the rest for the big models). Per kernel: its latency, FLOPs and bytes, its
+fraction of this machine's measured limits (experiments/machine_limits.py) and the time of the
+matching PyTorch operator.
 
     .venv/bin/python experiments/vs_frameworks.py                      # the whole zoo and the operators
     .venv/bin/python experiments/vs_frameworks.py --models resnet18 --operators
     .venv/bin/python experiments/vs_frameworks.py --quick              # CI: tiny-resnet, one operator, a few trials
     .venv/bin/python experiments/vs_frameworks.py --retime             # time again what the last run tuned
+    .venv/bin/python experiments/vs_frameworks.py --models hf-resnet50 hf-distilbert-base
+    .venv/bin/python experiments/vs_frameworks.py --dtype bfloat16     # tuned in bf16; PyTorch's autocast joins
     python3 experiments/vs_frameworks.py --target cuda --models resnet18 bert-base   # on a GPU host, fp16
 
 On a GPU (``--target cuda``) the models run in fp16 (``--dtype``), every contender on the GPU and
-synchronised after each call; the machine's limits are cuBLAS's fp16 GEMM and a device copy.
+synchronised after each call (OpenVINO left out); the machine's limits are cuBLAS's fp16 GEMM and a
+device copy. With ``--dtype bfloat16`` the frameworks still run in fp32 (``tuned / best`` is against
+them) and PyTorch under ``torch.autocast`` in bf16 joins OpenVINO's default as the bf16 contenders.
 
 Writes vs_frameworks.csv, kernels.csv, vs_frameworks.md and vs_frameworks.png into --out. Tuning
 work dirs go to OUT/runs/ (a rerun resumes them: nothing is measured twice). Each workload is tuned,
@@ -25,14 +33,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from experiments import frameworks as fw  # noqa: E402
 from experiments.common import markdown_table, prepare_comparison, run_step, write_csv  # noqa: E402
+from experiments.vs_frameworks_tables import (  # noqa: E402
+    Lineup,
+    arithmetic_floor,  # noqa: F401 - tests/test_vs_frameworks.py imports it from here
+    columns,
+    kernel_rows,
+    model_row,
+    plot,
+    public,
+    summary,
+)
 from measure.error_text import error_line  # noqa: E402
 
 ZOO = [
@@ -46,8 +64,7 @@ ZOO = [
     "llama3-8b-layer",
 ]
 _PREPACKED = "_prepacked"  # the suffix a kernel takes in the model when its weights' layout is rewritten
-FRAMEWORKS = ["PyTorch eager", "torch.compile", "ONNX Runtime"]
-GEMM_KINDS = ("conv2d", "matmul", "dense")
+FRAMEWORKS = ["PyTorch eager", "torch.compile", "ONNX Runtime"]  # and OpenVINO's two on a CPU
 TUNED_FILE = "tuned.json"  # in a workload's run dir: what its tuning step returned
 TIMED_FILE = "timed.json"  # and what its timing step measured, round by round
 
@@ -66,23 +83,43 @@ class Setting:
     def args(self) -> list[str]:
         return ["--target", self.target, "--dtype", self.dtype]
 
+    @property
+    def framework_dtype(self) -> str:
+        """What the frameworks run in: the setting's dtype, but fp32 in a bf16 run (PyTorch's bf16 is
+        its autocast, a contender of its own)."""
+        return "float32" if self.dtype == "bfloat16" else self.dtype
 
-def _module_and_example(name: str):
+    def lineup(self) -> Lineup:
+        names = [*FRAMEWORKS, *([] if self.on_gpu else [fw.OPENVINO_FP32, fw.OPENVINO_DEFAULT])]
+        reduced = fw.PRECISIONS["bfloat16"] if self.dtype == "bfloat16" else None
+        if reduced:
+            names.append(fw.autocast_name(self.dtype))
+        return Lineup(tuple(names), fw.PRECISIONS.get(self.framework_dtype, self.framework_dtype), reduced)
+
+
+def _module_and_inputs(name: str) -> tuple:
+    """(module, [inputs]) of a zoo model, an operator or a transformers model."""
     from experiments.operator_modules import OPERATORS
+    from workloads.hf_models import HF_MODELS
     from workloads.models import torch_model
 
-    if name in OPERATORS:
-        return OPERATORS[name].module_and_example()
-    return torch_model(name)
+    if name in HF_MODELS:
+        return HF_MODELS[name]()
+    module, example = OPERATORS[name].module_and_example() if name in OPERATORS else torch_model(name)
+    return module, [example]
 
 
 def _placed(module, example, setting: Setting):
-    """The module and input as PyTorch runs them in this setting: in its precision, on its device."""
+    """The module and an input (or a list of them) as the frameworks run them in this setting: in
+    their precision, on its device."""
     import torch
 
-    device, dtype = ("cuda" if setting.on_gpu else "cpu"), getattr(torch, setting.dtype)
-    # token ids (BERT's input) stay integers
-    example = example.to(device=device, dtype=dtype) if example.is_floating_point() else example.to(device=device)
+    device, dtype = ("cuda" if setting.on_gpu else "cpu"), getattr(torch, setting.framework_dtype)
+
+    def place(x):  # token ids (BERT's input) stay integers
+        return x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device=device)
+
+    example = [place(x) for x in example] if isinstance(example, list | tuple) else place(example)
     return module.to(device=device, dtype=dtype), example
 
 
@@ -94,13 +131,12 @@ def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int, settin
     if name in {spec.name for spec in MODELS}:
         model, inputs = name, None
     else:
-        module, example = _module_and_example(name)
-        model, inputs = module, [example]
+        model, inputs = _module_and_inputs(name)
     result = tune(
         model,
         target=setting.target,
         example_inputs=inputs,
-        dtype=setting.dtype,  # fp16: convolutions and matmuls in half precision, the input stays float32
+        dtype=setting.dtype,  # fp16, bf16: convolutions and matmuls in that precision, the input stays float32
         trials_per_task=trials_per_task,
         work_dir=work_dir,
         seed=seed,
@@ -128,18 +164,21 @@ def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int, settin
 def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bool, setting: Setting) -> dict:
     import torch
 
-    from experiments import frameworks as fw
     from tuner.runtime import CompiledModel, ModelDescription
 
     torch.set_num_threads(threads)
-    module, example = _placed(*_module_and_example(name), setting)
+    module, inputs = _placed(*_module_and_inputs(name), setting)
     description = ModelDescription.read(Path(tuned["artifact"]))
-    tuned_input = example.to(getattr(torch, description.inputs[0].dtype))  # a mixed-precision model takes float32
+    # a mixed-precision model takes float32
+    tuned_inputs = [x.to(getattr(torch, spec.dtype)) for x, spec in zip(inputs, description.inputs, strict=True)]
+    precision = fw.PRECISIONS.get(setting.framework_dtype, setting.framework_dtype)
     contenders = [
-        fw.tvm_model("tuned", Path(tuned["artifact"]), description, tuned_input),
-        fw.torch_eager(module, example),
-        *([] if quick else [fw.torch_compiled(module, example)]),
-        fw.onnx_runtime(module, example, threads, run_dir),
+        fw.tvm_model("tuned", Path(tuned["artifact"]), description, tuned_inputs, fw.PRECISIONS.get(setting.dtype, "")),
+        fw.torch_eager(module, inputs, precision),
+        *([] if quick else [fw.torch_compiled(module, inputs, precision)]),
+        *([fw.torch_autocast(module, inputs, setting.dtype)] if setting.dtype == "bfloat16" else []),
+        fw.onnx_runtime(module, inputs, threads, run_dir, precision),
+        *([] if setting.on_gpu else fw.openvino(module, inputs, threads)),
     ]
     if setting.on_gpu:
         fw.synchronize_each_call(contenders)
@@ -149,20 +188,21 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
     # ten short rounds rather than five long ones: a shared VM's thread placement can change during
     # the timing (experiments/cross_core.py), and each round's ratio shows whether it did
     fw.time_interleaved(contenders, rounds=2 if quick else 10, seconds_per_round=0.1 if quick else 0.3)
-    in_model = CompiledModel(Path(tuned["artifact"]), description).kernel_times(tuned_input, runs=2 if quick else 10)
+    in_model = CompiledModel(Path(tuned["artifact"]), description).kernel_times(*tuned_inputs, runs=2 if quick else 10)
     return {
         "latency": {c.name: c.median for c in contenders},
         # each kernel's time inside the model: the tuning timed it alone, its data in cache
         "kernels_in_model": {name.removesuffix(_PREPACKED): seconds for name, seconds in in_model.items()},
         "rounds": {c.name: c.round_medians for c in contenders if c.call},
         "missing": {c.name: c.missing for c in contenders if c.missing},
+        "precision": {c.name: c.precision for c in contenders},
         "errors": errors,
         "output_scale": float(abs(reference).max()),  # what the errors are relative to
-        "torch_ops": torch_op_times(module, example, runs=2 if quick else 5, gpu=setting.on_gpu),
+        "torch_ops": torch_op_times(module, inputs, runs=2 if quick else 5, gpu=setting.on_gpu),
     }
 
 
-def torch_op_times(module, example, runs: int, gpu: bool = False) -> list[tuple[str, float, float]]:
+def torch_op_times(module, inputs: list, runs: int, gpu: bool = False) -> list[tuple[str, float, float]]:
     """(operator, FLOPs, seconds per call) of PyTorch's GEMM-like operators in eager mode, from its
     profiler: inclusive CPU time, or on a GPU the time of the kernels each launched."""
     import torch
@@ -170,188 +210,16 @@ def torch_op_times(module, example, runs: int, gpu: bool = False) -> list[tuple[
 
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if gpu else [])]
     with torch.inference_mode():
-        module(example)
+        module(*inputs)
         with profile(activities=activities, with_flops=True) as prof:
             for _ in range(runs):
-                module(example)
+                module(*inputs)
     wanted = {"aten::conv2d", "aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm"}
     return [
         (e.name, float(e.flops), (e.device_time_total if gpu else e.cpu_time_total) / 1e6)
         for e in prof.events()
         if e.name in wanted and e.flops
     ]
-
-
-def matching_torch_time(flops: float, ops: list[tuple[str, float, float]]) -> float | None:
-    """Median time of PyTorch's operators whose FLOPs are within 10% of this kernel's (a fused
-    kernel counts its epilogue's few operations too)."""
-    times = [seconds for _, op_flops, seconds in ops if op_flops and abs(op_flops - flops) <= 0.1 * flops]
-    return statistics.median(times) if times else None
-
-
-# -- tables ---------------------------------------------------------------------------------------
-def _ms(seconds: float | None) -> str:
-    return f"{seconds * 1e3:.3f}" if seconds else "-"
-
-
-def model_row(name: str, tuned: dict, timed: dict, limits) -> dict:
-    latency = timed["latency"]
-    best = min((f for f in FRAMEWORKS if latency.get(f)), key=latency.get, default=None)
-    ratio = latency["tuned"] / latency[best] if latency.get("tuned") and best else None
-    floor = arithmetic_floor(tuned, limits.peak_gflops)
-    floor_ratio = floor / latency[best] if floor and best else None
-    row = {
-        "workload": name,
-        "tasks": len(tuned["tasks"]),
-        "trials": tuned["trials"],
-        "tuning (s)": f"{tuned['tuning_seconds']:.0f}",
-        "tuned (ms)": _ms(latency.get("tuned")),
-        "TVM untuned (ms)": _ms(tuned.get("untuned_latency")),
-        **{f"{f} (ms)": _ms(latency.get(f)) for f in FRAMEWORKS},
-        "tuned / best": f"{ratio:.2f}" if ratio else "-",
-        "by round": _ratio_range(timed, best),
-        "FLOPs at peak / best": f"{floor_ratio:.2f}" if floor_ratio else "-",
-        "kernels alone (ms)": _ms(sum(t["launches"] * t["latency"] for t in tuned["tasks"] if t["latency"])),
-        "kernels in model (ms)": _ms(sum(timed.get("kernels_in_model", {}).values())),
-        "tuned error": f"{timed['errors'].get('tuned', float('nan')):.1e}",
-        "of outputs up to": f"{timed['output_scale']:.3g}" if "output_scale" in timed else "-",
-        "_ratio": ratio,
-        "_floor_ratio": floor_ratio,
-    }
-    return row
-
-
-def arithmetic_floor(tuned: dict, peak_gflops: float) -> float:
-    """The seconds the model's kernels take if every one of them computes at the machine's peak: a
-    lower bound on the latency of this lowering, whose kernels do these FLOPs. (Not the roofline's
-    memory term: measured alone or in a model, small activations come from cache, faster than the
-    copy bandwidth.) A kernel left without a tuned schedule counts too: the model still runs it."""
-    return sum(t["launches"] * t["flops"] for t in tuned["tasks"]) / (peak_gflops * 1e9)
-
-
-def _ratio_range(timed: dict, best: str | None) -> str:
-    """The lowest and highest tuned / ``best`` ratio over the rounds (``best``: the fastest framework
-    over all of them)."""
-    per_round = timed.get("rounds", {})
-    if not best or "tuned" not in per_round or best not in per_round:
-        return "-"
-    ratios = [t / b for t, b in zip(per_round["tuned"], per_round[best], strict=True)]
-    low, high = f"{min(ratios):.2f}", f"{max(ratios):.2f}"
-    return low if low == high else f"{low}-{high}"
-
-
-def kernel_rows(name: str, tuned: dict, timed: dict, limits) -> list[dict]:
-    total = sum(t["launches"] * t["latency"] for t in tuned["tasks"] if t["latency"])
-    rows = []
-    for t in tuned["tasks"]:
-        latency = t["latency"]
-        if not latency:
-            continue
-        bound = limits.bound_seconds(t["flops"], t["bytes"])
-        in_model = timed.get("kernels_in_model", {}).get(t["name"])
-        # a Winograd kernel's FLOPs are its own, fewer than those of the PyTorch op it replaces
-        matched = _is_gemm(t["name"]) and "winograd" not in t["name"]
-        torch_time = matching_torch_time(t["flops"], timed["torch_ops"]) if matched else None
-        rows.append(
-            {
-                "workload": name,
-                "kernel": t["name"],
-                "launches": t["launches"],
-                "share": f"{t['launches'] * latency / total:.0%}",
-                "latency (us)": f"{latency * 1e6:.1f}",
-                "in model (us)": f"{in_model * 1e6 / t['launches']:.1f}" if in_model else "-",
-                "GFLOP/s": f"{t['flops'] / latency / 1e9:.1f}",
-                "GB/s": f"{t['bytes'] / latency / 1e9:.2f}",
-                "% of peak": f"{t['flops'] / latency / 1e9 / limits.peak_gflops:.0%}",
-                "% of roofline": f"{bound / latency:.0%}",
-                "bound by": "compute"
-                if t["flops"] / (limits.peak_gflops * 1e9) >= t["bytes"] / (limits.copy_gbs * 1e9)
-                else "memory",
-                "PyTorch op (us)": f"{torch_time * 1e6:.1f}" if torch_time else "-",
-                "_gemm": _is_gemm(t["name"]),
-                "_peak_fraction": t["flops"] / latency / 1e9 / limits.peak_gflops,
-                "_roofline_fraction": bound / latency,
-            }
-        )
-    return rows
-
-
-def _is_gemm(kernel: str) -> bool:
-    return any(kind in kernel for kind in GEMM_KINDS)
-
-
-def _public(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]
-
-
-def summary(models: list[dict], kernels: list[dict], limits, trials_per_task: int) -> str:
-    ratios = [r["_ratio"] for r in models if r["_ratio"]]
-    floors = [r["_floor_ratio"] for r in models if r["_ratio"] and r["_floor_ratio"]]
-    gemm = sorted(k["_peak_fraction"] for k in kernels if k["_gemm"])
-    low = [k for k in kernels if k["_roofline_fraction"] < 0.10]
-    lines = [
-        "# Tuned models against PyTorch, torch.compile and ONNX Runtime",
-        "",
-        limits.describe(),
-        f"Budget: {trials_per_task} trials per task (allocated by the gradient scheduler); `tuning (s)` sums every "
-        "session that tuned a work dir. Latencies are medians of interleaved calls in one process, inputs as torch "
-        "tensors; `tuned error` is the largest deviation from PyTorch eager's output relative to its largest value, "
-        "`of outputs up to` (an error beside an output of 1e-21 proves nothing). "
-        "`by round`: the ratio in each of the 10 interleaved rounds; where it spreads, the VM's vCPUs moved during "
-        "the timing to where sharing data between threads costs more (see `experiments/cross_core.py`). "
-        "`FLOPs at peak / best`: the model's kernels' FLOPs at the machine's peak against the best framework, the "
-        "lowest ratio this lowering can reach here; the FLOPs are the kernels' own (Winograd's and Strassen's "
-        "kernels do fewer than the direct forms the frameworks compute). "
-        "`kernels alone`: the tuned kernels' times as the tuning measured them (each alone, its data in cache), "
-        "added up; `kernels in model`: the same kernels timed inside the model (`CompiledModel.kernel_times`; "
-        "Python runs between the kernels then, which slows short ones).",
-        "",
-        markdown_table(_public(models), [k for k in models[0] if not k.startswith("_")])
-        if models
-        else "(no workload finished)",
-        "",
-    ]
-    if ratios:
-        lines.append(
-            f"Geometric mean of tuned / best framework: {statistics.geometric_mean(ratios):.2f} over "
-            f"{len(ratios)} workloads"
-            + (f"; at the FLOPs' peak: {statistics.geometric_mean(floors):.2f}." if len(floors) == len(ratios) else ".")
-        )
-    if gemm:
-        lines.append(
-            f"Convolutions and matmuls: median {statistics.median(gemm):.0%} of peak over {len(gemm)} kernels."
-        )
-    lines.append(
-        f"Kernels below 10% of their roofline bound: {len(low)} of {len(kernels)}"
-        + (": " + ", ".join(f"{k['workload']}/{k['kernel']}" for k in low) if low else ".")
-    )
-    lines += ["", "Per kernel: kernels.csv.", ""]
-    return "\n".join(lines)
-
-
-def plot(models: list[dict], timed: dict[str, dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [m["workload"] for m in models]
-    series = ["tuned", *FRAMEWORKS]
-    fig, ax = plt.subplots(figsize=(max(6, len(names) * 1.2), 4))
-    width = 0.8 / len(series)
-    for i, name in enumerate(series):
-        values = []
-        for workload in names:
-            latency = timed[workload]["latency"]
-            best = min((latency[f] for f in FRAMEWORKS if latency.get(f)), default=None)
-            values.append(latency[name] / best if latency.get(name) and best else 0)
-        ax.bar([x + i * width for x in range(len(names))], values, width, label=name)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names, rotation=30, ha="right")
-    ax.set_ylabel("latency / best framework")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def _tuned(name: str, run_dir: Path, args: argparse.Namespace) -> dict:
@@ -380,6 +248,14 @@ def _torch_sees_a_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def _model_names() -> list[str]:
+    """The zoo's models and the transformers models, as ``--models`` takes them."""
+    from workloads.hf_models import HF_MODELS
+    from workloads.models import MODELS
+
+    return [spec.name for spec in MODELS] + list(HF_MODELS)
+
+
 def _limits(setting: Setting, threads: int):
     from experiments.machine_limits import measure, measure_gpu
 
@@ -390,19 +266,28 @@ def main() -> None:
     from experiments.operator_modules import OPERATORS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", default=None, help=f"zoo models (default: {' '.join(ZOO)})")
+    parser.add_argument(
+        "--models",
+        nargs="*",
+        default=None,
+        help=f"zoo models (default: {' '.join(ZOO)}) or transformers models of workloads/hf_models.py (hf-...)",
+    )
     parser.add_argument(
         "--operators", nargs="*", default=None, help=f"operators (with no names: all of {' '.join(OPERATORS)})"
     )
-    parser.add_argument("--trials-per-task", type=int, default=64)
+    parser.add_argument("--trials-per-task", type=int, default=None, help="default: 64 (4 with --quick)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default=None, help="default: experiments/results/vs_frameworks (/cuda on a GPU)")
     parser.add_argument("--target", choices=["llvm", "cuda"], default="llvm", help="this CPU, or the GPU in fp16")
-    parser.add_argument("--dtype", default=None, help="the models' precision (default: float32, float16 on cuda)")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="the tuned models' precision: float32 (default), float16 (default on cuda), bfloat16",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny-resnet and one operator, 4 trials per task, short timing, no torch.compile",
+        help="short timing, no torch.compile; unless named otherwise, tiny-resnet and one operator, 4 trials per task",
     )
     parser.add_argument(
         "--retime",
@@ -414,6 +299,7 @@ def main() -> None:
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.trials_per_task = args.trials_per_task or (4 if args.quick else 64)
     setting = _setting(args)
     if setting.on_gpu and not _torch_sees_a_gpu():
         parser.error("--target cuda compares on a GPU: torch sees none here (a GPU host with torch built with CUDA)")
@@ -429,7 +315,8 @@ def main() -> None:
         return
     default_out = "experiments/results/vs_frameworks" + ("/cuda" if setting.on_gpu else "")
     if args.quick:
-        args.models, args.operators, args.trials_per_task = ["tiny-resnet"], ["op-softmax-bert"], 4
+        if args.models is None and args.operators is None:
+            args.models, args.operators = ["tiny-resnet"], ["op-softmax-bert"]
         default_out += "/quick"
     args.out = args.out or default_out
     # neither given: the zoo and every operator; one given: only that; --operators without names: every operator
@@ -439,6 +326,10 @@ def main() -> None:
         if args.operators is not None
         else ([] if args.models is not None else list(OPERATORS))
     )
+    unknown = [n for n in models if n not in _model_names()] + [n for n in operators if n not in OPERATORS]
+    if unknown:
+        parser.error(f"unknown workloads {' '.join(unknown)}: models are {' '.join(_model_names())}")
+    lineup = setting.lineup()
     out, target = prepare_comparison(args.out, setting.target)
     threads = int(target.attrs["num-cores"]) if not setting.on_gpu else (os.cpu_count() or 1)
     limits = _limits(setting, threads)
@@ -459,20 +350,19 @@ def main() -> None:
             failures.append(f"{name}: {error_line(err)}")
             continue
         timed_all[name] = timed
-        model_rows.append(model_row(name, tuned, timed, limits))
+        model_rows.append(model_row(name, tuned, timed, limits, lineup))
         all_kernels += kernel_rows(name, tuned, timed, limits)
         for framework, why in timed["missing"].items():
             print(f"{name}: {framework} unavailable: {why}", flush=True)
-        print(
-            markdown_table(_public(model_rows[-1:]), [k for k in model_rows[-1] if not k.startswith("_")]), flush=True
-        )
-        write_csv(out / "vs_frameworks.csv", _public(model_rows))  # after every workload: nothing measured is lost
-        write_csv(out / "kernels.csv", _public(all_kernels))
+        print(markdown_table(public(model_rows[-1:]), columns(model_rows)), flush=True)
+        write_csv(out / "vs_frameworks.csv", public(model_rows))  # after every workload: nothing measured is lost
+        write_csv(out / "kernels.csv", public(all_kernels))
     (out / "limits.json").write_text(json.dumps(limits.as_dict(), indent=1) + "\n")
     failed = "".join(f"- failed: {line}\n" for line in failures)
-    (out / "vs_frameworks.md").write_text(summary(model_rows, all_kernels, limits, args.trials_per_task) + failed)
+    text = summary(model_rows, all_kernels, limits, args.trials_per_task, lineup)
+    (out / "vs_frameworks.md").write_text(text + failed)
     if model_rows:
-        plot(model_rows, timed_all, out / "vs_frameworks.png")
+        plot(model_rows, timed_all, out / "vs_frameworks.png", lineup)
     print((out / "vs_frameworks.md").read_text())
 
 

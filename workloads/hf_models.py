@@ -1,7 +1,9 @@
 """Hugging Face transformers models built from their own definitions, for the correctness suite
-(experiments/correctness.py): default or slightly reduced configs (fewer layers where the default is
-deep), random weights fixed by a seed, nothing downloaded. Each builder returns an eval-mode module
-whose forward returns a plain tensor or a tuple of tensors, and its example inputs (batch 1).
+(experiments/correctness.py) and the comparison with other runtimes (experiments/vs_frameworks.py:
+the full-size ResNet-50, DeiT-S, DistilBERT and MobileNetV2): default or slightly reduced configs
+(fewer layers where the default is deep), random weights fixed by a seed, nothing downloaded.
+Each builder returns an eval-mode module whose forward returns a plain tensor or a tuple of
+tensors, and its example inputs (batch 1).
 
 Convnets' batch norms are calibrated on random images so that outputs are of order 1: running
 statistics reset and averaged (``momentum=None``) over three forward passes of ``randn(2, 3, H, W)``
@@ -128,6 +130,9 @@ HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
     "hf-mobilenetv2": vision("MobileNetV2Model", "MobileNetV2Config", 224, ("last_hidden_state", "pooler_output")),
     "hf-mobilenetv1": vision("MobileNetV1Model", "MobileNetV1Config", 224),
     "hf-resnet": vision("ResNetModel", "ResNetConfig", 224, ("pooler_output",), depths=[1, 1, 2, 1]),
+    # the full-size models experiments/vs_frameworks.py times against other runtimes (the configs' defaults
+    # are ResNet-50's and DistilBERT's; DeiT-S is set)
+    "hf-resnet50": vision("ResNetModel", "ResNetConfig", 224, ("pooler_output",)),
     "hf-convnext": vision("ConvNextModel", "ConvNextConfig", 224, depths=[1, 1, 2, 1]),
     "hf-convnextv2": vision("ConvNextV2Model", "ConvNextV2Config", 224, depths=[1, 1, 2, 1]),
     "hf-efficientnet": vision(
@@ -149,6 +154,15 @@ HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
     "hf-levit": vision("LevitModel", "LevitConfig", 224),
     "hf-vit": vision("ViTModel", "ViTConfig", 224, ("last_hidden_state", "pooler_output"), **_SMALL_VIT),
     "hf-deit": vision("DeiTModel", "DeiTConfig", 224, **_SMALL_VIT),
+    "hf-deit-s": vision(
+        "DeiTModel",
+        "DeiTConfig",
+        224,
+        hidden_size=384,
+        num_hidden_layers=12,
+        num_attention_heads=6,
+        intermediate_size=1536,
+    ),
     "hf-beit": vision("BeitModel", "BeitConfig", 224, use_relative_position_bias=True, **_SMALL_VIT),
     "hf-dinov2-s": vision(
         "Dinov2Model",
@@ -177,6 +191,7 @@ HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
     "hf-bert": text("BertModel", "BertConfig", ("last_hidden_state", "pooler_output"), num_hidden_layers=2),
     "hf-roberta": text("RobertaModel", "RobertaConfig", num_hidden_layers=2),
     "hf-distilbert": text("DistilBertModel", "DistilBertConfig", n_layers=2),
+    "hf-distilbert-base": text("DistilBertModel", "DistilBertConfig"),
     # AlbertConfig() is ALBERT-xxlarge (hidden 4096, feed-forward 16384): its lowering alone took 8.3 GB here
     "hf-albert": text(
         "AlbertModel",
