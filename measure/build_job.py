@@ -15,7 +15,7 @@ from tvm.s_tir.schedule import Trace
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
 from .contract import is_cuda
-from .tensor_cores import ensure_tensor_intrinsics, trace_uses_tensor_intrinsics
+from .tensor_cores import ensure_intrinsics_of
 
 
 class BuildError(RuntimeError):
@@ -220,8 +220,8 @@ def _memory_database(schedules: list, target: tvm.target.Target) -> ms.database.
 def _compile_program_with_intrinsics(**request) -> dict:
     """``compile_program``, with the tensor intrinsics registered first where a schedule's trace
     tensorizes (replaying it needs them; they are imported once per build worker, when first needed)."""
-    if any(trace_uses_tensor_intrinsics(trace) for _, trace in request.get("schedules", [])):
-        ensure_tensor_intrinsics()
+    for _, trace in request.get("schedules", []):
+        ensure_intrinsics_of(trace)
     return compile_program(**request)
 
 

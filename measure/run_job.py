@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import tvm
 
@@ -239,7 +240,7 @@ def reference_outputs(reference: str, reference_device: str, args: Sequence[ArgS
     after = run_kernel(reference, arrays, reference_device)
     seconds = time.perf_counter() - start
     written = {
-        f"arg{i}": result
+        f"arg{i}": _savable(result)
         for i, (before, result) in enumerate(zip(arrays, after, strict=True))
         if before.tobytes() != result.tobytes()
     }
@@ -247,6 +248,11 @@ def reference_outputs(reference: str, reference_device: str, args: Sequence[ArgS
     np.savez(partial, **written)
     os.replace(partial, path)
     return {"seconds": seconds}
+
+
+def _savable(array: np.ndarray) -> np.ndarray:
+    """bf16 as float32 (exactly): np.savez keeps ml_dtypes' bfloat16 as raw bytes it cannot read back as numbers."""
+    return array.astype(np.float32) if array.dtype == ml_dtypes.bfloat16 else array
 
 
 def compare_outputs(

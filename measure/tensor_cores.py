@@ -6,8 +6,11 @@ process imports it once, and only when it meets a task or a trace that uses tens
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+
+from .bf16_dot import ensure_bf16_intrinsics
 
 _lock = threading.Lock()
 _import_seconds: float | None = None
@@ -25,6 +28,20 @@ def ensure_tensor_intrinsics() -> float:
     return _import_seconds
 
 
+_TENSORIZED_WITH = re.compile(r'\["Tensorize", \[[^\]]*\], \["([^"]+)"')
+
+
 def trace_uses_tensor_intrinsics(trace_json: str) -> bool:
     """Whether replaying a stored trace (MetaSchedule's JSON form) tensorizes with a registered intrinsic."""
     return '"Tensorize"' in trace_json
+
+
+def ensure_intrinsics_of(trace_json: str) -> None:
+    """Register the intrinsics a stored trace tensorizes with, before it is replayed: ours (cheap) by
+    their names, TVM's by importing them all (once) where it names any of theirs."""
+    names = set(_TENSORIZED_WITH.findall(trace_json))
+    if not names and trace_uses_tensor_intrinsics(trace_json):
+        ensure_tensor_intrinsics()  # a form of the trace this pattern does not know: register everything
+    ensure_bf16_intrinsics(trace_json)
+    if any(not name.startswith("tensor_tuner_") for name in names):
+        ensure_tensor_intrinsics()

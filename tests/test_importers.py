@@ -80,8 +80,8 @@ def test_a_precision_for_a_prim_func_or_an_unknown_one_is_refused():
 
     with pytest.raises(WorkloadError, match="a PrimFunc computes in its buffers' dtypes"):
         load_workload(matmul(16, 16, 16), dtype="float16")
-    with pytest.raises(WorkloadError, match="model dtype must be one of float32, float16, got 'bfloat16'"):
-        load_workload(SmallNet().eval(), example_inputs=[(1, 3, 8, 8)], dtype="bfloat16")
+    with pytest.raises(WorkloadError, match="model dtype must be one of float32, float16, bfloat16, got 'int8'"):
+        load_workload(SmallNet().eval(), example_inputs=[(1, 3, 8, 8)], dtype="int8")
 
 
 def _export_onnx(net, path, dynamic_batch=False):

@@ -53,6 +53,8 @@ def tune(
     ``example_inputs`` (tensors or shapes), or the path of an ONNX file (``example_inputs`` gives
     shapes its inputs leave symbolic). ``dtype="float16"`` computes a model's convolutions and
     matmuls in half precision, accumulating in float32; its inputs and outputs keep their dtypes.
+    ``dtype="bfloat16"`` computes its convolutions and matmuls by weights from bfloat16 operands into
+    float32, with the CPU's bf16 dot product (AVX512_BF16) where it has one.
     ``trials`` is the number of candidates measured in total, counting earlier runs in the same
     ``work_dir``: running again on a work dir resumes it and measures nothing twice.
     ``transfer_from``: work dirs of earlier runs (other models) whose schedules for kernels of the

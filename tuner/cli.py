@@ -66,7 +66,7 @@ def _add_model_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--batch", type=_positive_int, help="batch size of a built-in model (default: 1)")
     command.add_argument(
         "--dtype",
-        choices=("float32", "float16"),
+        choices=("float32", "float16", "bfloat16"),
         help="precision of the model's convolutions and matmuls (default: float32)",
     )
     command.add_argument(

@@ -200,7 +200,22 @@ def check_cpu() -> list[Check]:
                 "'llvm -mcpu=NAME'",
             )
         ]
-    return [_ok("CPU", text)]
+    return [_ok("CPU", text), check_bf16_cpu()]
+
+
+def check_bf16_cpu() -> Check:
+    """Whether ``dtype="bfloat16"`` runs fast here (the CPU's bf16 dot product, AVX512_BF16)."""
+    from .precision import host_has_bf16
+
+    has = host_has_bf16()
+    if has is None:
+        return _warn("bfloat16", "cannot read /proc/cpuinfo: whether this CPU has AVX512_BF16 is unknown")
+    if has:
+        return _ok("bfloat16", "AVX512_BF16: dtype bfloat16 computes with the CPU's bf16 dot product (vdpbf16ps)")
+    return _warn(
+        "bfloat16",
+        "no AVX512_BF16: dtype bfloat16 would compute in fp32 from bf16 storage, slower than float32 here",
+    )
 
 
 def run_checks(targets: Sequence[str] = TARGETS, ray_address: str | None = None) -> list[Check]:

@@ -22,7 +22,7 @@ from tvm.s_tir.schedule import _ffi_api as _ffi_api_schedule
 
 from measure.contract import is_cuda
 from measure.error_text import error_line
-from measure.tensor_cores import ensure_tensor_intrinsics, trace_uses_tensor_intrinsics
+from measure.tensor_cores import ensure_intrinsics_of, ensure_tensor_intrinsics
 
 from . import schedule_rules
 from .targets import cuda_arch_number
@@ -229,8 +229,7 @@ def _json_value(value):
 
 def schedule_from_json(mod: tvm.IRModule, trace_json: str) -> Schedule:
     """Rebuild the schedule a stored trace describes."""
-    if trace_uses_tensor_intrinsics(trace_json):
-        ensure_tensor_intrinsics()
+    ensure_intrinsics_of(trace_json)
     sch = Schedule(mod)
     Trace.apply_json_to_schedule(json.loads(trace_json), sch)
     return sch

@@ -33,6 +33,7 @@ from .lowering import LoweringOptions
 from .metaschedule import schedule_from_json
 from .objectives import Objectives, check_measurable
 from .options import TuneOptions
+from .precision import check_bf16
 from .progress import Progress
 from .result import TaskResult, TuneResult
 from .scheduler import check_scheduler
@@ -63,6 +64,7 @@ class Plan:
     work_dir: WorkDir
     sources: list[TransferSource]  # transfer_from: schedules and cost models
     model_sources: list[TransferSource]  # cost_model_from: cost models alone
+    warnings: tuple[str, ...] = ()  # said before anything starts (bf16 on a CPU without AVX512_BF16)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
     started = time.monotonic()
     plan = check(model, options)
     report = Progress(enabled=options.progress)
+    for warning in plan.warnings:
+        report.line(warning)
     with ExitStack() as held:
         held.enter_context(plan.work_dir.lock())
         db = plan.work_dir.open_database()
@@ -88,6 +92,8 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
         with _saving_work(db, plan.target):
             start_engine(engine, report)  # local workers import TVM while the tasks and search spaces are prepared
             lowering = options.lowering or LoweringOptions()
+            if plan.workload.precision == "bfloat16":
+                lowering = replace(lowering, bfloat16=True)
             tasks = prepare_tasks(plan, lowering, options.trials_per_task, db, options.cold_cache, options.verify)
             cost_model = CostModel(seed=options.seed)
             loop = TuningLoop(
@@ -140,8 +146,10 @@ def check(model: Any, options: TuneOptions) -> Plan:
     if not is_cuda(target):  # no energy counters on a CPU: refuse an energy budget up front
         for scope, objective in (("for the run", objectives), ("per task", options.task_stop or Objectives())):
             check_measurable(objective, False, scope)
+    warning = check_bf16(options.target, target) if workload.precision == "bfloat16" else None
     work_dir = WorkDir.create(options.work_dir, workload.name, target)
-    return Plan(workload, target, objectives, options.task_stop, work_dir, sources, model_sources)
+    warnings = (warning,) if warning else ()
+    return Plan(workload, target, objectives, options.task_stop, work_dir, sources, model_sources, warnings)
 
 
 def run_objectives(trials: Any, stop: Objectives | None) -> Objectives:

@@ -12,6 +12,8 @@ import tvm_ffi
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import SBlockRV
 
+from .bf16_rule import BF16_GEMM_RULE, schedule_bf16_gemm
+
 EXPAND_DEPTHWISE_RULE = "tuner_expand_depthwise"
 
 VECTOR_LANES = 16  # fp32 lanes of AVX-512; the kernels vectorise their channels by it
@@ -72,6 +74,5 @@ def schedule_expand_depthwise(sch: Schedule, depthwise: SBlockRV) -> list[Schedu
 
 def register() -> None:
     """Make the rules known to MetaSchedule in this process (idempotent)."""
-    tvm_ffi.register_global_func(
-        f"s_tir.meta_schedule.cpu.{EXPAND_DEPTHWISE_RULE}", schedule_expand_depthwise, override=True
-    )
+    for name, rule in ((EXPAND_DEPTHWISE_RULE, schedule_expand_depthwise), (BF16_GEMM_RULE, schedule_bf16_gemm)):
+        tvm_ffi.register_global_func(f"s_tir.meta_schedule.cpu.{name}", rule, override=True)

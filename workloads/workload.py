@@ -38,6 +38,7 @@ class Workload:
     # What ``reference`` is (PyTorch, ONNX Runtime, NumPy), for reports; and the inputs the model was
     # imported with (NumPy arrays), on which the compiled model is checked against it. None: random ones.
     reference_name: str = ""
+    precision: str = "float32"  # "bfloat16": the lowering computes convolutions and matmuls from bf16
     examples: list | None = field(default=None, repr=False)
 
     @property

@@ -12,7 +12,7 @@ looks up:
    stride 1 that reuse their weights enough by Winograd's algorithm (``winograd``), and each 1x1
    expanding convolution with the depthwise convolution after it as one kernel
    (``inverted_residual``), and large matmuls by constant weights by one level of Strassen's algorithm
-   (``strassen``);
+   (``strassen``); with ``bfloat16``, convolutions and matmuls by weights from bf16 operands (``bf16``);
 2. TVM's legalization and operator fusion (element-wise epilogues such as bias, activation and
    residual add fuse into the convolution or matmul that produces them; a pad or concatenation,
    which writes more than it reads, never does: ``pads`` says why);
@@ -24,12 +24,14 @@ looks up:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import tvm
 from tvm import relax
 from tvm.relax import pipeline as relax_pipeline
 
+from ..precision import has_bf16_dot_product
+from .bf16 import Bfloat16Products
 from .channels_last import ChannelsLastConvolutions
 from .inverted_residual import FuseExpandDepthwise
 from .layout_free import KeepLayoutFreeWeightsOfReductions
@@ -56,6 +58,8 @@ class LoweringOptions:
     fuse_expand_depthwise: bool | None = None
     # large float32 matmuls by constant weights in 7 half-size products instead of 8; None: on CPUs
     strassen: bool | None = None
+    # convolutions and matmuls by constant weights from bf16 operands into fp32 (``dtype="bfloat16"``)
+    bfloat16: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -67,7 +71,7 @@ class LoweringOptions:
 
 
 # Options added after work dirs began recording theirs, with the behaviour those work dirs were tuned with.
-_PREDATING_RECORDS = {"winograd": False, "fuse_expand_depthwise": False, "strassen": False}
+_PREDATING_RECORDS = {"winograd": False, "fuse_expand_depthwise": False, "strassen": False, "bfloat16": False}
 
 
 def _on_cpus_by_default(option: bool | None, target: tvm.target.Target | None) -> bool:
@@ -75,7 +79,16 @@ def _on_cpus_by_default(option: bool | None, target: tvm.target.Target | None) -
     return option if option is not None else (target is not None and target.kind.name == "llvm")
 
 
+def _in_fp32_only(options: LoweringOptions) -> LoweringOptions:
+    """In bf16, the rewrites that turn products into other float32 kernels (Winograd's, Strassen's, the
+    fused inverted residual) are left out, so that those products are bf16 ones."""
+    if not options.bfloat16:
+        return options
+    return replace(options, winograd=False, fuse_expand_depthwise=False, strassen=False)
+
+
 def inference_passes(options: LoweringOptions, target: tvm.target.Target | None = None) -> list[tvm.transform.Pass]:
+    options = _in_fp32_only(options)
     passes = []
     if options.fold_batch_norm:
         passes += [relax.transform.FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference()]
@@ -94,6 +107,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
             ]
     if _on_cpus_by_default(options.strassen, target):
         passes += [relax.transform.FoldConstant(), StrassenMatmuls()]  # the weights, transposed, as constants
+    if options.bfloat16:
+        passes += [relax.transform.FoldConstant(), Bfloat16Products(dot_product=has_bf16_dot_product(target))]
     if options.fast_math:
         passes.append(relax.transform.FastMathTransform())
     return [

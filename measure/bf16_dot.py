@@ -1,0 +1,176 @@
+"""bfloat16 products on AVX512_BF16 as TVM tensor intrinsics: one register tile of a GEMM
+(``rows`` x ``vectors`` x 16 fp32 accumulators) over a run of the reduction, each step one
+``vdpbf16ps`` per accumulator vector (32 multiply-adds per instruction, twice the FMA's work).
+
+TVM 0.27's code generator cannot emit the instruction (its bf16 legalizer turns every bf16 operand
+into fp32 before LLVM sees it, and its LLVM intrinsic calls cannot bitcast integer pairs to
+``<32 x bfloat>``: ``../shared/research/bf16-x86.md``), so an intrinsic's implementation calls a
+micro-kernel written in LLVM IR, which TVM links into the kernel (``pragma_import_llvm``) and LLVM
+inlines. The micro-kernel holds the whole tile in registers over the reduction: a tile of one step
+per call would store its accumulators after every step, as LLVM cannot tell them apart from the
+operands inside TVM's parallel closures.
+
+Operands: the activation's rows (a pair of bf16 along the reduction broadcast to all 16 lanes), the
+weight packed [N/16, K/2, 16, 2] once at compile time, the accumulators as fp32 rows. A tile's shape
+is part of its intrinsic's name (``tensor_tuner_bf16_r4_v2_p64``), so that any process replaying a
+schedule can register the intrinsics it names (``ensure_bf16_intrinsics``).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+LANES = 16  # fp32 accumulators per vector
+PAIR = 2  # bf16 products summed into each
+_NAME = re.compile(r"tensor_tuner_bf16_r(\d+)_v(\d+)_p(\d+)")
+_lock = threading.Lock()
+
+
+def intrinsic_name(rows: int, vectors: int, pairs: int) -> str:
+    return f"tensor_tuner_bf16_r{rows}_v{vectors}_p{pairs}"
+
+
+def _micro_kernel_ir(name: str, rows: int, vectors: int) -> str:
+    """LLVM IR of ``name``(C, ldc, A, lda, B, ldb, pairs): C[r, 16v + l] += sum_p A[r, 2p:2p+2] . B[v, p, l, :]."""
+    lines = [f"define void @{name}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %pairs) #0 {{", "entry:"]
+    accumulators = [(r, v) for r in range(rows) for v in range(vectors)]
+    for r, v in accumulators:
+        lines += [
+            f"  %co{r}_{v} = mul i64 %ldc, {r}",
+            f"  %ci{r}_{v} = add i64 %co{r}_{v}, {v * LANES}",
+            f"  %cp{r}_{v} = getelementptr float, ptr %c, i64 %ci{r}_{v}",
+            f"  %c{r}_{v} = load <16 x float>, ptr %cp{r}_{v}, align 4",
+        ]
+    lines += ["  %empty = icmp eq i64 %pairs, 0", "  br i1 %empty, label %done, label %step", "step:"]
+    lines.append("  %p = phi i64 [ 0, %entry ], [ %next, %step ]")
+    for r, v in accumulators:
+        lines.append(f"  %s{r}_{v} = phi <16 x float> [ %c{r}_{v}, %entry ], [ %n{r}_{v}, %step ]")
+    lines.append("  %k = shl i64 %p, 1")
+    for r in range(rows):
+        lines += [
+            f"  %ao{r} = mul i64 %lda, {r}",
+            f"  %ai{r} = add i64 %ao{r}, %k",
+            f"  %ap{r} = getelementptr i16, ptr %a, i64 %ai{r}",
+            f"  %pair{r} = load i32, ptr %ap{r}, align 2",
+            f"  %one{r} = insertelement <16 x i32> poison, i32 %pair{r}, i64 0",
+            f"  %all{r} = shufflevector <16 x i32> %one{r}, <16 x i32> poison, <16 x i32> zeroinitializer",
+            f"  %x{r} = bitcast <16 x i32> %all{r} to <32 x bfloat>",
+        ]
+    for v in range(vectors):
+        lines += [
+            f"  %bo{v} = mul i64 %ldb, {v}",
+            f"  %bk{v} = shl i64 %p, 5",
+            f"  %bi{v} = add i64 %bo{v}, %bk{v}",
+            f"  %bp{v} = getelementptr i16, ptr %b, i64 %bi{v}",
+            f"  %w{v} = load <32 x bfloat>, ptr %bp{v}, align 2",
+        ]
+    for r, v in accumulators:
+        lines.append(
+            f"  %n{r}_{v} = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512("
+            f"<16 x float> %s{r}_{v}, <32 x bfloat> %x{r}, <32 x bfloat> %w{v})"
+        )
+    lines += [
+        "  %next = add i64 %p, 1",
+        "  %more = icmp ult i64 %next, %pairs",
+        "  br i1 %more, label %step, label %done",
+    ]
+    lines.append("done:")
+    for r, v in accumulators:
+        lines.append(f"  %f{r}_{v} = phi <16 x float> [ %c{r}_{v}, %entry ], [ %n{r}_{v}, %step ]")
+    for r, v in accumulators:
+        lines.append(f"  store <16 x float> %f{r}_{v}, ptr %cp{r}_{v}, align 4")
+    lines += [
+        "  ret void",
+        "}",
+        "declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)",
+        'attributes #0 = { alwaysinline "target-features"="+avx512f,+avx512bf16" }',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _intrinsic(rows: int, vectors: int, pairs: int):
+    width = vectors * LANES
+    kernel = intrinsic_name(rows, vectors, pairs).replace("tensor_tuner_", "tensor_tuner_kernel_")
+    ir_text = _micro_kernel_ir(kernel, rows, vectors)
+
+    @T.prim_func(s_tir=True)
+    def description(a: T.handle, b: T.handle, c: T.handle) -> None:
+        lda, ldb, ldc = T.int32(), T.int32(), T.int32()
+        A = T.match_buffer(a, (rows, pairs * PAIR), "bfloat16", strides=[lda, 1], offset_factor=1)
+        B = T.match_buffer(b, (vectors, pairs, LANES, PAIR), "bfloat16", strides=[ldb, 32, 2, 1], offset_factor=1)
+        C = T.match_buffer(c, (rows, width), "float32", strides=[ldc, 1], offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:rows, 0:width], A[0:rows, 0 : pairs * PAIR], B[0:vectors, 0:pairs, 0:LANES, 0:PAIR])
+            T.writes(C[0:rows, 0:width])
+            for r, v, p, lane, e in T.grid(rows, vectors, pairs, LANES, PAIR):
+                with T.sblock("update"):
+                    vr = T.axis.spatial(rows, r)
+                    vn = T.axis.spatial(width, v * LANES + lane)
+                    vk = T.axis.reduce(pairs * PAIR, p * PAIR + e)
+                    C[vr, vn] = C[vr, vn] + T.cast(A[vr, vk], "float32") * T.cast(
+                        B[vn // LANES, vk // PAIR, vn % LANES, vk % PAIR], "float32"
+                    )
+
+    # a one-row tile: the schedule's block has no row axis left to match
+    @T.prim_func(s_tir=True)
+    def one_row_description(a: T.handle, b: T.handle, c: T.handle) -> None:
+        lda, ldb, ldc = T.int32(), T.int32(), T.int32()
+        A = T.match_buffer(a, (1, pairs * PAIR), "bfloat16", strides=[lda, 1], offset_factor=1)
+        B = T.match_buffer(b, (vectors, pairs, LANES, PAIR), "bfloat16", strides=[ldb, 32, 2, 1], offset_factor=1)
+        C = T.match_buffer(c, (1, width), "float32", strides=[ldc, 1], offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0, 0:width], A[0, 0 : pairs * PAIR], B[0:vectors, 0:pairs, 0:LANES, 0:PAIR])
+            T.writes(C[0, 0:width])
+            for v, p, lane, e in T.grid(vectors, pairs, LANES, PAIR):
+                with T.sblock("update"):
+                    vn = T.axis.spatial(width, v * LANES + lane)
+                    vk = T.axis.reduce(pairs * PAIR, p * PAIR + e)
+                    C[0, vn] = C[0, vn] + T.cast(A[0, vk], "float32") * T.cast(
+                        B[vn // LANES, vk // PAIR, vn % LANES, vk % PAIR], "float32"
+                    )
+
+    @T.prim_func(s_tir=True)
+    def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
+        lda, ldb, ldc = T.int32(), T.int32(), T.int32()
+        A = T.match_buffer(a, (rows, pairs * PAIR), "bfloat16", strides=[lda, 1], offset_factor=1)
+        B = T.match_buffer(b, (vectors, pairs, LANES, PAIR), "bfloat16", strides=[ldb, 32, 2, 1], offset_factor=1)
+        C = T.match_buffer(c, (rows, width), "float32", strides=[ldc, 1], offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:rows, 0:width], A[0:rows, 0 : pairs * PAIR], B[0:vectors, 0:pairs, 0:LANES, 0:PAIR])
+            T.writes(C[0:rows, 0:width])
+            T.attr(0, "pragma_import_llvm", ir_text)
+            # operand pointers typed uint16: the storage TVM's bf16 legalizer gives bf16 buffers
+            T.evaluate(
+                T.call_extern(
+                    "void",
+                    kernel,
+                    C.access_ptr("rw"),
+                    T.Cast("int64", ldc),
+                    T.tvm_access_ptr(T.type_annotation("uint16"), A.data, A.elem_offset, rows * lda, 1),
+                    T.Cast("int64", lda),
+                    T.tvm_access_ptr(T.type_annotation("uint16"), B.data, B.elem_offset, vectors * ldb, 1),
+                    T.Cast("int64", ldb),
+                    T.int64(pairs),
+                )
+            )
+
+    return (description if rows > 1 else one_row_description), implementation
+
+
+def register_bf16_tile(rows: int, vectors: int, pairs: int) -> str:
+    """Register the intrinsic of one tile shape in this process (idempotent); returns its name."""
+    name = intrinsic_name(rows, vectors, pairs)
+    with _lock:
+        if TensorIntrin.get(name, allow_missing=True) is None:
+            TensorIntrin.register(name, *_intrinsic(rows, vectors, pairs))
+    return name
+
+
+def ensure_bf16_intrinsics(trace_json: str) -> None:
+    """Register the bf16 intrinsics a stored trace names, before it is replayed."""
+    for rows, vectors, pairs in set(_NAME.findall(trace_json)):
+        register_bf16_tile(int(rows), int(vectors), int(pairs))

@@ -1,0 +1,131 @@
+"""bfloat16 on CPUs: the vdpbf16ps micro-kernels against numpy, the design space of a bf16 GEMM
+built and checked, a small model tuned end to end in bf16, and what a target without the
+instruction gets (a warning, or a refusal before anything starts)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import te
+
+import tuner
+from tuner.bf16_rule import BF16_GEMM_RULE, _tile, tile_shapes
+from tuner.errors import TargetError
+from tuner.lowering.bf16 import pack_conv_weight, pack_dense_weight
+from tuner.precision import check_bf16, has_bf16_dot_product, host_has_bf16
+
+needs_bf16 = pytest.mark.skipif(not host_has_bf16(), reason="this CPU has no AVX512_BF16 (vdpbf16ps)")
+
+
+def _dense_module(m: int, n: int, k: int) -> tvm.IRModule:
+    data = te.placeholder((m, k), "bfloat16", name="data")
+    packed = te.placeholder((n // 16, k // 2, 16, 2), "bfloat16", name="packed")
+    r = te.reduce_axis((0, k), "r")
+    out = te.compute(
+        (m, n),
+        lambda i, j: te.sum(
+            data[i, r].astype("float32") * packed[j // 16, r // 2, j % 16, r % 2].astype("float32"), axis=r
+        ),
+        name="gemm",
+        attrs={"schedule_rule": BF16_GEMM_RULE},
+    )
+    return tvm.IRModule({"main": te.create_prim_func([data, packed, out]).with_attr("global_symbol", "main")})
+
+
+def _bf16(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(ml_dtypes.bfloat16)
+
+
+@needs_bf16
+@pytest.mark.parametrize(("rows", "vectors"), [(1, 1), (1, 2), (3, 1), (4, 2)])
+def test_micro_kernels_compute_the_bf16_product_numpy_computes(rows: int, vectors: int) -> None:
+    m, n, k = 12, 64, 34
+    sch = tvm.s_tir.Schedule(_dense_module(m, n, k), seed=1)
+    _tile(sch, sch.get_sblock("gemm"), rows, vectors)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    built = tvm.compile(sch.mod, target=target)
+    assert "vdpbf16ps" in built.mod.inspect_source("asm")
+    data, weight = _bf16((m, k), 1), _bf16((k, n), 2)
+    expected = data.astype(np.float32) @ weight.astype(np.float32)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros((m, n), np.float32), dev)
+    built["main"](tvm.runtime.tensor(data, dev), tvm.runtime.tensor(pack_dense_weight(weight), dev), out)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_packed_layouts_put_pairs_along_the_reduction_and_sixteen_outputs_together() -> None:
+    weight = np.arange(4 * 32, dtype=np.float32).reshape(4, 32)  # [K, N]
+    packed = pack_dense_weight(weight)
+    assert packed.shape == (2, 2, 16, 2)
+    assert packed[1, 1, 3, 0] == weight[2, 16 + 3] and packed[1, 1, 3, 1] == weight[3, 16 + 3]
+    conv = np.arange(3 * 3 * 4 * 16, dtype=np.float32).reshape(3, 3, 4, 16)  # HWIO
+    assert pack_conv_weight(conv)[2, 1, 0, 1, 5, 1] == conv[2, 1, 3, 5]
+
+
+def test_tile_shapes_keep_the_accumulators_in_registers_and_strided_rows_single() -> None:
+    shapes = tile_shapes(rows=56, channel_blocks=4, row_stride=1)
+    assert shapes[0] == (7, 4) and all(r * v <= 28 for r, v in shapes)
+    assert all(r == 1 for r, _ in tile_shapes(rows=28, channel_blocks=8, row_stride=2))
+
+
+class _SmallNet(torch.nn.Module):
+    """Padded, strided and 1x1 convolutions, a residual and a linear layer: every kind of bf16 kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(32, 64, 3, stride=2, padding=1)
+        self.conv3 = torch.nn.Conv2d(64, 64, 1)
+        self.fc = torch.nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.conv1(x))
+        x = torch.relu(self.conv2(x))
+        x = self.conv3(x) + x
+        return self.fc(x.mean((2, 3)))
+
+
+@needs_bf16
+def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch(tmp_path) -> None:
+    torch.manual_seed(0)
+    model, x = _SmallNet().eval(), torch.randn(1, 16, 16, 16)
+    result = tuner.tune(
+        model, example_inputs=[x], target="llvm", dtype="bfloat16", trials_per_task=3, work_dir=tmp_path / "wd"
+    )
+    bf16_kernels = [t for t in result.tasks if "bf16_" in t.name]
+    assert len(bf16_kernels) == 4
+    searched = [t for t in bf16_kernels if t.trials]  # the budget goes where it pays: not to every kernel
+    assert len(searched) >= 2 and all(t.verified and not t.fell_back for t in searched), result.summary()
+    assert result.check.ok and result.check.error < 3e-2, result.summary()
+    with torch.no_grad():
+        expected = model(x).numpy()
+    got = result.run(x.numpy())
+    got = got[0] if isinstance(got, list | tuple) else got
+    assert np.max(np.abs(np.asarray(got) - expected)) <= 3e-2 * np.max(np.abs(expected))
+
+
+def test_a_cpu_that_cannot_compute_in_bf16_is_refused_when_named_and_warned_about_when_it_is_this_one() -> None:
+    rocket_lake = tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake"})
+    assert not has_bf16_dot_product(rocket_lake)
+    with pytest.raises(TargetError, match="-mcpu=rocketlake does not have"):
+        check_bf16("llvm -mcpu=rocketlake", rocket_lake)
+    assert "slower than in float32" in check_bf16("llvm", rocket_lake)
+    assert check_bf16("llvm", tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})) is None
+    with pytest.raises(TargetError, match="sm_80 or later"):
+        check_bf16("cuda -arch=sm_75", tvm.target.Target({"kind": "cuda", "arch": "sm_75"}))
+
+
+def test_tune_refuses_bf16_on_a_named_cpu_without_it_before_anything_starts(tmp_path) -> None:
+    with pytest.raises(TargetError, match="needs AVX512_BF16"):
+        tuner.tune(
+            _SmallNet().eval(),
+            example_inputs=[torch.randn(1, 16, 16, 16)],
+            target="llvm -mcpu=skylake-avx512",
+            dtype="bfloat16",
+            trials=4,
+            work_dir=tmp_path / "wd",
+        )
+    assert not (tmp_path / "wd" / "tuning.db").exists()

@@ -1,0 +1,114 @@
+"""The design spaces of a bfloat16 GEMM or convolution (``tuner.lowering.bf16``) on a CPU with
+AVX512_BF16: register tiles of ``rows`` x ``vectors`` x 16 fp32 accumulators, computed by the
+micro-kernel of ``measure.bf16_dot`` over the input channels (``vdpbf16ps``).
+
+The kernel's block iterates its spatial axes (batch, image rows, the tile's rows: image columns or
+tokens, the output channels last) and its reduction axes (the window, then the input channels); the
+weight is packed [N/16, ..., K/2, 16, 2], so that the micro-kernel reads each 16x2 operand whole.
+Each parallel task computes a block of tiles; each tile's accumulators stay in registers over the
+input channels and are written out once per window position, the last time through the fused
+epilogue (bias, activation, the cast of the next layer's input).
+
+A tile's shape is fixed per design space (its intrinsic is named by it, and the search's mutations
+must not change it under a stored trace); the search samples how tiles group into tasks and the
+order of the task loops.
+"""
+
+from __future__ import annotations
+
+from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import SBlockRV
+
+from measure.bf16_dot import LANES, PAIR, register_bf16_tile
+
+BF16_GEMM_RULE = "tuner_bf16_gemm"
+ROW_STRIDE_ANNOTATION = "tuner.bf16_row_stride"  # >1: the tile's rows are a strided convolution's columns
+MAX_ROWS = 7
+VECTOR_CHOICES = (4, 2, 1)
+MAX_ACCUMULATORS = 28  # of AVX-512's 32 registers; the rest hold the operands
+MAX_SPACES = 4
+
+
+def tile_shapes(rows: int, channel_blocks: int, row_stride: int) -> list[tuple[int, int]]:
+    """The (rows, vectors) register tiles worth a design space, most accumulators first."""
+    row_choices = [1] if row_stride > 1 else [r for r in range(MAX_ROWS, 0, -1) if rows % r == 0]
+    shapes = [
+        (r, v) for r in row_choices for v in VECTOR_CHOICES if channel_blocks % v == 0 and r * v <= MAX_ACCUMULATORS
+    ]
+    shapes.sort(key=lambda shape: (-shape[0] * shape[1], -shape[1]))
+    return shapes[:MAX_SPACES]
+
+
+def _inline_epilogue(sch: Schedule, writeback: SBlockRV) -> None:
+    """Merge the element-wise consumers of the GEMM's output into the block that writes it back."""
+    while True:
+        consumers = sch.get_consumers(writeback)
+        if len(consumers) != 1:
+            return
+        try:
+            sch.reverse_compute_inline(consumers[0])
+        except Exception:  # noqa: BLE001 - TVM refuses a consumer that is not element-wise: it stays a block
+            return
+
+
+def _parallel_producers(sch: Schedule, gemm: SBlockRV) -> None:
+    """A pad of the activation is a loop nest of its own, run in parallel over its outer axes and
+    vectorised along the channels (and kept from MetaSchedule's generic rules, which would move it)."""
+    for producer in sch.get_producers(gemm):
+        loops = sch.get_loops(producer)
+        if len(loops) >= 2:
+            sch.parallel(sch.fuse(*loops[:2]))
+            sch.vectorize(loops[-1])
+        sch.annotate(producer, "schedule_rule", "None")
+
+
+def _extents(sch: Schedule, gemm: SBlockRV) -> list[int]:
+    return [int(sch.get(loop).extent) for loop in sch.get_loops(gemm)]
+
+
+def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int) -> None:
+    _parallel_producers(sch, gemm)
+    sch.cache_write(gemm, 0, "global")
+    writeback = sch.get_consumers(gemm)[0]
+    _inline_epilogue(sch, writeback)
+
+    loops = sch.get_loops(gemm)
+    kinds = [iter_var.iter_type for iter_var in sch.get(gemm).iter_vars]
+    spatial = [loop for loop, kind in zip(loops, kinds, strict=True) if kind == 0]
+    reduction = [loop for loop, kind in zip(loops, kinds, strict=True) if kind != 0]
+    *outer, rows, channels = spatial
+    *window, inputs = reduction
+    pairs_extent = int(sch.get(inputs).extent) // PAIR
+
+    channel_tiles, vectors, lanes = sch.split(channels, [None, vector_count, LANES], preserve_unit_iters=False)
+    row_groups, tile_rows = sch.split(rows, [None, tile_rows_count], preserve_unit_iters=False)
+    row_tiles, row_blocks = sch.split(row_groups, sch.sample_perfect_tile(row_groups, n=2))
+    pairs, pair = sch.split(inputs, [None, PAIR], preserve_unit_iters=False)
+    tasks = [*outer, row_tiles, channel_tiles]
+    if sch.sample_categorical([0, 1], [0.5, 0.5]) == 1:  # a task's weights stay in its cache over all rows
+        tasks = [channel_tiles, *outer, row_tiles]
+    sch.reorder(*tasks, row_blocks, *window, tile_rows, vectors, pairs, lanes, pair)
+    parallel = sch.fuse(*tasks)
+    sch.parallel(parallel)
+
+    sch.reverse_compute_at(writeback, row_blocks, preserve_unit_loops=True)
+    sch.vectorize(sch.split(sch.get_loops(writeback)[-1], [None, LANES])[1])
+    init = sch.decompose_reduction(gemm, window[0] if window else tile_rows)
+    sch.vectorize(sch.split(sch.get_loops(init)[-1], [None, LANES])[1])
+    name = register_bf16_tile(tile_rows_count, vector_count, pairs_extent)
+    sch.tensorize(sch.blockize(tile_rows if tile_rows_count > 1 else vectors, preserve_unit_iters=False), name)
+    # keeps MetaSchedule's generic rules (parallelising, vectorising, unrolling) off the loops above
+    sch.annotate(sch.get_sblock("root"), "schedule_rule", "None")
+
+
+def schedule_bf16_gemm(sch: Schedule, gemm: SBlockRV) -> list[Schedule]:
+    extents = _extents(sch, gemm)
+    kinds = [iter_var.iter_type for iter_var in sch.get(gemm).iter_vars]
+    spatial = [e for e, kind in zip(extents, kinds, strict=True) if kind == 0]
+    stride = int(sch.get(gemm).annotations.get(ROW_STRIDE_ANNOTATION, 1))
+    spaces = []
+    for rows, vectors in tile_shapes(spatial[-2], spatial[-1] // LANES, stride):
+        space = sch.copy()
+        _tile(space, gemm, rows, vectors)
+        spaces.append(space)
+    return spaces

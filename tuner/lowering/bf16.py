@@ -1,0 +1,190 @@
+"""A model's convolutions and matmuls by constant weights computed from bfloat16 operands into
+float32 accumulators; everything else stays float32, and so do the model's inputs and outputs.
+
+Each such operator reads its activation cast to bf16 (the cast fuses into the kernel that produces
+the activation, so activations travel between kernels in bf16 where a product reads them) and its
+weight converted once, here. On a CPU with AVX512_BF16 the weight is packed [N/16, K/2, 16, 2]
+(convolutions [KH, KW, N/16, C/2, 16, 2]) and the product is a kernel of ours whose schedule uses
+the ``vdpbf16ps`` micro-kernels (``tuner.bf16_rule``); elsewhere, and for the shapes those kernels
+do not take (an odd number of input channels, output channels not a multiple of 16, grouped
+convolutions), Relax's own operator with bf16 operands and a float32 result: bf16 storage, fp32
+arithmetic, as PyTorch computes bf16 on such CPUs.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import tvm
+from tvm import relax, te
+from tvm.ir.expr import Constant
+from tvm.ir.module import IRModule
+from tvm.relax import Call, Expr, PyExprMutator, expr_functor
+
+from measure.bf16_dot import LANES, PAIR
+from workloads.relax_functions import rewrite_functions
+
+from ..bf16_rule import BF16_GEMM_RULE, ROW_STRIDE_ANNOTATION
+from ..metaschedule import FLOPS_ANNOTATION
+from .rewrites import op_name, static_shape
+
+BF16 = "bfloat16"
+_F32 = "float32"
+
+
+def _bf16(array: np.ndarray) -> np.ndarray:
+    return array.astype(np.float32).astype(ml_dtypes.bfloat16)
+
+
+def pack_dense_weight(weight: np.ndarray) -> np.ndarray:
+    """[K, N] -> [N/16, K/2, 16, 2]."""
+    k, n = weight.shape
+    return np.ascontiguousarray(weight.reshape(k // PAIR, PAIR, n // LANES, LANES).transpose(2, 0, 3, 1))
+
+
+def pack_conv_weight(weight: np.ndarray) -> np.ndarray:
+    """HWIO [KH, KW, C, N] -> [KH, KW, N/16, C/2, 16, 2]."""
+    kh, kw, c, n = weight.shape
+    return np.ascontiguousarray(weight.reshape(kh, kw, c // PAIR, PAIR, n // LANES, LANES).transpose(0, 1, 4, 2, 5, 3))
+
+
+def _gemm_attrs(flops: float, row_stride: int = 1) -> dict:
+    return {"schedule_rule": BF16_GEMM_RULE, ROW_STRIDE_ANNOTATION: row_stride, FLOPS_ANNOTATION: flops}
+
+
+def bf16_dense(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
+    """data [..., K] (bf16) times the packed weight [N/16, K/2, 16, 2]: [..., N] in fp32."""
+    *lead, k_extent = (int(d) for d in data.shape)
+    n_extent = int(packed.shape[0]) * LANES
+    k = te.reduce_axis((0, k_extent), "k")
+    flops = 2.0 * float(np.prod(lead, dtype=np.float64)) * n_extent * k_extent
+    return te.compute(
+        (*lead, n_extent),
+        lambda *i: te.sum(
+            data[(*i[:-1], k)].astype(_F32) * packed[i[-1] // LANES, k // PAIR, i[-1] % LANES, k % PAIR].astype(_F32),
+            axis=k,
+        ),
+        name="bf16_dense",
+        attrs=_gemm_attrs(flops),
+    )
+
+
+def bf16_conv2d_nhwc(data: te.Tensor, packed: te.Tensor, stride: int, padding: tuple[int, int, int, int]) -> te.Tensor:
+    """NHWC data (bf16) convolved with the packed HWIO weight: NHWC fp32."""
+    batch, height, width, channels = (int(d) for d in data.shape)
+    kernel_h, kernel_w = int(packed.shape[0]), int(packed.shape[1])
+    out_channels = int(packed.shape[2]) * LANES
+    top, left, bottom, right = padding
+    if any(padding):
+        padded = te.compute(
+            (batch, height + top + bottom, width + left + right, channels),
+            lambda n, y, x, c: tvm.tirx.if_then_else(
+                tvm.tirx.all(y >= top, y < top + height, x >= left, x < left + width),
+                data[n, y - top, x - left, c],
+                tvm.tirx.const(0, BF16),
+            ),
+            name="bf16_pad",
+        )
+    else:
+        padded = data
+    out_h = (height + top + bottom - kernel_h) // stride + 1
+    out_w = (width + left + right - kernel_w) // stride + 1
+    ry = te.reduce_axis((0, kernel_h), "ry")
+    rx = te.reduce_axis((0, kernel_w), "rx")
+    rc = te.reduce_axis((0, channels), "rc")
+    flops = 2.0 * batch * out_h * out_w * out_channels * kernel_h * kernel_w * channels
+    return te.compute(
+        (batch, out_h, out_w, out_channels),
+        lambda n, y, x, o: te.sum(
+            padded[n, y * stride + ry, x * stride + rx, rc].astype(_F32)
+            * packed[ry, rx, o // LANES, rc // PAIR, o % LANES, rc % PAIR].astype(_F32),
+            axis=[ry, rx, rc],
+        ),
+        name="bf16_conv2d",
+        attrs=_gemm_attrs(flops, stride),
+    )
+
+
+def _constant(expr: Expr) -> np.ndarray | None:
+    return expr.value.numpy() if isinstance(expr, Constant) else None
+
+
+def _is_fp32(expr: Expr) -> bool:
+    return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == _F32
+
+
+@expr_functor.mutator
+class _Bfloat16Products(PyExprMutator):
+    def __init__(self, mod: IRModule, dot_product: bool) -> None:
+        super().__init__(mod)
+        self.dot_product = dot_product  # the CPU has AVX512_BF16: our kernels, packed weights
+
+    def _cast(self, expr: Expr) -> Expr:
+        return self.builder_.emit(relax.op.astype(expr, BF16))
+
+    def visit_call_(self, call: Call) -> Expr:
+        call = super().visit_call_(call)
+        name = op_name(call)
+        if name == "relax.matmul" and _is_fp32(call.args[0]) and _constant(call.args[1]) is not None:
+            return self._matmul(call)
+        if name == "relax.nn.conv2d" and _is_fp32(call.args[0]) and _constant(call.args[1]) is not None:
+            return self._conv2d(call)
+        return call
+
+    def _matmul(self, call: Call) -> Expr:
+        data, weight = call.args[0], _constant(call.args[1])
+        if self.dot_product and weight.ndim == 2 and weight.shape[0] % PAIR == 0 and weight.shape[1] % LANES == 0:
+            packed = relax.const(_bf16(pack_dense_weight(weight)))
+            return self.builder_.call_te(bf16_dense, self._cast(data), packed, primfunc_name_hint="bf16_dense")
+        return relax.op.matmul(self._cast(data), relax.const(_bf16(weight)), out_dtype=_F32)
+
+    def _conv2d(self, call: Call) -> Expr:
+        attrs = call.attrs
+        data, weight = call.args[0], _constant(call.args[1])
+        layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
+        strides = [int(s) for s in attrs.strides]
+        ours = (
+            self.dot_product
+            and layouts == ("NHWC", "HWIO", "NHWC")
+            and int(attrs.groups) == 1
+            and [int(d) for d in attrs.dilation] == [1, 1]
+            and strides[0] == strides[1]
+            and static_shape(data) is not None
+            and weight.shape[2] % PAIR == 0
+            and weight.shape[3] % LANES == 0
+        )
+        if ours:
+            top, left, bottom, right = (int(p) for p in attrs.padding)
+            packed = relax.const(_bf16(pack_conv_weight(weight)))
+            return self.builder_.call_te(
+                bf16_conv2d_nhwc,
+                self._cast(data),
+                packed,
+                strides[0],
+                (top, left, bottom, right),
+                primfunc_name_hint="bf16_conv2d",
+            )
+        return relax.op.nn.conv2d(
+            self._cast(data),
+            relax.const(_bf16(weight)),
+            strides=attrs.strides,
+            padding=attrs.padding,
+            dilation=attrs.dilation,
+            groups=attrs.groups,
+            data_layout=attrs.data_layout,
+            kernel_layout=attrs.kernel_layout,
+            out_layout=attrs.out_layout,
+            out_dtype=_F32,
+        )
+
+
+@tvm.transform.module_pass(opt_level=0, name="Bfloat16Products")
+class Bfloat16Products:
+    """Convolutions and matmuls by constant weights from bf16 operands into fp32 (module docstring);
+    ``dot_product``: the target CPU has AVX512_BF16."""
+
+    def __init__(self, dot_product: bool) -> None:
+        self.dot_product = dot_product
+
+    def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
+        return rewrite_functions(_Bfloat16Products(mod, self.dot_product), mod)
