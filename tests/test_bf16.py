@@ -72,17 +72,20 @@ def test_tile_shapes_keep_the_accumulators_in_registers_and_strided_rows_single(
 
 
 class _SmallNet(torch.nn.Module):
-    """Padded, strided and 1x1 convolutions, a residual and a linear layer: every kind of bf16 kernel."""
+    """Every kind of bf16 kernel: a padded convolution of 3 channels (a zero channel added) into 24
+    (8 zero outputs added and sliced off), a depthwise one (bf16 storage, fp32 arithmetic), a strided
+    one, a 1x1 one with a residual, and a linear layer of 10 outputs."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv1 = torch.nn.Conv2d(16, 32, 3, padding=1)
-        self.conv2 = torch.nn.Conv2d(32, 64, 3, stride=2, padding=1)
+        self.conv1 = torch.nn.Conv2d(3, 24, 3, padding=1)
+        self.depthwise = torch.nn.Conv2d(24, 24, 3, padding=1, groups=24)
+        self.conv2 = torch.nn.Conv2d(24, 64, 3, stride=2, padding=1)
         self.conv3 = torch.nn.Conv2d(64, 64, 1)
-        self.fc = torch.nn.Linear(64, 32)
+        self.fc = torch.nn.Linear(64, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.conv1(x))
+        x = torch.relu(self.depthwise(torch.relu(self.conv1(x))))
         x = torch.relu(self.conv2(x))
         x = self.conv3(x) + x
         return self.fc(x.mean((2, 3)))
@@ -91,7 +94,7 @@ class _SmallNet(torch.nn.Module):
 @needs_bf16
 def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch(tmp_path) -> None:
     torch.manual_seed(0)
-    model, x = _SmallNet().eval(), torch.randn(1, 16, 16, 16)
+    model, x = _SmallNet().eval(), torch.randn(1, 3, 16, 16)
     result = tuner.tune(
         model, example_inputs=[x], target="llvm", dtype="bfloat16", trials_per_task=3, work_dir=tmp_path / "wd"
     )
@@ -122,7 +125,7 @@ def test_tune_refuses_bf16_on_a_named_cpu_without_it_before_anything_starts(tmp_
     with pytest.raises(TargetError, match="needs AVX512_BF16"):
         tuner.tune(
             _SmallNet().eval(),
-            example_inputs=[torch.randn(1, 16, 16, 16)],
+            example_inputs=[torch.randn(1, 3, 16, 16)],
             target="llvm -mcpu=skylake-avx512",
             dtype="bfloat16",
             trials=4,

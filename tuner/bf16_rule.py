@@ -39,11 +39,17 @@ def tile_shapes(rows: int, channel_blocks: int, row_stride: int) -> list[tuple[i
     return shapes[:MAX_SPACES]
 
 
+def _shape(sch: Schedule, block: SBlockRV) -> list[int]:
+    return [int(d) for d in sch.get(block).writes[0].source.shape]
+
+
 def _inline_epilogue(sch: Schedule, writeback: SBlockRV) -> None:
-    """Merge the element-wise consumers of the GEMM's output into the block that writes it back."""
+    """Merge the element-wise consumers of the GEMM's output into the block that writes it back. A
+    consumer of another shape (the slice that drops padded outputs) stays a block: TVM would inline it
+    with the indices it reads, and the write-back loop, sized by the GEMM, would write past its end."""
     while True:
         consumers = sch.get_consumers(writeback)
-        if len(consumers) != 1:
+        if len(consumers) != 1 or _shape(sch, consumers[0]) != _shape(sch, writeback):
             return
         try:
             sch.reverse_compute_inline(consumers[0])
@@ -51,15 +57,26 @@ def _inline_epilogue(sch: Schedule, writeback: SBlockRV) -> None:
             return
 
 
-def _parallel_producers(sch: Schedule, gemm: SBlockRV) -> None:
-    """A pad of the activation is a loop nest of its own, run in parallel over its outer axes and
-    vectorised along the channels (and kept from MetaSchedule's generic rules, which would move it)."""
-    for producer in sch.get_producers(gemm):
-        loops = sch.get_loops(producer)
-        if len(loops) >= 2:
-            sch.parallel(sch.fuse(*loops[:2]))
-            sch.vectorize(loops[-1])
-        sch.annotate(producer, "schedule_rule", "None")
+def _parallel_loop_nest(sch: Schedule, block: SBlockRV) -> None:
+    """A block left as a loop nest of its own (a pad before the GEMM, a slice after), run in parallel
+    over its outer axes and vectorised along the channels, and kept from MetaSchedule's generic rules
+    (which would move it into the GEMM's loops)."""
+    *outer, inner = sch.get_loops(block)
+    if outer:
+        sch.parallel(sch.fuse(*outer[:2]))
+    sch.vectorize(sch.split(inner, [None, LANES])[1])
+    sch.annotate(block, "schedule_rule", "None")
+
+
+def _around(sch: Schedule, block: SBlockRV, neighbours) -> list[SBlockRV]:
+    """The blocks ``neighbours`` (get_producers or get_consumers) reaches from ``block``, transitively."""
+    found, frontier = [], [block]
+    while frontier:
+        for other in neighbours(frontier.pop()):
+            if not any(sch.get(other).same_as(sch.get(seen)) for seen in found):
+                found.append(other)
+                frontier.append(other)
+    return found
 
 
 def _extents(sch: Schedule, gemm: SBlockRV) -> list[int]:
@@ -67,10 +84,13 @@ def _extents(sch: Schedule, gemm: SBlockRV) -> list[int]:
 
 
 def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int) -> None:
-    _parallel_producers(sch, gemm)
+    for producer in _around(sch, gemm, sch.get_producers):
+        _parallel_loop_nest(sch, producer)
     sch.cache_write(gemm, 0, "global")
     writeback = sch.get_consumers(gemm)[0]
     _inline_epilogue(sch, writeback)
+    for consumer in _around(sch, writeback, sch.get_consumers):
+        _parallel_loop_nest(sch, consumer)
 
     loops = sch.get_loops(gemm)
     kinds = [iter_var.iter_type for iter_var in sch.get(gemm).iter_vars]

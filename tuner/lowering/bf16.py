@@ -5,9 +5,9 @@ Each such operator reads its activation cast to bf16 (the cast fuses into the ke
 the activation, so activations travel between kernels in bf16 where a product reads them) and its
 weight converted once, here. On a CPU with AVX512_BF16 the weight is packed [N/16, K/2, 16, 2]
 (convolutions [KH, KW, N/16, C/2, 16, 2]) and the product is a kernel of ours whose schedule uses
-the ``vdpbf16ps`` micro-kernels (``tuner.bf16_rule``); elsewhere, and for the shapes those kernels
-do not take (an odd number of input channels, output channels not a multiple of 16, grouped
-convolutions), Relax's own operator with bf16 operands and a float32 result: bf16 storage, fp32
+the ``vdpbf16ps`` micro-kernels (``tuner.bf16_rule``; an odd channel count gets a zero channel,
+output channels a multiple of 16 zero ones, sliced off after); elsewhere, and for the products those
+kernels do not take (grouped and dilated convolutions, an odd reduction in a matmul), Relax's own operator with bf16 operands and a float32 result: bf16 storage, fp32
 arithmetic, as PyTorch computes bf16 on such CPUs.
 """
 
@@ -36,14 +36,27 @@ def _bf16(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32).astype(ml_dtypes.bfloat16)
 
 
+def _padded(weight: np.ndarray, axis: int, multiple: int) -> np.ndarray:
+    """``weight`` with zeros appended along ``axis`` up to a multiple of ``multiple``."""
+    missing = -weight.shape[axis] % multiple
+    if not missing:
+        return weight
+    widths = [(0, 0)] * weight.ndim
+    widths[axis] = (0, missing)
+    return np.pad(weight, widths)
+
+
 def pack_dense_weight(weight: np.ndarray) -> np.ndarray:
-    """[K, N] -> [N/16, K/2, 16, 2]."""
+    """[K, N] -> [N/16, K/2, 16, 2] (N padded with zero outputs to a multiple of 16)."""
+    weight = _padded(weight, 1, LANES)
     k, n = weight.shape
     return np.ascontiguousarray(weight.reshape(k // PAIR, PAIR, n // LANES, LANES).transpose(2, 0, 3, 1))
 
 
 def pack_conv_weight(weight: np.ndarray) -> np.ndarray:
-    """HWIO [KH, KW, C, N] -> [KH, KW, N/16, C/2, 16, 2]."""
+    """HWIO [KH, KW, C, N] -> [KH, KW, N/16, C/2, 16, 2] (C padded with a zero channel to an even count,
+    N with zero outputs to a multiple of 16)."""
+    weight = _padded(_padded(weight, 2, PAIR), 3, LANES)
     kh, kw, c, n = weight.shape
     return np.ascontiguousarray(weight.reshape(kh, kw, c // PAIR, PAIR, n // LANES, LANES).transpose(0, 1, 4, 2, 5, 3))
 
@@ -74,12 +87,13 @@ def bf16_conv2d_nhwc(data: te.Tensor, packed: te.Tensor, stride: int, padding: t
     batch, height, width, channels = (int(d) for d in data.shape)
     kernel_h, kernel_w = int(packed.shape[0]), int(packed.shape[1])
     out_channels = int(packed.shape[2]) * LANES
+    packed_channels = int(packed.shape[3]) * PAIR  # an odd channel count gets a zero channel
     top, left, bottom, right = padding
-    if any(padding):
+    if any(padding) or packed_channels != channels:
         padded = te.compute(
-            (batch, height + top + bottom, width + left + right, channels),
+            (batch, height + top + bottom, width + left + right, packed_channels),
             lambda n, y, x, c: tvm.tirx.if_then_else(
-                tvm.tirx.all(y >= top, y < top + height, x >= left, x < left + width),
+                tvm.tirx.all(y >= top, y < top + height, x >= left, x < left + width, c < channels),
                 data[n, y - top, x - left, c],
                 tvm.tirx.const(0, BF16),
             ),
@@ -91,7 +105,7 @@ def bf16_conv2d_nhwc(data: te.Tensor, packed: te.Tensor, stride: int, padding: t
     out_w = (width + left + right - kernel_w) // stride + 1
     ry = te.reduce_axis((0, kernel_h), "ry")
     rx = te.reduce_axis((0, kernel_w), "rx")
-    rc = te.reduce_axis((0, channels), "rc")
+    rc = te.reduce_axis((0, packed_channels), "rc")
     flops = 2.0 * batch * out_h * out_w * out_channels * kernel_h * kernel_w * channels
     return te.compute(
         (batch, out_h, out_w, out_channels),
@@ -131,11 +145,19 @@ class _Bfloat16Products(PyExprMutator):
             return self._conv2d(call)
         return call
 
+    def _first_outputs(self, out: Expr, count: int) -> Expr:
+        """``out`` without the zero outputs its weight was padded with (to a multiple of 16)."""
+        if count % LANES == 0:
+            return out
+        out = self.builder_.emit(out)
+        return relax.op.strided_slice(out, axes=[len(static_shape(out)) - 1], begin=[0], end=[count])
+
     def _matmul(self, call: Call) -> Expr:
         data, weight = call.args[0], _constant(call.args[1])
-        if self.dot_product and weight.ndim == 2 and weight.shape[0] % PAIR == 0 and weight.shape[1] % LANES == 0:
+        if self.dot_product and weight.ndim == 2 and weight.shape[0] % PAIR == 0:
             packed = relax.const(_bf16(pack_dense_weight(weight)))
-            return self.builder_.call_te(bf16_dense, self._cast(data), packed, primfunc_name_hint="bf16_dense")
+            out = self.builder_.call_te(bf16_dense, self._cast(data), packed, primfunc_name_hint="bf16_dense")
+            return self._first_outputs(out, weight.shape[1])
         return relax.op.matmul(self._cast(data), relax.const(_bf16(weight)), out_dtype=_F32)
 
     def _conv2d(self, call: Call) -> Expr:
@@ -150,13 +172,11 @@ class _Bfloat16Products(PyExprMutator):
             and [int(d) for d in attrs.dilation] == [1, 1]
             and strides[0] == strides[1]
             and static_shape(data) is not None
-            and weight.shape[2] % PAIR == 0
-            and weight.shape[3] % LANES == 0
         )
         if ours:
             top, left, bottom, right = (int(p) for p in attrs.padding)
             packed = relax.const(_bf16(pack_conv_weight(weight)))
-            return self.builder_.call_te(
+            out = self.builder_.call_te(
                 bf16_conv2d_nhwc,
                 self._cast(data),
                 packed,
@@ -164,6 +184,7 @@ class _Bfloat16Products(PyExprMutator):
                 (top, left, bottom, right),
                 primfunc_name_hint="bf16_conv2d",
             )
+            return self._first_outputs(out, weight.shape[3])
         return relax.op.nn.conv2d(
             self._cast(data),
             relax.const(_bf16(weight)),
