@@ -7,9 +7,9 @@ weight converted once, here. On a CPU with AVX512_BF16 the weight is packed [N/1
 (convolutions [KH, KW, N/16, C/2, 16, 2]) and the product is a kernel of ours whose schedule uses
 the ``vdpbf16ps`` micro-kernels (``tuner.bf16_rule``; an odd channel count gets a zero channel, the
 outputs zero ones up to a multiple of 16, sliced off after). Elsewhere, and for the products those
-kernels do not take (grouped and dilated convolutions, an odd reduction in a matmul, matmuls of two
-activations), Relax's own operator with bf16 operands and a float32 result: bf16 storage, fp32
-arithmetic, as PyTorch computes bf16 on such CPUs.
+kernels do not take (grouped and dilated convolutions, an odd reduction in a matmul), Relax's own
+operator with bf16 operands and a float32 result: bf16 storage, fp32 arithmetic, as PyTorch computes
+bf16 on such CPUs. Matmuls of two activations (attention's) stay float32.
 """
 
 from __future__ import annotations
