@@ -92,7 +92,7 @@ class _SmallNet(torch.nn.Module):
 
 
 @needs_bf16
-def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch(tmp_path) -> None:
+def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch(tmp_path, capfd) -> None:
     torch.manual_seed(0)
     model, x = _SmallNet().eval(), torch.randn(1, 3, 16, 16)
     result = tuner.tune(
@@ -108,6 +108,11 @@ def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch
     got = result.run(x.numpy())
     got = got[0] if isinstance(got, list | tuple) else got
     assert np.max(np.abs(np.asarray(got) - expected)) <= 3e-2 * np.max(np.abs(expected))
+    # applied as the work dir was tuned (bf16), with bf16's tolerance, though the call names no dtype
+    from tuner.apply import apply
+
+    apply(tmp_path / "wd", model, tmp_path / "applied.so", example_inputs=[x])
+    assert "matches PyTorch" in capfd.readouterr().err
 
 
 def test_a_cpu_that_cannot_compute_in_bf16_is_refused_when_named_and_warned_about_when_it_is_this_one() -> None:

@@ -44,6 +44,8 @@ def apply(
         tvm_target = resolve_target(target if target is not None else json.loads(job.target))
         workload = load_model(model, example_inputs, batch=batch, dtype=dtype)
         lowering = LoweringOptions.from_record(job.lowering) if job else LoweringOptions()  # as the work dir was tuned
+        if lowering.bfloat16:  # checked with bf16's tolerance, whatever dtype the call named
+            workload.precision = "bfloat16"
         lowered = lower_workload(workload, tvm_target, lowering)
         tasks = extract_tasks(workload, tvm_target, lowered)
         choices = choose_schedules(db, tasks, tvm_target, verified_only=job.verify if job else True)

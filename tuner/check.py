@@ -76,8 +76,7 @@ class ModelCheck:
 
 
 def tolerance_for(workload: Workload) -> float:
-    dtype = next((part for part in workload.name.split("-") if part in ("fp16", "bf16")), "")
-    return TOLERANCE.get({"fp16": "float16", "bf16": "bfloat16"}.get(dtype, ""), FP32_TOLERANCE)
+    return TOLERANCE.get(workload.precision, FP32_TOLERANCE)
 
 
 def check_inputs(workload: Workload, seed: int = 0) -> list[np.ndarray]:

@@ -42,6 +42,7 @@ def in_precision(workload: Workload, dtype: str | None) -> Workload:
             ]
         )(workload.mod)
         workload.mod = relax.transform.ToMixedPrecision(out_dtype="float32")(prepared)
+        workload.precision = "float16"
         workload.name += "-fp16"
         workload.description = f"{workload.description}; float16" if workload.description else "float16"
     elif dtype == "bfloat16":  # the lowering computes its products from bf16 (tuner.lowering.bf16)
