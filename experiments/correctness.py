@@ -4,6 +4,7 @@ against PyTorch's.
 
     .venv/bin/python experiments/correctness.py --graphs 40 --models all --zoo --out /tmp/corr
     .venv/bin/python experiments/correctness.py --graphs 4 --per-bundle 4 --seeds 1 --trials-per-task 1 --out /tmp/c
+    .venv/bin/python experiments/correctness.py --graphs 50 --dtype bfloat16 --seeds 1 --out /tmp/corr-bf16
 
 Random graphs are tuned ``--per-bundle`` at a time (one module, one input and one output per graph:
 TVM's start-up costs ~20 s per tune() call). A graph of a bundle that comes out wrong, or every
@@ -34,6 +35,15 @@ from experiments.common import prepare_comparison, run_step  # noqa: E402
 from measure.error_text import error_line  # noqa: E402
 
 TOLERANCE = 1e-4
+BF16_TOLERANCE = 3e-2  # the tuner's own end-to-end tolerance in bf16: its inputs are rounded to 8 bits
+
+
+def tolerance_of(args: argparse.Namespace) -> float:
+    if args.tolerance is not None:
+        return args.tolerance
+    return BF16_TOLERANCE if args.dtype == "bfloat16" else TOLERANCE
+
+
 STATUSES = ("match", "wrong", "unchecked", "crashed")
 
 
@@ -114,7 +124,9 @@ def _degenerate(ref: Any, ref2: Any) -> str:
     return ""
 
 
-def check_step(job: dict, seed: int, trials_per_task: int, work_dir: Path, tolerance: float) -> list[dict]:
+def check_step(
+    job: dict, seed: int, trials_per_task: int, work_dir: Path, tolerance: float, dtype: str = "float32"
+) -> list[dict]:
     """Tune the job's module, run it on its inputs and on second ones, and compare with PyTorch: one
     record per graph (random graphs) or one for the model."""
     import torch
@@ -137,6 +149,7 @@ def check_step(job: dict, seed: int, trials_per_task: int, work_dir: Path, toler
             example_inputs=None if job["kind"] == "zoo" else inputs,
             target="llvm",
             trials_per_task=trials_per_task,
+            dtype=dtype,
             batch_size=trials_per_task,  # every kernel gets its trials: the point is to try schedules everywhere
             work_dir=work_dir,
             seed=seed,
@@ -212,7 +225,7 @@ def run_job(job: Job, seed: int, args: argparse.Namespace, out: Path) -> list[di
     run_dir = out / "runs" / f"{job.name}-seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     step = [*job.args(), "--seed", str(seed), "--trials-per-task", str(args.trials_per_task)]
-    step += ["--work-dir", str(run_dir / "work"), "--tolerance", str(args.tolerance)]
+    step += ["--work-dir", str(run_dir / "work"), "--tolerance", str(tolerance_of(args)), "--dtype", args.dtype]
     try:
         return run_step(Path(__file__), step, run_dir / "step.log")["records"]
     except Exception as err:  # noqa: BLE001 - a process killed by a signal, a segfault, an abort
@@ -266,7 +279,12 @@ def main() -> None:
     parser.add_argument("--trials-per-task", type=int, default=2)
     parser.add_argument("--models", nargs="*", default=[], help="workloads/hf_models.py models, or all")
     parser.add_argument("--zoo", nargs="*", default=None, help="built-in zoo models (no names: all of them)")
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest relative error of a match")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        help=f"largest relative error of a match (default {TOLERANCE:g}; bf16 {BF16_TOLERANCE:g})",
+    )
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="tune(dtype=...)")
     parser.add_argument("--no-isolate", action="store_true", help="do not tune a failing bundle's graphs alone")
     parser.add_argument("--out", default="experiments/results/correctness")
     parser.add_argument("--step", help=argparse.SUPPRESS)  # internal: one tune() call and its comparison
@@ -275,7 +293,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.step:
         records = check_step(
-            json.loads(args.step), args.seed, args.trials_per_task, Path(args.work_dir), args.tolerance
+            json.loads(args.step), args.seed, args.trials_per_task, Path(args.work_dir), tolerance_of(args), args.dtype
         )
         print(json.dumps({"records": records}))
         return

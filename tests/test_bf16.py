@@ -67,7 +67,8 @@ def test_packed_layouts_put_pairs_along_the_reduction_and_sixteen_outputs_togeth
 
 def test_tile_shapes_keep_the_accumulators_in_registers_and_strided_rows_single() -> None:
     shapes = tile_shapes(rows=56, channel_blocks=4, row_stride=1)
-    assert shapes[0] == (7, 4) and all(r * v <= 28 for r, v in shapes)
+    assert shapes[0] == (4, 4) and all(r * v <= 24 for r, v in shapes)
+    assert tile_shapes(rows=42, channel_blocks=12, row_stride=1)[0] == (6, 4)
     assert all(r == 1 for r, _ in tile_shapes(rows=28, channel_blocks=8, row_stride=2))
 
 

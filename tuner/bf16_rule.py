@@ -24,8 +24,8 @@ from measure.bf16_dot import LANES, PAIR, register_bf16_tile
 BF16_GEMM_RULE = "tuner_bf16_gemm"
 ROW_STRIDE_ANNOTATION = "tuner.bf16_row_stride"  # >1: the tile's rows are a strided convolution's columns
 MAX_ROWS = 7
-VECTOR_CHOICES = (4, 2, 1)
-MAX_ACCUMULATORS = 28  # of AVX-512's 32 registers; the rest hold the operands
+VECTOR_CHOICES = (4, 3, 2, 1)
+MAX_ACCUMULATORS = 24  # of AVX-512's 32 registers; the rest hold a step's weight vectors and activation pair
 MAX_SPACES = 4
 
 
