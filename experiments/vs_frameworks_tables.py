@@ -116,6 +116,13 @@ def matching_torch_time(flops: float, ops: list[tuple[str, float, float]]) -> fl
     return statistics.median(times) if times else None
 
 
+def kernel_peak_gflops(kernel: str, limits) -> float:
+    """The peak of the kernel's own precision: a bf16 product's (tuner.lowering.bf16) is the bf16 dot
+    product's, where this machine has one."""
+    bf16 = getattr(limits, "bf16_peak_gflops", None)
+    return bf16 if bf16 and "bf16_" in kernel else limits.peak_gflops
+
+
 def kernel_rows(name: str, tuned: dict, timed: dict, limits) -> list[dict]:
     total = sum(t["launches"] * t["latency"] for t in tuned["tasks"] if t["latency"])
     rows = []
@@ -123,6 +130,7 @@ def kernel_rows(name: str, tuned: dict, timed: dict, limits) -> list[dict]:
         latency = t["latency"]
         if not latency:
             continue
+        peak = kernel_peak_gflops(t["name"], limits)
         bound = limits.bound_seconds(t["flops"], t["bytes"])
         in_model = timed.get("kernels_in_model", {}).get(t["name"])
         # a Winograd kernel's FLOPs are its own, fewer than those of the PyTorch op it replaces
@@ -138,14 +146,14 @@ def kernel_rows(name: str, tuned: dict, timed: dict, limits) -> list[dict]:
                 "in model (us)": f"{in_model * 1e6 / t['launches']:.1f}" if in_model else "-",
                 "GFLOP/s": f"{t['flops'] / latency / 1e9:.1f}",
                 "GB/s": f"{t['bytes'] / latency / 1e9:.2f}",
-                "% of peak": f"{t['flops'] / latency / 1e9 / limits.peak_gflops:.0%}",
+                "% of peak": f"{t['flops'] / latency / 1e9 / peak:.0%}",
                 "% of roofline": f"{bound / latency:.0%}",
                 "bound by": "compute"
-                if t["flops"] / (limits.peak_gflops * 1e9) >= t["bytes"] / (limits.copy_gbs * 1e9)
+                if t["flops"] / (peak * 1e9) >= t["bytes"] / (limits.copy_gbs * 1e9)
                 else "memory",
                 "PyTorch op (us)": f"{torch_time * 1e6:.1f}" if torch_time else "-",
                 "_gemm": _is_gemm(t["name"]),
-                "_peak_fraction": t["flops"] / latency / 1e9 / limits.peak_gflops,
+                "_peak_fraction": t["flops"] / latency / 1e9 / peak,
                 "_roofline_fraction": bound / latency,
             }
         )
