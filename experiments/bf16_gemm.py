@@ -26,6 +26,25 @@ def _peaks(threads: int) -> dict[str, float | None]:
     return {"float32": fma_gflops(threads), "bfloat16": bf16}
 
 
+def torch_gemm_gflops(size: int, dtype: str, threads: int, calls: int = 10) -> float:
+    """PyTorch's (oneDNN's) GEMM of the same size and precision, best of five rounds: what a tuned kernel
+    should be measured beside, besides the peak."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = (torch.randn(size, size).to(getattr(torch, dtype)) for _ in range(2))
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            torch.matmul(a, b)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return 2.0 * size**3 / best / 1e9
+
+
 def tune_gemm(size: int, dtype: str, trials_per_task: int, work_dir: Path) -> dict:
     import numpy as np
     import torch
@@ -65,7 +84,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     threads = os.cpu_count() or 1
     before = _peaks(threads)
-    rows = [tune_gemm(args.size, dtype, args.trials_per_task, out / f"wd-{dtype}") for dtype in ("bfloat16", "float32")]
+    rows = [
+        tune_gemm(args.size, dtype, args.trials_per_task, out / "runs" / f"wd-{dtype}")
+        for dtype in ("bfloat16", "float32")
+    ]
     after = _peaks(threads)
     peaks = {k: max(v for v in (before[k], after[k]) if v is not None) for k in before}
     print(
@@ -73,12 +95,13 @@ def main() -> None:
         f"{peaks['bfloat16']:.0f}"
     )
     for row in rows:
+        row["torch_gflops"] = torch_gemm_gflops(args.size, row["dtype"], threads)
         row["peak_gflops"] = peaks[row["dtype"]]
         row["fraction_of_peak"] = row["gflops"] / row["peak_gflops"] if row["gflops"] else None
         print(
             f"{args.size}^3 {row['dtype']:>8}: {row['latency_ms']:.3f} ms, {row['gflops']:.0f} GFLOP/s = "
-            f"{row['fraction_of_peak']:.0%} of its peak; error {row['error']:.1e} of outputs up to "
-            f"{row['output_scale']:.1f}"
+            f"{row['fraction_of_peak']:.0%} of its peak (PyTorch's matmul: {row['torch_gflops']:.0f}); error "
+            f"{row['error']:.1e} of outputs up to {row['output_scale']:.1f}"
         )
     bf16, fp32 = rows
     print(f"bf16 / fp32 kernel time: {bf16['latency_ms'] / fp32['latency_ms']:.2f}")
