@@ -20,7 +20,16 @@ from measure.error_text import error_line
 from measure.worker import WorkerCrashed, WorkerError, WorkerTimeout
 from workloads import Workload
 
-from .check import DEFAULT_SCHEDULES, ModelCheck, make_referee, no_device_here, run_compiled, tolerance_for
+from .check import (
+    DEFAULT_SCHEDULES,
+    ModelCheck,
+    as_outputs,
+    make_referee,
+    no_device_here,
+    relative_error,
+    run_compiled,
+    tolerance_for,
+)
 from .compile import KernelChoice, compile_workload, schedules_of
 from .errors import TunerError
 
@@ -126,10 +135,15 @@ class CheckedBuild:
 
     def _check(self, artifact: Path) -> ModelCheck:
         referee = make_referee(self.workload, self._run_untuned)
-        error = referee.error(self._outputs(artifact, referee.inputs))
+        outputs = self._outputs(artifact, referee.inputs)
+        error = referee.error(outputs)
         result = ModelCheck(
             referee.name, error, referee.scale, referee.tolerance, referee.degenerate, left_out=self.left_out
         )
+        if self.workload.precision == "bfloat16" and self.workload.reference is not None:
+            expected = as_outputs(self.workload.reference(*referee.inputs))
+            name = self.workload.reference_name or "the model's reference"
+            result = replace(result, precision_error=relative_error(outputs, expected), precision_reference=name)
         if result.ok:
             return result
         self.say(f"the compiled model differs from {referee.name} by {error:.1e}: finding the kernel(s) responsible")

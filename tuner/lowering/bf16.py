@@ -25,7 +25,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 from measure.bf16_dot import LANES, PAIR
 from workloads.relax_functions import rewrite_functions
 
-from ..bf16_rule import BF16_GEMM_RULE, ROW_STRIDE_ANNOTATION
+from ..bf16_rule import BF16_GEMM_RULE
 from ..metaschedule import FLOPS_ANNOTATION
 from .rewrites import op_name, static_shape
 
@@ -62,8 +62,8 @@ def pack_conv_weight(weight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(weight.reshape(kh, kw, c // PAIR, PAIR, n // LANES, LANES).transpose(0, 1, 4, 2, 5, 3))
 
 
-def _gemm_attrs(flops: float, row_stride: int = 1) -> dict:
-    return {"schedule_rule": BF16_GEMM_RULE, ROW_STRIDE_ANNOTATION: row_stride, FLOPS_ANNOTATION: flops}
+def _gemm_attrs(flops: float) -> dict:
+    return {"schedule_rule": BF16_GEMM_RULE, FLOPS_ANNOTATION: flops}
 
 
 def bf16_dense(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
@@ -83,6 +83,27 @@ def bf16_dense(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
     )
 
 
+def _phases(data: te.Tensor, channels: int, stride: int, padding: tuple[int, int, int, int]) -> te.Tensor:
+    """The activation padded (``channels``: with zero channels up to that count) [N, H', W', C'] as
+    [N, H', stride, W'/stride, C']: column x*stride + r at
+    [.., r, x, ..]. A strided convolution's output columns then read consecutive columns of one phase,
+    so that a register tile's rows are evenly spaced in memory, as the micro-kernel reads them."""
+    batch, height, width, given = (int(d) for d in data.shape)
+    top, left, bottom, right = padding
+    columns = -(-(width + left + right) // stride)
+    return te.compute(
+        (batch, height + top + bottom, stride, columns, channels),
+        lambda n, y, phase, x, c: tvm.tirx.if_then_else(
+            tvm.tirx.all(
+                y >= top, y < top + height, x * stride + phase >= left, x * stride + phase < left + width, c < given
+            ),
+            data[n, y - top, x * stride + phase - left, c],
+            tvm.tirx.const(0, BF16),
+        ),
+        name="bf16_pad",
+    )
+
+
 def bf16_conv2d_nhwc(data: te.Tensor, packed: te.Tensor, stride: int, padding: tuple[int, int, int, int]) -> te.Tensor:
     """NHWC data (bf16) convolved with the packed HWIO weight: NHWC fp32."""
     batch, height, width, channels = (int(d) for d in data.shape)
@@ -90,33 +111,31 @@ def bf16_conv2d_nhwc(data: te.Tensor, packed: te.Tensor, stride: int, padding: t
     out_channels = int(packed.shape[2]) * LANES
     packed_channels = int(packed.shape[3]) * PAIR  # an odd channel count gets a zero channel
     top, left, bottom, right = padding
-    if any(padding) or packed_channels != channels:
-        padded = te.compute(
-            (batch, height + top + bottom, width + left + right, packed_channels),
-            lambda n, y, x, c: tvm.tirx.if_then_else(
-                tvm.tirx.all(y >= top, y < top + height, x >= left, x < left + width, c < channels),
-                data[n, y - top, x - left, c],
-                tvm.tirx.const(0, BF16),
-            ),
-            name="bf16_pad",
-        )
-    else:
-        padded = data
     out_h = (height + top + bottom - kernel_h) // stride + 1
     out_w = (width + left + right - kernel_w) // stride + 1
     ry = te.reduce_axis((0, kernel_h), "ry")
     rx = te.reduce_axis((0, kernel_w), "rx")
     rc = te.reduce_axis((0, packed_channels), "rc")
+    if stride > 1 or any(padding) or packed_channels != channels:
+        phases = _phases(data, packed_channels, stride, padding)
+
+        def activation(n, y, x):
+            return phases[n, y * stride + ry, rx % stride, x + rx // stride, rc]
+    else:
+
+        def activation(n, y, x):
+            return data[n, y + ry, x + rx, rc]
+
     flops = 2.0 * batch * out_h * out_w * out_channels * kernel_h * kernel_w * channels
     return te.compute(
         (batch, out_h, out_w, out_channels),
         lambda n, y, x, o: te.sum(
-            padded[n, y * stride + ry, x * stride + rx, rc].astype(_F32)
+            activation(n, y, x).astype(_F32)
             * packed[ry, rx, o // LANES, rc // PAIR, o % LANES, rc % PAIR].astype(_F32),
             axis=[ry, rx, rc],
         ),
         name="bf16_conv2d",
-        attrs=_gemm_attrs(flops, stride),
+        attrs=_gemm_attrs(flops),
     )
 
 
