@@ -30,7 +30,11 @@ from .runtime import ModelDescription
 # Largest |compiled - reference| allowed, relative to the largest |reference|. Correct fp32 models
 # built here differ by up to ~2e-4 (fast-math activations, reassociated reductions); a wrong kernel by
 # far more (issue 32's MobileNetV2: 1.16).
-TOLERANCE = {"float16": 3e-2, "bfloat16": 3e-2}
+# bf16 models are checked against their default-schedule build (make_referee), and differ from it more
+# than their kernels do: a sum in another order flips a bf16 rounding of an activation here and there,
+# and a deep model amplifies it (two correct builds of Hugging Face's ResNet-50: 2.5e-2 apart). A wrong
+# schedule gives errors of order 1 (1.16 and 0.68 in issue 32's fp32 MobileNetV2).
+TOLERANCE = {"float16": 3e-2, "bfloat16": 1e-1}
 FP32_TOLERANCE = 1e-3
 DEFAULT_SCHEDULES = "TVM's default schedules"
 
