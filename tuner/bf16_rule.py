@@ -17,7 +17,8 @@ order of the task loops.
 from __future__ import annotations
 
 from tvm.s_tir import Schedule
-from tvm.s_tir.schedule import SBlockRV
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.tirx import IterVar
 
 from measure.bf16_dot import LANES, PAIR, register_bf16_tile
 
@@ -93,8 +94,12 @@ def _around(sch: Schedule, block: SBlockRV, neighbours) -> list[SBlockRV]:
     return found
 
 
-def _extents(sch: Schedule, gemm: SBlockRV) -> list[int]:
-    return [int(sch.get(loop).extent) for loop in sch.get_loops(gemm)]
+def _spatial_and_reduction(sch: Schedule, gemm: SBlockRV) -> tuple[list[LoopRV], list[LoopRV]]:
+    """The GEMM's loops over its spatial axes and over its reduction axes (each loop binds one axis)."""
+    loops = sch.get_loops(gemm)
+    kinds = [int(iter_var.iter_type) for iter_var in sch.get(gemm).iter_vars]
+    spatial = [loop for loop, kind in zip(loops, kinds, strict=True) if kind == IterVar.DataPar]
+    return spatial, [loop for loop, kind in zip(loops, kinds, strict=True) if kind != IterVar.DataPar]
 
 
 def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int) -> None:
@@ -107,10 +112,7 @@ def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int
     for consumer in _around(sch, writeback, sch.get_consumers):
         _parallel_loop_nest(sch, consumer)
 
-    loops = sch.get_loops(gemm)
-    kinds = [iter_var.iter_type for iter_var in sch.get(gemm).iter_vars]
-    spatial = [loop for loop, kind in zip(loops, kinds, strict=True) if kind == 0]
-    reduction = [loop for loop, kind in zip(loops, kinds, strict=True) if kind != 0]
+    spatial, reduction = _spatial_and_reduction(sch, gemm)
     *outer, rows, channels = spatial
     *window, inputs = reduction
     pairs_extent = int(sch.get(inputs).extent) // PAIR
@@ -137,11 +139,10 @@ def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int
 
 
 def schedule_bf16_gemm(sch: Schedule, gemm: SBlockRV) -> list[Schedule]:
-    extents = _extents(sch, gemm)
-    kinds = [iter_var.iter_type for iter_var in sch.get(gemm).iter_vars]
-    spatial = [e for e, kind in zip(extents, kinds, strict=True) if kind == 0]
+    *_, rows_loop, channels_loop = _spatial_and_reduction(sch, gemm)[0]
+    rows_extent, channels_extent = (int(sch.get(loop).extent) for loop in (rows_loop, channels_loop))
     spaces = []
-    for rows, vectors in tile_shapes(spatial[-2], spatial[-1] // LANES):
+    for rows, vectors in tile_shapes(rows_extent, channels_extent // LANES):
         space = sch.copy()
         _tile(space, gemm, rows, vectors)
         spaces.append(space)

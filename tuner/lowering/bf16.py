@@ -27,7 +27,7 @@ from workloads.relax_functions import rewrite_functions
 
 from ..bf16_rule import BF16_GEMM_RULE
 from ..metaschedule import FLOPS_ANNOTATION
-from .rewrites import op_name, static_shape
+from .rewrites import conv2d_like, op_name, static_shape
 
 BF16 = "bfloat16"
 _F32 = "float32"
@@ -139,10 +139,6 @@ def bf16_conv2d_nhwc(data: te.Tensor, packed: te.Tensor, stride: int, padding: t
     )
 
 
-def _constant(expr: Expr) -> np.ndarray | None:
-    return expr.value.numpy() if isinstance(expr, Constant) else None
-
-
 def _is_fp32(expr: Expr) -> bool:
     return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == _F32
 
@@ -159,11 +155,11 @@ class _Bfloat16Products(PyExprMutator):
     def visit_call_(self, call: Call) -> Expr:
         call = super().visit_call_(call)
         name = op_name(call)
-        if name == "relax.matmul" and _is_fp32(call.args[0]) and _constant(call.args[1]) is not None:
-            return self._matmul(call)
-        if name == "relax.nn.conv2d" and _is_fp32(call.args[0]) and _constant(call.args[1]) is not None:
-            return self._conv2d(call)
-        return call
+        if name not in ("relax.matmul", "relax.nn.conv2d") or not _is_fp32(call.args[0]):
+            return call
+        if not isinstance(call.args[1], Constant):  # a product of two activations stays fp32
+            return call
+        return self._matmul(call) if name == "relax.matmul" else self._conv2d(call)
 
     def _first_outputs(self, out: Expr, count: int) -> Expr:
         """``out`` without the zero outputs its weight was padded with (to a multiple of 16)."""
@@ -173,7 +169,7 @@ class _Bfloat16Products(PyExprMutator):
         return relax.op.strided_slice(out, axes=[len(static_shape(out)) - 1], begin=[0], end=[count])
 
     def _matmul(self, call: Call) -> Expr:
-        data, weight = call.args[0], _constant(call.args[1])
+        data, weight = call.args[0], call.args[1].value.numpy()
         if self.dot_product and weight.ndim == 2 and weight.shape[0] % PAIR == 0:
             packed = relax.const(_bf16(pack_dense_weight(weight)))
             out = self.builder_.call_te(bf16_dense, self._cast(data), packed, primfunc_name_hint="bf16_dense")
@@ -182,7 +178,7 @@ class _Bfloat16Products(PyExprMutator):
 
     def _conv2d(self, call: Call) -> Expr:
         attrs = call.attrs
-        data, weight = call.args[0], _constant(call.args[1])
+        data, weight = call.args[0], call.args[1].value.numpy()
         layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
         strides = [int(s) for s in attrs.strides]
         ours = (
@@ -205,18 +201,7 @@ class _Bfloat16Products(PyExprMutator):
                 primfunc_name_hint="bf16_conv2d",
             )
             return self._first_outputs(out, weight.shape[3])
-        return relax.op.nn.conv2d(
-            self._cast(data),
-            relax.const(_bf16(weight)),
-            strides=attrs.strides,
-            padding=attrs.padding,
-            dilation=attrs.dilation,
-            groups=attrs.groups,
-            data_layout=attrs.data_layout,
-            kernel_layout=attrs.kernel_layout,
-            out_layout=attrs.out_layout,
-            out_dtype=_F32,
-        )
+        return conv2d_like(call, self._cast(data), relax.const(_bf16(weight)), out_dtype=_F32)
 
 
 @tvm.transform.module_pass(opt_level=0, name="Bfloat16Products")

@@ -31,7 +31,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 from workloads.relax_functions import rewrite_functions
 
 from ..schedule_rules import VECTOR_LANES
-from .rewrites import op_name, static_shape
+from .rewrites import conv2d_like, op_name, static_shape
 
 # Channels are the vectorised axis of an NHWC convolution; MetaSchedule tiles an axis only by its
 # exact divisors, so an output-channel count that is not a multiple of the vector length (1000
@@ -144,18 +144,7 @@ class _ChannelsLast(PyExprMutator):
         hwio = relax.op.permute_dims(weight, [2, 3, 1, 0])  # OIHW -> HWIO (a constant weight is folded)
         if padded != channels:
             hwio = relax.op.nn.pad(hwio, [0, 0, 0, 0, 0, 0, 0, padded - channels])
-        out = relax.op.nn.conv2d(
-            data,
-            hwio,
-            strides=attrs.strides,
-            padding=attrs.padding,
-            dilation=attrs.dilation,
-            groups=attrs.groups,
-            data_layout="NHWC",
-            kernel_layout="HWIO",
-            out_layout="NHWC",
-            out_dtype=attrs.out_dtype,
-        )
+        out = conv2d_like(call, data, hwio, data_layout="NHWC", kernel_layout="HWIO", out_layout="NHWC")
         if padded != channels:
             out = relax.op.strided_slice(self.builder_.emit(out), axes=[3], begin=[0], end=[channels])
         return self._to_nchw(out)

@@ -32,7 +32,7 @@ from tvm.s_tir import Schedule
 from workloads.relax_functions import rewrite_functions
 
 from .inverted_residual import OPAQUE_PATTERN
-from .rewrites import op_name
+from .rewrites import conv2d_like, op_name
 
 _SPATIAL_AXES = {"NCHW": (2, 3), "NHWC": (1, 2)}
 _INJECTIVE_PATTERN = 2  # relax's kInjective
@@ -66,20 +66,8 @@ class _PadFolder(PyExprMutator):
         extra = _zero_spatial_pad(bound, str(call.attrs.data_layout))
         if extra is None:
             return call
-        attrs = call.attrs
-        padding = [int(p) + e for p, e in zip(attrs.padding, extra, strict=True)]
-        return relax.op.nn.conv2d(
-            bound.args[0],
-            call.args[1],
-            strides=[int(s) for s in attrs.strides],
-            padding=padding,
-            dilation=[int(d) for d in attrs.dilation],
-            groups=int(attrs.groups),
-            data_layout=str(attrs.data_layout),
-            kernel_layout=str(attrs.kernel_layout),
-            out_layout=str(attrs.out_layout),
-            out_dtype=str(attrs.out_dtype) or None,
-        )
+        padding = [int(p) + e for p, e in zip(call.attrs.padding, extra, strict=True)]
+        return conv2d_like(call, bound.args[0], call.args[1], padding=padding)
 
 
 @tvm.transform.module_pass(opt_level=0, name="FoldPadsIntoConvolutions")

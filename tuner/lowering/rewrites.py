@@ -26,6 +26,15 @@ def op_name(expr: Expr) -> str | None:
     return expr.op.name if isinstance(expr, Call) and isinstance(expr.op, tvm.ir.Op) else None
 
 
+_CONV2D_ATTRS = ("strides", "padding", "dilation", "groups", "data_layout", "kernel_layout", "out_layout", "out_dtype")
+
+
+def conv2d_like(call: Call, data: Expr, weight: Expr, **changes: object) -> Expr:
+    """A conv2d of ``data`` and ``weight`` with the attributes of the conv2d ``call``, but ``changes``."""
+    attrs = {name: getattr(call.attrs, name) for name in _CONV2D_ATTRS}
+    return relax.op.nn.conv2d(data, weight, **{**attrs, **changes})
+
+
 def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
     exp = topi.fast_exp(topi.negative(x))
     return te.compute(
