@@ -17,10 +17,13 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from measure.host import cpu_flags
 
 _KERNELS = r"""
 #include <omp.h>
@@ -178,20 +181,10 @@ def _compile_kernels(directory: Path) -> ctypes.CDLL:
     return lib
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as Linux lists them (empty where there is no /proc/cpuinfo)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
-
-
 def bf16_dot_gflops(threads: int, iterations: int = 20_000_000) -> tuple[float | None, str]:
     """(GFLOP/s of the bf16 dot-product kernel on ``threads`` threads, best of three; '') or, where
     it cannot run, (None, why)."""
-    if "avx512_bf16" not in cpu_flags():
+    if "avx512_bf16" not in (cpu_flags() or set()):
         return None, "this CPU has no avx512_bf16 in /proc/cpuinfo's flags"
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -200,8 +193,7 @@ def bf16_dot_gflops(threads: int, iterations: int = 20_000_000) -> tuple[float |
             return None, str(err)
         lib.bf16_dot_flops.restype = ctypes.c_double
         lib.bf16_dot_flops.argtypes = [ctypes.c_long, ctypes.c_int]
-        lib.bf16_dot_flops(max(iterations // 10, 1), threads)  # wake the cores up
-        return max(lib.bf16_dot_flops(iterations, threads) for _ in range(3)) / 1e9, ""
+        return _best_gflops(lib.bf16_dot_flops, threads, iterations), ""
 
 
 def fma_gflops(threads: int, iterations: int = 20_000_000) -> float:
@@ -211,8 +203,13 @@ def fma_gflops(threads: int, iterations: int = 20_000_000) -> float:
 
 
 def _fma_gflops(lib: ctypes.CDLL, threads: int, iterations: int) -> float:
-    lib.fma_flops(max(iterations // 10, 1), threads)  # wake the cores up
-    return max(lib.fma_flops(iterations, threads) for _ in range(3)) / 1e9
+    return _best_gflops(lib.fma_flops, threads, iterations)
+
+
+def _best_gflops(kernel: Callable[[int, int], float], threads: int, iterations: int) -> float:
+    """GFLOP/s of a peak kernel (FLOP/s of ``iterations`` on ``threads``), best of three."""
+    kernel(max(iterations // 10, 1), threads)  # wake the cores up
+    return max(kernel(iterations, threads) for _ in range(3)) / 1e9
 
 
 def _sgemm_gflops(matmul, size: int = 2048, seconds: float = 1.0) -> float:

@@ -13,7 +13,7 @@ operands inside TVM's parallel closures.
 Operands: the activation's rows (a pair of bf16 along the reduction broadcast to all 16 lanes), the
 weight packed [N/16, K/2, 16, 2] once at compile time, the accumulators as fp32 rows. A tile's shape
 is part of its intrinsic's name (``tensor_tuner_bf16_r4_v2_p64``), so that any process replaying a
-schedule can register the intrinsics it names (``ensure_bf16_intrinsics``).
+schedule can register the intrinsics it names (``register_if_ours``).
 """
 
 from __future__ import annotations
@@ -170,7 +170,10 @@ def register_bf16_tile(rows: int, vectors: int, pairs: int) -> str:
     return name
 
 
-def ensure_bf16_intrinsics(trace_json: str) -> None:
-    """Register the bf16 intrinsics a stored trace names, before it is replayed."""
-    for rows, vectors, pairs in set(_NAME.findall(trace_json)):
-        register_bf16_tile(int(rows), int(vectors), int(pairs))
+def register_if_ours(name: str) -> bool:
+    """Register ``name`` if it is the name of one of these intrinsics (a stored trace tensorizes with it);
+    whether it was."""
+    match = _NAME.fullmatch(name)
+    if match:
+        register_bf16_tile(*(int(group) for group in match.groups()))
+    return match is not None

@@ -21,6 +21,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags as Linux lists them (``avx512_bf16``, ...); None where there is no
+    /proc/cpuinfo to read."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            line = next((line for line in cpuinfo if line.startswith("flags")), "")
+    except OSError:
+        return None
+    return set(line.partition(":")[2].split())
+
+
 def physical_cores() -> int:
     try:
         import psutil

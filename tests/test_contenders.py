@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from experiments import frameworks as fw  # noqa: E402
-from experiments.machine_limits import MachineLimits, bf16_dot_gflops, cpu_flags, fma_gflops  # noqa: E402
+from experiments.machine_limits import MachineLimits, bf16_dot_gflops, fma_gflops  # noqa: E402
+from tuner.precision import host_has_bf16  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -38,7 +39,7 @@ def _error(contender: fw.Contender, reference) -> float:
 
 
 def test_the_bf16_dot_product_peak_is_above_the_fma_peak():
-    if "avx512_bf16" not in cpu_flags():
+    if not host_has_bf16():
         pytest.skip("this CPU has no avx512_bf16: the bf16 peak is reported absent")
     bf16, why = bf16_dot_gflops(threads=1, iterations=2_000_000)
     assert why == "" and bf16 is not None

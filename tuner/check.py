@@ -177,6 +177,11 @@ class Referee:
         return self.error(outputs) <= self.tolerance
 
 
+def reference_label(workload: Workload) -> str:
+    """What computes the model's own outputs, as the check line names it."""
+    return workload.reference_name or "the model's reference"
+
+
 def make_referee(workload: Workload, run_untuned: Callable[[list[np.ndarray]], list[np.ndarray]]) -> Referee:
     """The reference of ``workload`` (its framework's, else ``run_untuned``: the default-schedule
     build) on its check inputs, with the reason a match would prove nothing, if there is one. A bf16
@@ -185,7 +190,7 @@ def make_referee(workload: Workload, run_untuned: Callable[[list[np.ndarray]], l
     which would hide a wrong schedule rather than find it."""
     inputs = check_inputs(workload)
     if workload.reference is not None and workload.precision != "bfloat16":
-        name = workload.reference_name or "the model's reference"
+        name = reference_label(workload)
 
         def compute(xs: list[np.ndarray]) -> list[np.ndarray]:
             return as_outputs(workload.reference(*xs))

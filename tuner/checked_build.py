@@ -26,6 +26,7 @@ from .check import (
     as_outputs,
     make_referee,
     no_device_here,
+    reference_label,
     relative_error,
     run_compiled,
     tolerance_for,
@@ -142,8 +143,8 @@ class CheckedBuild:
         )
         if self.workload.precision == "bfloat16" and self.workload.reference is not None:
             expected = as_outputs(self.workload.reference(*referee.inputs))
-            name = self.workload.reference_name or "the model's reference"
-            result = replace(result, precision_error=relative_error(outputs, expected), precision_reference=name)
+            label = reference_label(self.workload)
+            result = replace(result, precision_error=relative_error(outputs, expected), precision_reference=label)
         if result.ok:
             return result
         self.say(f"the compiled model differs from {referee.name} by {error:.1e}: finding the kernel(s) responsible")

@@ -7,13 +7,15 @@ bf16 model still runs, computing in fp32 from bf16 storage, as PyTorch does ther
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import tvm
 from tvm.target import codegen
 
+from measure.host import cpu_flags
+
 from .errors import TargetError
+from .targets import requested_config
 
 BF16_FEATURE = "avx512bf16"  # LLVM's name; /proc/cpuinfo says avx512_bf16
 BF16_MIN_CUDA_ARCH = 80
@@ -26,23 +28,10 @@ def has_bf16_dot_product(target: tvm.target.Target | None) -> bool:
     return bool(codegen.target_has_features(BF16_FEATURE, target))
 
 
-def host_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
+def host_has_bf16() -> bool | None:
     """Whether this machine's CPU has AVX512_BF16 (None where /proc/cpuinfo cannot be read)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return None
-    return any(line.startswith("flags") and "avx512_bf16" in line.split() for line in text.splitlines())
-
-
-def _explicit_mcpu(spec: Any) -> str | None:
-    if isinstance(spec, dict):
-        return spec.get("mcpu")
-    if isinstance(spec, str):
-        for token in spec.split():
-            if token.lstrip("-").startswith("mcpu="):
-                return token.split("=", 1)[1]
-    return None
+    flags = cpu_flags()
+    return None if flags is None else "avx512_bf16" in flags
 
 
 def check_bf16(spec: Any, target: tvm.target.Target) -> str | None:
@@ -59,7 +48,7 @@ def check_bf16(spec: Any, target: tvm.target.Target) -> str | None:
         return None
     if has_bf16_dot_product(target):
         return None
-    mcpu = _explicit_mcpu(spec)
+    mcpu = requested_config(spec).get("mcpu")
     if mcpu:
         raise TargetError(
             f"dtype bfloat16 needs AVX512_BF16, which -mcpu={mcpu} does not have: name a CPU that has it "

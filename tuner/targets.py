@@ -36,16 +36,20 @@ _CUDA_DEFAULT_LIMITS = {
 }
 
 
+def requested_config(spec: str | dict | Target) -> dict[str, Any]:
+    """The options ``spec`` names itself, before the host's are filled in (TargetError if unreadable)."""
+    if isinstance(spec, Target):
+        return _config_of(spec)
+    if isinstance(spec, dict):
+        return dict(spec)
+    if isinstance(spec, str) and spec.strip():
+        return _parse_string(spec.strip())
+    raise TargetError(f"invalid target {spec!r}: use {_EXAMPLES}")
+
+
 def resolve_target(spec: str | dict | Target) -> Target:
     """Return a complete TVM Target for ``spec``, or raise TargetError naming the problem."""
-    if isinstance(spec, Target):
-        config = _config_of(spec)
-    elif isinstance(spec, dict):
-        config = dict(spec)
-    elif isinstance(spec, str) and spec.strip():
-        config = _parse_string(spec.strip())
-    else:
-        raise TargetError(f"invalid target {spec!r}: use {_EXAMPLES}")
+    config = requested_config(spec)
     kind = config.get("kind")
     if kind not in SUPPORTED_KINDS:
         raise TargetError(
