@@ -258,17 +258,27 @@ def measure(threads: int | None = None) -> MachineLimits:
 
 
 def torch_cuda_matmul_seconds(size: int, dtype: str) -> float:
-    """torch.matmul's median seconds on the GPU for size^3 in ``dtype`` (CUDA events, warm)."""
+    """torch.matmul's median seconds on the GPU for size^3 in ``dtype`` (CUDA events, warm). Each
+    sample times a run of products queued back to back: between two events around one call, the GPU
+    would wait for the host's dispatch (tens of microseconds, more than a 1024^3 product takes)."""
     import torch
 
     a, b = (torch.randn(size, size, device="cuda", dtype=getattr(torch, dtype)) for _ in range(2))
     for _ in range(10):
         torch.matmul(a, b)
-    return statistics.median(_cuda_event_seconds(torch, lambda: torch.matmul(a, b)) for _ in range(50))
+    once = _cuda_event_seconds(torch, lambda: torch.matmul(a, b))
+    calls = max(1, min(1000, int(2e-3 / max(once, 1e-7))))  # about 2 ms a sample at most
+
+    def run() -> None:
+        for _ in range(calls):
+            torch.matmul(a, b)
+
+    return statistics.median(_cuda_event_seconds(torch, run) for _ in range(20)) / calls
 
 
 def _cuda_event_seconds(torch, work) -> float:
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
     start.record()
     work()
     stop.record()
