@@ -18,106 +18,21 @@ import logging
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import cluster_nodes
+from .cluster_state import Batch, ClusterError, Measurer, Pending, assign_device
 from .contract import EngineConfig
 from .engine import SERIAL_WINDOW
 from .error_text import error_line
+from .ray_connect import init_remote
 from .runners import DeviceUnavailable
 from .timeouts import AdaptiveTimeout
 from .types import BuildResult, MeasureInput, MeasureResult, Status, VerifyResult
 
 MAX_ATTEMPTS = 3  # times a candidate is sent out again after the node or actor handling it was lost
 IN_FLIGHT_PER_MEASURER = 2
-
-
-CLIENT_CONNECT_ATTEMPTS = 3
-# Ray Client's proxy forks a server per client while its gRPC threads run; now and then the fork
-# dies at once (gRPC "Check failed ... KICKED"), and the proxy answers with one of these. The next
-# connection forks again, so it is worth retrying; any other error is not.
-TRANSIENT_CLIENT_ERRORS = ("Starting Ray client server failed", "Proxy failed to Connect to backend")
-
-
-def is_transient_client_error(err: BaseException) -> bool:
-    """Whether a failed ``ray.init("ray://...")`` is the proxy's flaky server start, worth retrying."""
-    return any(marker in str(err) for marker in TRANSIENT_CLIENT_ERRORS)
-
-
-def _init_remote(ray: Any, address: str, common: dict) -> None:
-    attempts = CLIENT_CONNECT_ATTEMPTS if address.startswith("ray://") else 1
-    for attempt in range(1, attempts + 1):
-        try:
-            ray.init(address=address, **common)
-            return
-        except Exception as err:  # noqa: BLE001 - re-raised unless transient
-            if attempt == attempts or not is_transient_client_error(err):
-                raise
-            logging.getLogger(__name__).warning(
-                "Ray Client could not start its server for us (%s); connecting again (%d of %d)",
-                err,
-                attempt + 1,
-                attempts,
-            )
-            ray.shutdown()
-
-
-class ClusterError(RuntimeError):
-    """The cluster cannot do what was asked (no such cluster, no GPU for a CUDA target, ...)."""
-
-
-@dataclass
-class Measurer:
-    handle: Any
-    options: dict
-    name: str = "starting"
-    device: str | None = None
-    state: str = "starting"  # starting, up, down (restarting), dead
-    window: int = 5
-    dop: int = 1
-    energy: bool = False
-    measured: int = 0
-    restarts: int = 0
-    in_flight: int = 0
-    error: str | None = None  # why it died, if it did
-    pid: int | None = None
-
-    def take(self, info: dict) -> None:
-        self.name, self.device, self.window, self.dop, self.energy = (
-            info["name"],
-            info["device"],
-            info["window"],
-            info["dop"],
-            info["energy"],
-        )
-        self.measured, self.pid = info["measured"], info["pid"]
-        self.state = "up"
-
-
-@dataclass
-class Pending:
-    """A candidate of the current batch, from build to result."""
-
-    item: MeasureInput
-    attempts: int = 0
-    built: BuildResult | None = None
-    blob: Any = None  # an ObjectRef to the artifact's bytes
-
-
-@dataclass
-class Batch:
-    timing: dict
-    serial: bool
-    device: str
-    expected: int
-    returned: int = 0
-    queue: list[Pending] = field(default_factory=list)  # built, waiting for a measurer
-
-    @property
-    def finished(self) -> bool:
-        return self.returned >= self.expected
 
 
 class ClusterDriver:
@@ -162,7 +77,7 @@ class ClusterDriver:
             if address == "local":
                 ray.init(num_cpus=local_cpus, num_gpus=local_gpus, include_dashboard=False, **common)
             else:
-                _init_remote(ray, address, common)
+                init_remote(ray, address, common)
         except Exception as err:  # noqa: BLE001 - Ray raises ConnectionError, ValueError, RuntimeError here
             raise ClusterError(f"cannot connect to the Ray cluster at {address!r}: {err}") from None
         self._build = ray.remote(num_cpus=1, max_retries=MAX_ATTEMPTS, scheduling_strategy="SPREAD")(
@@ -484,19 +399,6 @@ class ClusterDriver:
         for measurer in self.measurers:
             self.ray.kill(measurer.handle)
         self.ray.shutdown()
-
-
-def assign_device(group: str | None, measurers: Counter, groups: dict) -> str:
-    """The device model that measures ``group`` (a task): the one it had while that model still has
-    measurers, else the one with the most measurers per group already on it (the idler on a tie). ``measurers`` counts
-    measurers per model; ``groups`` (group -> model) is updated."""
-    if groups.get(group) in measurers:
-        return groups[group]
-    if not measurers:
-        return groups.get(group, "")
-    load = Counter(groups.values())
-    groups[group] = max(measurers, key=lambda device: (measurers[device] / (1 + load[device]), -load[device]))
-    return groups[group]
 
 
 _driver = ClusterDriver()

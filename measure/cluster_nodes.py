@@ -22,6 +22,7 @@ from .host import cpu_model
 from .timing import TimingConfig
 from .types import BuildResult, MeasureInput, MeasureResult, VerifyResult
 from .worker import WorkerProcess
+from .worker_env import CUDA_BUILD_ENV
 
 _builder: WorkerProcess | None = None  # this Ray worker's build worker
 
@@ -42,7 +43,7 @@ def _scratch_dir() -> Path:
 def _build_worker(cuda: bool) -> WorkerProcess:
     global _builder
     if _builder is None:
-        env = {"TENSOR_TUNER_CUDA_BUILD": "1"} if cuda else {}
+        env = {CUDA_BUILD_ENV: "1"} if cuda else {}
         _builder = WorkerProcess("build", f"ray-builder-{os.getpid()}", _scratch_dir() / "builder.log", env)
     return _builder
 

@@ -39,7 +39,7 @@ from .timeouts import AdaptiveTimeout
 from .timing import TimingConfig
 from .types import BuildResult, MeasureInput, MeasureResult, Status, VerifyResult
 from .worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
-from .worker_main import RUN_DEVICE_ENV
+from .worker_env import CUDA_BUILD_ENV, RUN_DEVICE_ENV
 
 __all__ = ["DeviceUnavailable", "EngineConfig", "MeasureEngine"]
 
@@ -254,9 +254,9 @@ class MeasureEngine(Engine):
             mode = choose_compile_mode()
         except CudaBuildEnvError as err:  # the build workers fail to start with the same reason, as build results
             self._note(f"CUDA compile: none available ({err})")
-            return {"TENSOR_TUNER_CUDA_BUILD": "1"}
+            return {CUDA_BUILD_ENV: "1"}
         self._note(f"CUDA compile: {mode.describe()}")
-        return {"TENSOR_TUNER_CUDA_BUILD": "1", COMPILE_MODE_ENV: mode.mode}
+        return {CUDA_BUILD_ENV: "1", COMPILE_MODE_ENV: mode.mode}
 
     def _note(self, text: str) -> None:
         """Say how this engine measures, in the run's log (logs/engine.log)."""

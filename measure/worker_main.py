@@ -19,9 +19,7 @@ from .cuda_errors import cuda_error_line
 from .error_text import error_line
 from .faults import FAULTS_ENV, inject, plan_from_env
 from .worker import receive_message, send_message
-
-RUN_DEVICE_ENV = "TENSOR_TUNER_RUN_DEVICE"  # a measuring worker's device ("cpu" or "cuda"), prepared at start-up
-
+from .worker_env import CUDA_BUILD_ENV, RUN_DEVICE_ENV
 
 _STORAGE_ERRORS = ("No space left on device", "Read-only file system", "Disk quota exceeded")
 
@@ -51,7 +49,7 @@ def describe_error(err: BaseException) -> str:
 
 def _load_handlers(role: str) -> dict:
     if role == "build":
-        if os.environ.get("TENSOR_TUNER_CUDA_BUILD") == "1":
+        if os.environ.get(CUDA_BUILD_ENV) == "1":
             from .cuda_env import prepare_cuda_build_env
 
             mode = prepare_cuda_build_env()  # must precede `import tvm`

@@ -15,7 +15,7 @@ from ray_cluster import LocalRayCluster
 
 from measure import MeasureInput
 from measure.cluster import ClusterEngine, ClusterOptions
-from measure.cluster_driver import CLIENT_CONNECT_ATTEMPTS, _init_remote
+from measure.ray_connect import CLIENT_CONNECT_ATTEMPTS, init_remote
 from tuner import TunerError, tune
 
 
@@ -95,19 +95,19 @@ class RayClientProxyThatFailsToFork:
 
 def test_a_ray_client_server_that_fails_to_start_is_asked_again_and_other_errors_are_not():
     flaky = RayClientProxyThatFailsToFork(failures=CLIENT_CONNECT_ATTEMPTS - 1)
-    _init_remote(flaky, "ray://127.0.0.1:10001", {})
+    init_remote(flaky, "ray://127.0.0.1:10001", {})
     assert flaky.inits == CLIENT_CONNECT_ATTEMPTS and flaky.shutdowns == CLIENT_CONNECT_ATTEMPTS - 1
     broken = RayClientProxyThatFailsToFork(failures=CLIENT_CONNECT_ATTEMPTS)
     with pytest.raises(RuntimeError, match="client server failed"):
-        _init_remote(broken, "ray://127.0.0.1:10001", {})
+        init_remote(broken, "ray://127.0.0.1:10001", {})
     assert broken.inits == CLIENT_CONNECT_ATTEMPTS
     wrong = RayClientProxyThatFailsToFork(failures=1, message="ray client connection timeout")
     with pytest.raises(RuntimeError, match="timeout"):
-        _init_remote(wrong, "ray://127.0.0.1:10001", {})
+        init_remote(wrong, "ray://127.0.0.1:10001", {})
     assert wrong.inits == 1
     plain = RayClientProxyThatFailsToFork(failures=1)  # a GCS address has no client proxy to ask again
     with pytest.raises(RuntimeError):
-        _init_remote(plain, "127.0.0.1:6379", {})
+        init_remote(plain, "127.0.0.1:6379", {})
     assert plain.inits == 1
 
 
@@ -214,7 +214,7 @@ def test_a_malformed_address_names_the_forms_it_takes(tmp_path):
 def test_tasks_are_spread_over_gpu_models_and_never_change_model():
     from collections import Counter
 
-    from measure.cluster_driver import assign_device
+    from measure.cluster_state import assign_device
 
     measurers, groups = Counter({"NVIDIA H100": 2, "NVIDIA A100": 1}), {}
     assert [assign_device(task, measurers, groups) for task in ("t1", "t2", "t3")] == [

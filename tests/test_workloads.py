@@ -1,3 +1,7 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tvm
@@ -10,6 +14,18 @@ def test_registry_lists_operators_and_models():
     names = {e.name for e in list_workloads()}
     assert {"matmul-512", "conv2d-resnet18-l2", "tiny-resnet"} <= names
     assert all(e.source for e in list_workloads())
+
+
+def test_load_workload_alone_sees_every_builtin_in_a_fresh_process():
+    """The package's lookups come from workloads.catalog, which imports every module that registers a
+    built-in workload: load_workload, imported by itself, finds operators and models by name."""
+    probe = (
+        "from workloads import load_workload; from workloads.registry import list_workloads; "
+        "print(load_workload('matmul-128').name, sorted({e.category for e in list_workloads()}))"
+    )
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=root)
+    assert run.stdout.split(maxsplit=1) == ["matmul-128", "['model', 'operator']\n"], run.stderr
 
 
 def test_unknown_name_suggests_the_closest():

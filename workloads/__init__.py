@@ -6,10 +6,12 @@ from .errors import WorkloadError
 from .lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from .importers import from_onnx, from_torch, load_workload
-    from .registry import WorkloadEntry, get_workload, list_workloads
+    from .catalog import get_workload, list_workloads, load_workload
+    from .importers import from_onnx, from_torch
+    from .registry import WorkloadEntry
     from .workload import TensorSpec, Workload
 
+# Names are looked up in the catalog, which imports every module that registers a built-in workload.
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
@@ -18,9 +20,9 @@ __getattr__, __dir__ = lazy_exports(
         "WorkloadEntry": ".registry",
         "from_onnx": ".importers",
         "from_torch": ".importers",
-        "get_workload": ".registry",
-        "list_workloads": ".registry",
-        "load_workload": ".importers",
+        "get_workload": ".catalog",
+        "list_workloads": ".catalog",
+        "load_workload": ".catalog",
     },
 )
 

@@ -1,4 +1,8 @@
-"""Built-in workloads, looked up by name."""
+"""The table of built-in workloads, looked up by name.
+
+The modules that define workloads register them here as they are imported; ``workloads.catalog``
+imports them all, and the package's lookups (``workloads.get_workload``, ...) come from there, so
+that a lookup through the package sees every built-in workload. The table knows none of them."""
 
 from __future__ import annotations
 
@@ -39,7 +43,6 @@ def register(
 
 
 def list_workloads() -> list[WorkloadEntry]:
-    _load_builtins()
     return sorted(_REGISTRY.values(), key=lambda e: (e.category, e.name))
 
 
@@ -48,7 +51,6 @@ def get_workload(name: str, **options) -> Workload:
 
     Models take ``batch`` and ``dtype`` options; operators have the fixed shapes of the layer
     they come from (fp16 variants are registered as NAME-fp16)."""
-    _load_builtins()
     entry = _REGISTRY.get(name)
     if entry is None:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.5)
@@ -67,8 +69,3 @@ def get_workload(name: str, **options) -> Workload:
     workload = entry.build(**options)
     workload.source = workload.source or entry.source
     return workload
-
-
-def _load_builtins() -> None:
-    # Importing the modules runs their @register decorators.
-    from . import models, operators  # noqa: F401
