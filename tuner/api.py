@@ -23,7 +23,7 @@ __all__ = ["ARTIFACT_FILE", "COST_MODEL_FILE", "DATABASE_FILE", "UNTUNED_FILE", 
 def tune(
     model: Any,
     target: str | dict | tvm.target.Target = "llvm",
-    trials: int | None = 64,
+    trials: int | None = None,
     work_dir: str | Path | None = None,
     *,
     stop: Objectives | None = None,
@@ -45,6 +45,7 @@ def tune(
     trials_per_task: int | None = None,
     cold_cache: bool = False,
     trimmer: bool | FilterSettings | None = None,
+    verbose: bool = False,
 ) -> TuneResult:
     """Tune every kernel of ``model`` for ``target`` and return the compiled result.
 
@@ -73,9 +74,12 @@ def tune(
     first, TVM's way), as it meets data written by other kernels inside a model rather than left in
     cache by its own previous call; GPU kernels are always timed with the L2 flushed.
 
-    ``stop`` adds cost objectives for the whole run (time, energy, money budgets, or no
-    improvement; the first one met ends it) and ``task_stop`` the same per task (a task that
-    meets one gets no more trials); ``trials=None`` leaves only those. ``scheduler`` is
+    ``stop`` adds cost objectives for the whole run (time, e.g. ``Objectives(seconds=600)``,
+    energy, money budgets, or no improvement; the first one met ends it) and ``task_stop`` the same
+    per task (a task that meets one gets no more trials). With no trials, no ``trials_per_task`` and
+    no ``stop``, the budget is 32 trials per kernel (at least 64 in all), stated in the first
+    progress line. ``verbose=True`` lets TVM's own C++ log lines reach the terminal (by default they
+    go to the work dir's ``logs/libraries.log``; ``TENSOR_TUNER_VERBOSE=1`` does the same). ``scheduler`` is
     "gradient" (trials go where they cut the model's latency most) or "round-robin".
     ``filter=False`` measures every candidate the search proposes instead of skipping those the
     cost model predicts to be poor; a ``costmodel.FilterSettings`` sets how much it filters
@@ -103,5 +107,6 @@ def tune(
         lowering=lowering,
         trials_per_task=trials_per_task,
         cold_cache=cold_cache,
+        verbose=verbose,
     )
     return run_tuning(model, options)

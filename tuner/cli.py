@@ -92,7 +92,9 @@ def _plateau(text: str) -> tuple[int, float]:
 def _add_objective_options(command: argparse.ArgumentParser) -> None:
     """Cost objectives: the run ends (or a task is dropped) when the first is met."""
     group = command.add_argument_group("stopping", "the run ends when the first of these (or --trials) is met")
-    group.add_argument("--max-seconds", type=_positive_float, help="tuning wall time budget")
+    wall = group.add_mutually_exclusive_group()
+    wall.add_argument("--max-minutes", type=_positive_float, help="tuning wall time budget, in minutes")
+    wall.add_argument("--max-seconds", type=_positive_float, help="tuning wall time budget, in seconds")
     group.add_argument("--max-joules", type=_positive_float, help="energy budget (GPUs whose driver reports energy)")
     group.add_argument("--max-cost", type=_positive_float, help="money budget, with --price-per-hour")
     group.add_argument("--price-per-hour", type=_positive_float, help="what an hour of the device costs")
@@ -117,7 +119,7 @@ def objectives_from_args(args: argparse.Namespace):
 
     patience, gain = args.plateau or (None, 0.01)
     run = Objectives(
-        seconds=args.max_seconds,
+        seconds=args.max_minutes * 60 if args.max_minutes else args.max_seconds,
         joules=args.max_joules,
         money=args.max_cost,
         price_per_hour=args.price_per_hour,
@@ -150,7 +152,11 @@ def _add_tune(commands) -> None:
         "--target", default="llvm", help="'llvm' (this CPU), 'cuda', 'cuda -arch=sm_90', ... (default: llvm)"
     )
     budget = tune.add_mutually_exclusive_group()
-    budget.add_argument("--trials", type=_positive_int, default=64, help="candidates to measure in total (default: 64)")
+    budget.add_argument(
+        "--trials",
+        type=_positive_int,
+        help="candidates to measure in total (default, with no stopping option: 32 per kernel, at least 64)",
+    )
     budget.add_argument(
         "--trials-per-task",
         type=_positive_int,
@@ -229,6 +235,11 @@ def _add_tune(commands) -> None:
         "--no-verify", action="store_true", help="skip checking the best schedules' outputs against the untuned kernels"
     )
     tune.add_argument("--quiet", action="store_true", help="print only the final summary")
+    tune.add_argument(
+        "--verbose",
+        action="store_true",
+        help="let TVM's own log lines through (by default they go to DIR/logs/libraries.log)",
+    )
 
 
 def _add_apply(commands) -> None:
@@ -339,6 +350,7 @@ def _tune(args: argparse.Namespace) -> int:
         cost_model_from=args.cost_model_from,
         cluster=args.cluster,
         cold_cache=args.cold_cache,
+        verbose=args.verbose,
     )
     if args.quiet:
         print(result.summary())

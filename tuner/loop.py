@@ -30,12 +30,15 @@ from . import metaschedule as msc
 from .database import Record, TuningDatabase
 from .errors import TunerError
 from .objectives import Objectives, Spending, check_measurable, met
+from .opclass import OperatorClass, operator_class
 from .parallel import parallel_map
 from .progress import Progress
 from .scheduler import TaskProgress, make_scheduler, task_kind
 from .search import Candidate, SearchConfig, TaskSearch
+from .siblings import SIBLING_MAX_SEEDS, sibling_traces
 from .targets import describe_target
 from .tasks import Task
+from .transfer import adapt_tile
 from .workdir import FILTER_LEDGER_KEY, FILTER_STATE_KEY, stop_on_storage_failure
 
 VERIFY_DEPTH = 2  # candidates checked at the end, at most, in multiples of those re-measured
@@ -65,8 +68,10 @@ class TaskRun:
     kernel_id: int
     search: TaskSearch
     progress: TaskProgress
+    op: OperatorClass
     trials: int = 0
     best: Record | None = None
+    sibling_seeded: bool = False  # its siblings' schedules were offered before its first batch
 
     @property
     def group(self) -> str:
@@ -138,7 +143,13 @@ class TuningLoop:
                 task.mod, target, seed + index, cost_model, features, group=str(kernel_id), config=self.config.search
             )
             self.runs.append(
-                TaskRun(task, kernel_id, search, TaskProgress(task.weight, task.flops, task_kind(task.name)))
+                TaskRun(
+                    task,
+                    kernel_id,
+                    search,
+                    TaskProgress(task.weight, task.flops, task_kind(task.name)),
+                    operator_class(task.mod, task.name),
+                )
             )
             if search.unsearchable:
                 self.runs[-1].progress.exhausted = True
@@ -202,14 +213,19 @@ class TuningLoop:
             self.cost_model.fit()
 
     # -- tuning ----------------------------------------------------------------------------------
-    def run(self, objectives: Objectives, task_objectives: Objectives | None = None) -> str:
+    def run(
+        self, objectives: Objectives, task_objectives: Objectives | None = None, budget_text: str | None = None
+    ) -> str:
         """Tune until one of ``objectives`` is met for the whole run (trials and time count earlier
-        runs of this work dir), dropping tasks that meet ``task_objectives``; returns why it ended."""
+        runs of this work dir), dropping tasks that meet ``task_objectives``; returns why it ended.
+        ``budget_text`` states the budget in the first progress line."""
         task_objectives = task_objectives or Objectives()
         for scope, objective in (("for the run", objectives), ("per task", task_objectives)):
             check_measurable(objective, self.engine.energy_measurable, scope)
         batch_size = self.config.batch_size or auto_batch_size(objectives.trials, len(self.runs))
-        self.progress.start(self.trials_done, objectives.trials, len(self.runs), f"on {describe_target(self.target)}")
+        self.progress.start(
+            self.trials_done, objectives.trials, len(self.runs), f"on {describe_target(self.target)}", budget_text
+        )
         self.spent.trials = self.trials_done
         while True:
             self.spent.seconds = self.elapsed()
@@ -238,7 +254,13 @@ class TuningLoop:
     def _tune_batch(self, index: int, size: int, task_objectives: Objectives, budget: int | None) -> None:
         run = self.runs[index]
         started = time.monotonic()
+        seeded = ""
         with self._phase("search"):
+            if run.trials == 0 and not run.sibling_seeded:
+                run.sibling_seeded = True
+                traces = sibling_traces(run, self.runs, self.db, self.target_key)
+                used = run.search.add_transferred(traces, SIBLING_MAX_SEEDS, replay_seed=1, retile=adapt_tile)
+                seeded = f"  {len(used)} from sibling kernels" if used else ""
             candidates = run.search.propose(size)
             features = run.search.feature_rows(candidates)  # extract features in one batch
         if not candidates:
@@ -288,7 +310,7 @@ class TuningLoop:
         reason = met(task_objectives, run.progress.spent)
         self.progress.batch(
             index, len(self.runs), run.task.name, self.trials_done, budget, run.progress.best, run.task.flops,
-            self.model_latency(), self._filter_summary(decision, quality),
+            self.model_latency(), self._filter_summary(decision, quality) + seeded,
         )  # fmt: skip
         activity = self.engine.activity()
         if activity:

@@ -20,7 +20,7 @@ class TuneOptions:
     """See ``tune()`` for what each one means."""
 
     target: str | dict | tvm.target.Target = "llvm"
-    trials: int | None = 64
+    trials: int | None = None
     work_dir: str | Path | None = None
     stop: Objectives | None = None
     task_stop: Objectives | None = None
@@ -40,6 +40,7 @@ class TuneOptions:
     lowering: LoweringOptions | None = None
     trials_per_task: int | None = None
     cold_cache: bool = False
+    verbose: bool = False
 
     @property
     def filter_settings(self) -> FilterSettings:

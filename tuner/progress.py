@@ -47,11 +47,12 @@ class Progress:
         self._started = time.monotonic()
         self._trials_at_start = 0
 
-    def start(self, trials_done: int, budget: int | None, num_tasks: int, what: str) -> None:
+    def start(self, trials_done: int, budget: int | None, num_tasks: int, what: str, limit: str | None = None) -> None:
+        """The run's first line; ``limit`` states its budget (default: the trial budget)."""
         self._started = time.monotonic()
         self._trials_at_start = trials_done
         resumed = f", resuming after {trials_done} measured" if trials_done else ""
-        limit = f"{budget} trials" if budget else "no trial limit"
+        limit = limit or (f"{budget} trials" if budget else "no trial limit")
         self.line(f"tuning {what}: {num_tasks} task(s), {limit}{resumed}")
 
     def batch(

@@ -23,6 +23,7 @@ from measure.contract import is_cuda
 from workloads import Workload
 
 from . import metaschedule as msc
+from .budget import Budget, choose_budget, describe_budget
 from .check import ModelCheck
 from .checked_build import CheckedBuild
 from .compile import UNTUNED_TIMING, KernelChoice, choose_schedules, compile_workload, fell_back, time_workload
@@ -35,6 +36,7 @@ from .objectives import Objectives, check_measurable
 from .options import TuneOptions
 from .precision import check_bf16
 from .progress import Progress
+from .quiet import native_logs_quiet
 from .result import TaskResult, TuneResult
 from .scheduler import check_scheduler
 from .targets import require_device, resolve_target
@@ -64,6 +66,7 @@ class Plan:
     work_dir: WorkDir
     sources: list[TransferSource]  # transfer_from: schedules and cost models
     model_sources: list[TransferSource]  # cost_model_from: cost models alone
+    budget: Budget
     warnings: tuple[str, ...] = ()  # said before anything starts (bf16 on a CPU without AVX512_BF16)
 
 
@@ -72,11 +75,18 @@ class Tasks:
     lowered: tvm.IRModule
     tasks: list[Task]
     objectives: Objectives  # with trials_per_task turned into a total
+    budget_text: str  # the budget, as the first progress line states it
 
 
 def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
-    started = time.monotonic()
-    plan = check(model, options)
+    with native_logs_quiet(options.verbose) as native_log:  # TVM's C++ lines go to logs/libraries.log
+        started = time.monotonic()
+        plan = check(model, options)
+        native_log.keep_in(plan.work_dir.logs)
+        return _run(plan, options, started)
+
+
+def _run(plan: Plan, options: TuneOptions, started: float) -> TuneResult:
     report = Progress(enabled=options.progress)
     for warning in plan.warnings:
         report.line(warning)
@@ -94,7 +104,7 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
             lowering = options.lowering or LoweringOptions()
             if plan.workload.precision == "bfloat16":
                 lowering = replace(lowering, bfloat16=True)
-            tasks = prepare_tasks(plan, lowering, options.trials_per_task, db, options.cold_cache, options.verify)
+            tasks = prepare_tasks(plan, lowering, db, options.cold_cache, options.verify)
             cost_model = CostModel(seed=options.seed)
             loop = TuningLoop(
                 tasks.tasks, plan.target, db, engine, cost_model, options.seed, _loop_config(options), report
@@ -102,7 +112,7 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
             tuning_started = time.monotonic()
             warm_up(plan, loop, cost_model, db, report)
             transfer_seconds = time.monotonic() - tuning_started
-            stop_reason = loop.run(tasks.objectives, plan.task_objectives)
+            stop_reason = loop.run(tasks.objectives, plan.task_objectives, tasks.budget_text)
             report.line("re-measuring the best candidates and checking their results")
             loop.finalize()
             cost_model.save(plan.work_dir.cost_model)
@@ -133,9 +143,11 @@ def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
 
 # -- phase 1: everything that can be refused is refused before anything starts --------------------
 def check(model: Any, options: TuneOptions) -> Plan:
-    if options.trials_per_task is not None:
-        run_objectives(options.trials_per_task, options.stop)  # the same checks as for trials
-    objectives = run_objectives(options.trials, options.stop)
+    budget = choose_budget(options.trials, options.trials_per_task, options.stop)
+    # per task: the same checks as for trials; the total replaces it once the tasks are known
+    objectives = run_objectives(
+        budget.trials_per_task if budget.trials_per_task is not None else budget.trials, options.stop
+    )
     check_scheduler(options.scheduler)
     sources = read_sources(options.transfer_from or [])
     model_sources = read_model_sources(options.cost_model_from or [])
@@ -149,7 +161,7 @@ def check(model: Any, options: TuneOptions) -> Plan:
     warning = check_bf16(options.target, target) if workload.precision == "bfloat16" else None
     work_dir = WorkDir.create(options.work_dir, workload.name, target)
     warnings = (warning,) if warning else ()
-    return Plan(workload, target, objectives, options.task_stop, work_dir, sources, model_sources, warnings)
+    return Plan(workload, target, objectives, options.task_stop, work_dir, sources, model_sources, budget, warnings)
 
 
 def run_objectives(trials: Any, stop: Objectives | None) -> Objectives:
@@ -251,7 +263,6 @@ def _saved(db: TuningDatabase) -> str:
 def prepare_tasks(
     plan: Plan,
     lowering: LoweringOptions,
-    trials_per_task: int | None,
     db: TuningDatabase,
     cold_cache: bool,
     verify: bool = True,
@@ -259,8 +270,8 @@ def prepare_tasks(
     lowered = lower_workload(plan.workload, plan.target, lowering)
     tasks = extract_tasks(plan.workload, plan.target, lowered)
     objectives = plan.objectives
-    if trials_per_task is not None:
-        objectives = replace(objectives, trials=trials_per_task * len(tasks))
+    if plan.budget.trials_per_task is not None:
+        objectives = replace(objectives, trials=plan.budget.total_trials(len(tasks)))
     workload = plan.workload
     job = JobRecord(
         model=workload.name,
@@ -273,7 +284,7 @@ def prepare_tasks(
         verify=verify,
     )
     write_meta(db, job)
-    return Tasks(lowered, tasks, objectives)
+    return Tasks(lowered, tasks, objectives, describe_budget(plan.budget, objectives, len(tasks)))
 
 
 def _loop_config(options: TuneOptions) -> LoopConfig:
