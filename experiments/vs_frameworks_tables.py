@@ -12,6 +12,7 @@ computed in less (OpenVINO's default in bf16, PyTorch under autocast); a bf16 ru
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def model_row(name: str, tuned: dict, timed: dict, limits, lineup: Lineup) -> di
     latency, errors = timed["latency"], timed["errors"]
     best = fastest(timed, lineup, lineup.precision)
     ratio = _ratio(timed, best)
-    floor = arithmetic_floor(tuned, limits.peak_gflops)
+    floor = arithmetic_floor(tuned, limits.peak_gflops, lambda kernel: kernel_peak_gflops(kernel, limits))
     floor_ratio = floor / latency[best] if floor and best else None
     row = {
         "workload": name,
@@ -90,12 +91,14 @@ def model_row(name: str, tuned: dict, timed: dict, limits, lineup: Lineup) -> di
     return row
 
 
-def arithmetic_floor(tuned: dict, peak_gflops: float) -> float:
-    """The seconds the model's kernels take if every one of them computes at the machine's peak: a
-    lower bound on the latency of this lowering, whose kernels do these FLOPs. (Not the roofline's
-    memory term: measured alone or in a model, small activations come from cache, faster than the
-    copy bandwidth.) A kernel left without a tuned schedule counts too: the model still runs it."""
-    return sum(t["launches"] * t["flops"] for t in tuned["tasks"]) / (peak_gflops * 1e9)
+def arithmetic_floor(tuned: dict, peak_gflops: float, peak_of: Callable[[str], float] | None = None) -> float:
+    """The seconds the model's kernels take if every one of them computes at the machine's peak (of
+    its own precision, with ``peak_of(kernel name)``): a lower bound on the latency of this lowering,
+    whose kernels do these FLOPs. (Not the roofline's memory term: measured alone or in a model, small
+    activations come from cache, faster than the copy bandwidth.) A kernel left without a tuned
+    schedule counts too: the model still runs it."""
+    peak_of = peak_of or (lambda _name: peak_gflops)
+    return sum(t["launches"] * t["flops"] / (peak_of(t.get("name", "")) * 1e9) for t in tuned["tasks"])
 
 
 def _ratio_range(timed: dict, best: str | None) -> str:

@@ -71,6 +71,10 @@ def test_the_arithmetic_floor_is_the_kernels_flops_at_peak():
         ]
     }
     assert arithmetic_floor(tuned, peak_gflops=250.0) == pytest.approx(39.004)
+    # a bf16 product counts at the bf16 dot product's peak (twice the FMA's here)
+    tuned["tasks"][0]["name"] = "fused_bf16_dense"
+    peaks = lambda name: 500.0 if "bf16_" in name else 250.0  # noqa: E731
+    assert arithmetic_floor(tuned, 250.0, peaks) == pytest.approx(39.004 - 1.5)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here: the comparison would run")
