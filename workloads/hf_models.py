@@ -3,7 +3,9 @@
 the full-size ResNet-50, DeiT-S, DistilBERT and MobileNetV2): default or slightly reduced configs
 (fewer layers where the default is deep), random weights fixed by a seed, nothing downloaded.
 Each builder returns an eval-mode module whose forward returns a plain tensor or a tuple of
-tensors, and its example inputs (batch 1).
+tensors, and its example inputs (batch 1). Vision models take images; text models token ids (and
+an all-ones attention mask; encoder-decoders also decoder token ids); speech models a waveform or
+log-mel features. Decoder language models keep their key/value cache on, as users build them.
 
 Convnets' batch norms are calibrated on random images so that outputs are of order 1: running
 statistics reset and averaged (``momentum=None``) over three forward passes of ``randn(2, 3, H, W)``
@@ -99,10 +101,11 @@ def text(
     config_class: str,
     fields: Sequence[str] = ("last_hidden_state",),
     mask: bool = True,
+    decoder_tokens: int = 0,
     **config: Any,
 ) -> Callable[[], tuple[nn.Module, list[torch.Tensor]]]:
     """A builder of a text model taking ``input_ids`` (``SEQUENCE`` tokens) and an all-ones
-    ``attention_mask``."""
+    ``attention_mask``; an encoder-decoder also ``decoder_input_ids`` (``decoder_tokens`` of them)."""
 
     def build() -> tuple[nn.Module, list[torch.Tensor]]:
         import transformers
@@ -113,17 +116,69 @@ def text(
 
         model = _seeded(make)
         vocab = model.config.vocab_size
-        ids = torch.randint(0, vocab, (1, SEQUENCE), generator=torch.Generator().manual_seed(INPUT_SEED))
+        generator = torch.Generator().manual_seed(INPUT_SEED)
+        ids = torch.randint(0, vocab, (1, SEQUENCE), generator=generator)
         keys, inputs = ["input_ids"], [ids]
         if mask:
             keys.append("attention_mask")
             inputs.append(torch.ones(1, SEQUENCE, dtype=torch.int64))
+        if decoder_tokens:
+            keys.append("decoder_input_ids")
+            inputs.append(torch.randint(0, vocab, (1, decoder_tokens), generator=generator))
+        return HFOutput(model, keys, fields).eval(), inputs
+
+    return build
+
+
+def speech(
+    model_class: str,
+    config_class: str,
+    key: str,
+    shape: tuple[int, ...],
+    fields: Sequence[str] = ("last_hidden_state",),
+    decoder_tokens: int = 0,
+    **config: Any,
+) -> Callable[[], tuple[nn.Module, list[torch.Tensor]]]:
+    """A builder of a speech model taking one float input ``key`` of ``shape`` (a waveform, or log-mel
+    features) of order 1; an encoder-decoder also ``decoder_input_ids`` (``decoder_tokens`` of them)."""
+
+    def build() -> tuple[nn.Module, list[torch.Tensor]]:
+        import transformers
+
+        def make() -> nn.Module:
+            cfg = getattr(transformers, config_class)(**config)
+            return getattr(transformers, model_class)(cfg)
+
+        model = _seeded(make)
+        generator = torch.Generator().manual_seed(INPUT_SEED)
+        keys, inputs = [key], [torch.randn(*shape, generator=generator)]
+        if decoder_tokens:
+            keys.append("decoder_input_ids")
+            inputs.append(torch.randint(0, model.config.vocab_size, (1, decoder_tokens), generator=generator))
         return HFOutput(model, keys, fields).eval(), inputs
 
     return build
 
 
 _SMALL_VIT = {"hidden_size": 192, "num_hidden_layers": 4, "num_attention_heads": 3, "intermediate_size": 768}
+# the decoders' defaults are 7B-parameter models: two layers, hidden 512, grouped-query attention (8 heads, 4 for
+# keys and values)
+_SMALL_DECODER = {
+    "num_hidden_layers": 2,
+    "hidden_size": 512,
+    "intermediate_size": 1376,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+}
+_SMALL_SEQ2SEQ = {
+    "d_model": 256,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 1024,
+    "decoder_ffn_dim": 1024,
+}
 
 HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
     # convnets
@@ -204,9 +259,37 @@ HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
     "hf-electra": text("ElectraModel", "ElectraConfig", num_hidden_layers=2),
     "hf-deberta-v2": text("DebertaV2Model", "DebertaV2Config", num_hidden_layers=2),
     "hf-mpnet": text("MPNetModel", "MPNetConfig", num_hidden_layers=2),
-    # without use_cache=False the exported graph concatenates an empty (0,) cache with each layer's keys
-    "hf-gpt2": text("GPT2Model", "GPT2Config", n_layer=2, use_cache=False),
     "hf-t5-encoder": text("T5EncoderModel", "T5Config", num_layers=2),
+    # decoder language models, causal masks built by transformers' masking utilities; their caches are on
+    # (use_cache's default) as users build them: each layer's keys and values are concatenated to an empty
+    # (0,) cache, which workloads/torch_prepass.py takes out of the exported graph. Mistral's and Gemma 2's sliding
+    # windows (64 of the 128 tokens) make their masks band matrices
+    "hf-gpt2": text("GPT2Model", "GPT2Config", n_layer=2),
+    "hf-llama": text("LlamaModel", "LlamaConfig", **_SMALL_DECODER),
+    "hf-qwen2": text("Qwen2Model", "Qwen2Config", **_SMALL_DECODER, vocab_size=32000),
+    "hf-mistral": text("MistralModel", "MistralConfig", **_SMALL_DECODER, sliding_window=64),
+    "hf-phi3": text("Phi3Model", "Phi3Config", **_SMALL_DECODER),
+    "hf-gemma": text("GemmaModel", "GemmaConfig", **_SMALL_DECODER, head_dim=64, vocab_size=32000),
+    "hf-gemma2": text(
+        "Gemma2Model", "Gemma2Config", **_SMALL_DECODER, head_dim=64, vocab_size=32000, sliding_window=64
+    ),
+    # encoder-decoders: the decoder's last hidden state, from 32 decoder tokens
+    "hf-t5": text("T5Model", "T5Config", num_layers=2, num_decoder_layers=2, decoder_tokens=32),
+    "hf-bart": text("BartModel", "BartConfig", **_SMALL_SEQ2SEQ, decoder_tokens=32),
+    "hf-marian": text("MarianModel", "MarianConfig", **_SMALL_SEQ2SEQ, decoder_tokens=32),
+    # speech: one second of 16 kHz audio; Whisper's log-mel features cut to 200 frames (the encoder's positions
+    # set to match), and its decoder from 16 tokens
+    "hf-wav2vec2": speech("Wav2Vec2Model", "Wav2Vec2Config", "input_values", (1, 16000), num_hidden_layers=2),
+    "hf-whisper": speech(
+        "WhisperModel",
+        "WhisperConfig",
+        "input_features",
+        (1, 80, 200),
+        decoder_tokens=16,
+        max_source_positions=100,
+        encoder_layers=2,
+        decoder_layers=2,
+    ),
 }
 
 

@@ -3,6 +3,7 @@ IRModule, a torch.nn.Module with example inputs, or the path of an ONNX file."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import re
@@ -20,6 +21,7 @@ from measure.error_text import error_line
 from .errors import WorkloadError
 from .precision import in_precision
 from .registry import get_workload
+from .torch_prepass import FlatOutputs, plain_output, prepare_exported_program, torch_leaves
 from .workload import TensorSpec, Workload, prim_func_inputs
 
 
@@ -120,23 +122,32 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation notices
         try:
             with torch.no_grad():
-                module.eval()(*examples)  # torch.export traces with fake tensors and lets a wrong dtype through
-            exported = torch.export.export(module, examples)
+                out = module.eval()(*examples)  # torch.export traces with fake tensors and lets a wrong dtype through
+            # a dict or a transformers ModelOutput: its tensors as a tuple (torch_prepass.py)
+            exported = torch.export.export(module if plain_output(out) else FlatOutputs(module), examples)
         except Exception as err:  # torch raises many types here; they all mean the inputs do not fit the module
             raise WorkloadError(
                 f"example inputs {[(*x.shape, str(x.dtype).removeprefix('torch.')) for x in examples]} do not fit "
                 f"torch module {name}: "
                 f"{error_line(err)}"
             ) from None
+    prepare_exported_program(exported)  # what torch accepts and TVM's importer does not (torch_prepass.py)
+    failure = None
     try:
         mod = from_exported_program(exported, unwrap_unit_return_tuple=True)
     except Exception as err:  # noqa: BLE001 - the importer signals unsupported programs with several types
         ops = re.search(r"Unsupported function types (\[.*\])", str(err))
-        if ops is not None:
-            raise WorkloadError(
-                f"torch module {name} uses operators TVM's importer does not support: {ops.group(1)}"
-            ) from None
-        raise WorkloadError(f"TVM's torch importer cannot translate module {name}: {error_line(err)}") from None
+        failure = (
+            f"torch module {name} uses operators TVM's importer does not support: {ops.group(1)}"
+            if ops is not None
+            else f"TVM's torch importer cannot translate module {name}: {error_line(err)}"
+        )
+    if failure is not None:
+        # raised outside the except clause, so that the importer's error (whose traceback holds the failed
+        # importer) is not kept as this one's context: the importer's BlockBuilder is freed now, and says
+        # "BlockBuilder destroyed with remaining blocks!" while tune()'s descriptor 2 still goes to its log
+        gc.collect()
+        raise WorkloadError(failure)
     workload = from_ir_module(mod, name)
     workload.reference, workload.reference_name = torch_reference(module), "PyTorch"
     workload.examples = [x.detach().cpu().numpy() for x in examples]
@@ -152,7 +163,7 @@ def torch_reference(module: Any) -> Callable[..., list[np.ndarray]]:
 
         with torch.no_grad():
             out = module(*[torch.from_numpy(np.array(x)) for x in inputs])
-        return [t.detach().numpy() for t in (out if isinstance(out, tuple | list) else (out,))]
+        return [t.detach().numpy() for t in torch_leaves(out)]
 
     return reference
 

@@ -1,0 +1,125 @@
+"""Rewrites of a torch.export program, before TVM's importer (``from_exported_program``) reads it,
+for what PyTorch accepts and the importer does not.
+
+* ``aten.cat`` skips an input of shape ``(0,)`` whatever the other inputs' rank (a legacy rule of
+  ``torch.cat``); Relax's ``concat`` requires one rank ("Concat expects all input tensors to have
+  same ndim. However, the input contains tensors with ndim 1 and 4"). Hugging Face decoders hit it
+  whenever their key/value cache is on (``use_cache=True``, the default of GPT-2, Llama, Qwen2, ...):
+  ``DynamicCache`` starts each layer from ``torch.tensor([])`` and concatenates the new keys and
+  values to it. The empty inputs are dropped (cast where they took part in the output's dtype); a
+  ``cat`` left with one input becomes that input.
+
+The program is changed in place; the graph's nodes that only fed a dropped input are removed too
+(its lifted constants stay in the signature: the importer binds them, and nothing uses them).
+
+A module whose output is not a tensor or a tuple of tensors (a dict; a transformers ``ModelOutput``)
+is exported through ``FlatOutputs``: its output's tensors in pytree order (``torch_leaves``, which the
+reference the compiled model is checked against uses too). What is not a tensor is left out: numbers,
+and a transformers ``DynamicCache`` (``past_key_values``, with ``use_cache`` on), which is no pytree
+unless registered as one. (Exporting the ``ModelOutput`` itself, cache registered, fails in torch:
+``run_decompositions``, which TVM's importer calls, loses the cache's lifted constants.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_CATS = (torch.ops.aten.cat.default, torch.ops.aten.concat.default)
+# producers of a dropped empty input that nothing else reads (a lifted constant's copy and detach)
+_REMOVABLE = (
+    torch.ops.aten.lift_fresh_copy.default,
+    torch.ops.aten.detach_.default,
+    torch.ops.aten.detach.default,
+    torch.ops.aten.clone.default,
+)
+
+
+class FlatOutputs(torch.nn.Module):
+    """``module`` returning its output's tensors as a tuple (see ``torch_leaves``)."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *inputs: Any) -> tuple[Any, ...]:
+        return tuple(torch_leaves(self.module(*inputs)))
+
+
+def plain_output(out: Any) -> bool:
+    """Whether torch.export and TVM's importer take ``out`` as it is: a tensor, or a tuple or list of them."""
+    if isinstance(out, tuple | list):
+        return type(out) in (tuple, list) and all(isinstance(x, torch.Tensor) for x in out)
+    return isinstance(out, torch.Tensor)
+
+
+def torch_leaves(out: Any) -> list[Any]:
+    """The tensors of a module's output (a tensor; a tuple, list or dict of them; a ``ModelOutput``) in
+    pytree order, the order of the exported program's outputs."""
+    from torch.utils._pytree import tree_leaves
+
+    return [leaf for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor)]
+
+
+def prepare_exported_program(exported: Any) -> Any:
+    """``exported`` rewritten for TVM's importer (the same object); the rewrites keep its outputs."""
+    graph = exported.graph_module.graph
+    dropped: list[Any] = []
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in _CATS:
+            dropped += _drop_empty_cat_inputs(graph, node)
+    if dropped:
+        _remove_unused(graph, dropped)
+        graph.lint()
+        exported.graph_module.recompile()
+    return exported
+
+
+def _value(node: Any) -> Any:
+    return node.meta.get("val") if hasattr(node, "meta") else None
+
+
+def _is_legacy_empty(node: Any) -> bool:
+    value = _value(node)
+    return isinstance(value, torch.Tensor) and value.dim() == 1 and value.shape[0] == 0
+
+
+def _drop_empty_cat_inputs(graph: Any, node: Any) -> list[Any]:
+    """The inputs dropped from the ``cat`` at ``node`` (none where it has no legacy empty input)."""
+    inputs = list(node.args[0])
+    kept = [x for x in inputs if not _is_legacy_empty(x)]
+    out = _value(node)
+    if len(kept) == len(inputs) or not kept or not isinstance(out, torch.Tensor):
+        return []
+    if any(not isinstance(_value(x), torch.Tensor) or _value(x).dim() != out.dim() for x in kept):
+        return []  # not the legacy case (or shapes unknown): leave it to the importer
+    with graph.inserting_before(node):
+        kept = [
+            x if _value(x).dtype == out.dtype else _cast(graph, x, out.dtype) for x in kept
+        ]  # the dropped inputs took part in the type promotion
+        if len(kept) == 1:
+            node.replace_all_uses_with(kept[0])
+            graph.erase_node(node)
+        else:
+            node.args = (kept, *node.args[1:])
+    return [x for x in inputs if _is_legacy_empty(x)]
+
+
+def _cast(graph: Any, node: Any, dtype: torch.dtype) -> Any:
+    cast = graph.call_function(torch.ops.aten._to_copy.default, (node,), {"dtype": dtype})
+    cast.meta["val"] = _value(node).to(dtype)
+    return cast
+
+
+def _remove_unused(graph: Any, dropped: list[Any]) -> None:
+    """Remove the copies and detaches that fed only a dropped input (``eliminate_dead_code`` keeps
+    ``detach_``: its schema says it mutates)."""
+    pending, erased = list(dropped), set()
+    while pending:
+        node = pending.pop()
+        if node in erased or node.op != "call_function" or node.target not in _REMOVABLE or node.users:
+            continue
+        pending += node.all_input_nodes
+        graph.erase_node(node)
+        erased.add(node)
