@@ -96,6 +96,7 @@ def test_the_compile_path_is_chosen_on_purpose(monkeypatch):
             choose_compile_mode()
 
 
+@pytest.mark.slow  # over a minute and a half on 2 cores: out of CI (`pytest -m slow`)
 def test_fp16_matmuls_for_sm90_are_tensorized_into_mma_instructions(tmp_path):
     """MetaSchedule's tensor-core rules (ours: tuner.metaschedule.tensor_core_rules) for a
     half-precision GEMM: every candidate builds, its CUDA code calls WMMA, and nvcc turns that

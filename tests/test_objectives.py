@@ -80,6 +80,7 @@ def test_a_run_ends_by_the_objective_that_was_met(tmp_path, stop, reason):
     assert f"stopped by {reason}" in md.read_text()
 
 
+@pytest.mark.slow  # over a minute and a half on 2 cores: out of CI (`pytest -m slow`)
 def test_a_task_meeting_its_objective_is_dropped_while_the_others_go_on(tmp_path):
     result = tune(
         "tiny-resnet",

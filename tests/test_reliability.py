@@ -76,6 +76,7 @@ def test_sigterm_and_ctrl_c_stop_with_the_work_saved_and_say_how_to_resume(tmp_p
     assert read_database(tmp_path / "run" / "tuning.db").incomplete == 0
 
 
+@pytest.mark.slow  # over a minute and a half on 2 cores: out of CI (`pytest -m slow`)
 def test_sigkill_at_random_moments_then_resume_loses_and_repeats_nothing(tmp_path):
     """Two kills of a multi-task run at random instants, then the same command until it ends."""
     cycle = kill_cycle(

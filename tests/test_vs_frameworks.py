@@ -19,6 +19,7 @@ def _rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # over a minute and a half on 2 cores: out of CI (`pytest -m slow`)
 def test_the_quick_run_times_every_runtime_and_writes_its_tables(tmp_path):
     subprocess.run(
         [sys.executable, "experiments/vs_frameworks.py", "--quick", "--out", str(tmp_path)],

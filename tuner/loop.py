@@ -30,12 +30,12 @@ from . import metaschedule as msc
 from .database import Record, TuningDatabase
 from .errors import TunerError
 from .objectives import Objectives, Spending, check_measurable, met
-from .opclass import OperatorClass, operator_class
+from .opclass import OperatorClass
 from .parallel import parallel_map
 from .progress import Progress
 from .scheduler import TaskProgress, make_scheduler, task_kind
 from .search import Candidate, SearchConfig, TaskSearch
-from .siblings import SIBLING_MAX_SEEDS, sibling_traces
+from .siblings import SIBLING_MAX_SEEDS, kernel_class, sibling_traces
 from .targets import describe_target
 from .tasks import Task
 from .transfer import adapt_tile
@@ -68,7 +68,7 @@ class TaskRun:
     kernel_id: int
     search: TaskSearch
     progress: TaskProgress
-    op: OperatorClass
+    op: OperatorClass | None  # None: a kernel the class cannot describe (no root block), without siblings
     trials: int = 0
     best: Record | None = None
     sibling_seeded: bool = False  # its siblings' schedules were offered before its first batch
@@ -148,7 +148,7 @@ class TuningLoop:
                     kernel_id,
                     search,
                     TaskProgress(task.weight, task.flops, task_kind(task.name)),
-                    operator_class(task.mod, task.name),
+                    kernel_class(task.mod, task.name),
                 )
             )
             if search.unsearchable:
