@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -120,6 +121,10 @@ def run_model(name: str, args: argparse.Namespace, out: Path) -> dict:
         record = {"name": name, "status": "failed", "stage": "?", "error_line": f"process died: {last}"}
     stderr = log.read_text(errors="replace").splitlines() if log.exists() else []
     record["leaked_log_lines"] = sum(bool(TVM_LOG_LINE.search(line)) for line in stderr)
+    if not args.keep_work:  # a model's libraries and database run to hundreds of MB: keep its logs only
+        for path in (run_dir / "work").glob("*"):
+            if path.name != "logs":
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
     return record
 
 
@@ -152,6 +157,7 @@ def main() -> None:
     parser.add_argument("--trials-per-task", type=int, default=1)
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help=f"default {TOLERANCE:g} (fp32)")
     parser.add_argument("--out", default="experiments/results/model_coverage")
+    parser.add_argument("--keep-work", action="store_true", help="keep each model's work dir (its library, database)")
     parser.add_argument("--step", help=argparse.SUPPRESS)  # internal: one model, in its own process
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
