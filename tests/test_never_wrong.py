@@ -323,3 +323,18 @@ def test_integer_arguments_stay_inside_the_smallest_axis_they_may_index():
     assert not indices.any()
     _, ids = random_arrays([["float32", [16, 16]], ["int32", [64]]])
     assert 0 < ids.max() < 8
+
+
+def test_a_cumulative_sum_takes_no_transferred_schedules_and_the_rest_do(tmp_path):
+    """The cumulative sum's kernel has no root block, so no operator class: transfer-tuning passes it by."""
+    module, inputs = TransposedResidualAndCumsum().eval(), [torch.randn(64, 128)]
+    tune(module, example_inputs=inputs, trials_per_task=1, work_dir=tmp_path / "source", progress=False)
+    result = tune(
+        module,
+        example_inputs=inputs,
+        trials_per_task=2,
+        work_dir=tmp_path / "run",
+        transfer_from=[tmp_path / "source"],
+        progress=False,
+    )
+    assert result.check.ok and result.check.error < 1e-5, result.summary()

@@ -30,12 +30,12 @@ from . import metaschedule as msc
 from .database import Record, TuningDatabase
 from .errors import TunerError
 from .objectives import Objectives, Spending, check_measurable, met
-from .opclass import OperatorClass
+from .opclass import OperatorClass, kernel_class
 from .parallel import parallel_map
 from .progress import Progress
 from .scheduler import TaskProgress, make_scheduler, task_kind
 from .search import Candidate, SearchConfig, TaskSearch
-from .siblings import SIBLING_MAX_SEEDS, kernel_class, sibling_traces
+from .siblings import SIBLING_MAX_SEEDS, sibling_traces
 from .targets import describe_target
 from .tasks import Task
 from .transfer import adapt_tile

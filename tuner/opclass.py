@@ -45,6 +45,15 @@ class OperatorClass:
         )
 
 
+def kernel_class(mod: tvm.IRModule, name: str) -> OperatorClass | None:
+    """``operator_class``, or None for a kernel it cannot describe (one written without a root block,
+    such as a cumulative sum's generic loop): such a kernel has no siblings and takes no transfer."""
+    try:
+        return operator_class(mod, name)
+    except Exception:  # noqa: BLE001 - TVM's ScheduleError and its kin: simply no class
+        return None
+
+
 def operator_class(mod: tvm.IRModule, name: str = "") -> OperatorClass:
     """The operator class of an unscheduled kernel ``mod`` (``{"main": PrimFunc}``) named ``name``."""
     blocks = msc.kernel_blocks(mod)

@@ -12,27 +12,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import tvm
 from tvm.s_tir.schedule import Trace
 
 from . import metaschedule as msc
 from .database import TuningDatabase
-from .opclass import OperatorClass, operator_class
 
 if TYPE_CHECKING:
     from .loop import TaskRun
 
 SIBLING_TOP_K = 2  # best schedules taken from each sibling
 SIBLING_MAX_SEEDS = 4  # seeds queued for a task
-
-
-def kernel_class(mod: tvm.IRModule, name: str) -> OperatorClass | None:
-    """The kernel's operator class; None for a kernel it cannot describe (one written without a root
-    block, such as a cumulative sum's generic loop): such a kernel has no siblings."""
-    try:
-        return operator_class(mod, name)
-    except Exception:  # noqa: BLE001 - TVM's ScheduleError and its kin: simply no class
-        return None
 
 
 def sibling_traces(run: TaskRun, runs: Sequence[TaskRun], db: TuningDatabase, target_key: str) -> list[Trace]:

@@ -10,11 +10,9 @@ first rename wins and the other's copy is dropped.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -32,7 +30,6 @@ __all__ = ["ENTRY_FILE", "LIBRARY_FILE", "annotate", "compile_into", "key_of", "
 ENTRY_FILE = "entry.json"
 LIBRARY_FILE = "model.so"  # tune()'s artifact (tuner.workdir.ARTIFACT_FILE), with model.json beside it
 _LEFTOVERS = ("untuned.so", "logs", ".tuner.lock")  # what a work dir holds that the cache does not keep
-_UNSUPPORTED = re.compile(r"does not support: (\[.*?\])")
 
 
 def key_of(described: dict[str, Any], tensors: Sequence[Any]) -> str:
@@ -90,8 +87,7 @@ def compile_into(entry: Path, module: Any, examples: Sequence[Any], tune_kwargs:
             result = tune(module, work_dir=work, example_inputs=list(examples), **tune_kwargs)
         except ModelError as err:  # the model itself cannot be imported: remembered, never tried again
             reason = f"TVM cannot take it: {error_line(err)}"
-            found = _UNSUPPORTED.search(str(err))
-            unsupported = sorted(ast.literal_eval(found.group(1))) if found else []
+            unsupported = err.unsupported
             shutil.rmtree(work)
             work.mkdir()
             _write(work, {**record, "fallback": reason, "unsupported": unsupported})

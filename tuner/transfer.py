@@ -28,7 +28,7 @@ from costmodel.model import training_data_path
 from . import metaschedule as msc
 from .database import Record
 from .errors import DatabaseError, TunerError
-from .opclass import OperatorClass, operator_class
+from .opclass import OperatorClass, kernel_class
 from .progress import Progress
 from .targets import target_kind
 from .workdir import TransferRecord, WorkDir
@@ -120,7 +120,9 @@ def _read_source(work_dir: WorkDir, top_k: int) -> TransferSource:
             if records:
                 mod = db.kernel_mod(kernel_id)
                 name = db.kernel_name(kernel_id) or f"kernel{kernel_id}"
-                kernels.append(SourceKernel(work_dir.path, kernel_id, name, mod, operator_class(mod, name), records))
+                op = kernel_class(mod, name)
+                if op is not None:
+                    kernels.append(SourceKernel(work_dir.path, kernel_id, name, mod, op, records))
     except sqlite3.DatabaseError as err:
         raise DatabaseError(
             f"{work_dir.database} is not a usable tensor-tuner database ({err}); it was left untouched"
@@ -217,9 +219,9 @@ def seed_tasks(
     kernels = [k for source in sources for k in source.kernels]
     offered: dict[str, list[tuple[Trace, SourceKernel]]] = {}
     uses = {source.work_dir: _SourceUse() for source in sources}
-    for task in loop.tasks:
-        op = operator_class(task.mod, task.name)
-        matching = sorted((k for k in kernels if k.op.matches(op)), key=lambda k: op.distance(k.op))
+    for run in loop.runs:
+        task, op = run.task, run.op  # op None: a kernel no class describes, offered nothing
+        matching = sorted((k for k in kernels if op is not None and k.op.matches(op)), key=lambda k: op.distance(k.op))
         for kernel in matching:
             uses[kernel.work_dir].matching.add(kernel.kernel_id)
         offered[task.name] = [

@@ -2,4 +2,9 @@
 
 
 class WorkloadError(ValueError):
-    """The model given to the tuner cannot be used; the message says why and what to do."""
+    """The model given to the tuner cannot be used; the message says why and what to do.
+    ``unsupported``: the operators an importer refused, where that is why (``"erfinv.default"``)."""
+
+    def __init__(self, message: str, unsupported: list[str] | None = None):
+        super().__init__(message)
+        self.unsupported = unsupported or []

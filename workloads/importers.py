@@ -3,6 +3,7 @@ IRModule, a torch.nn.Module with example inputs, or the path of an ONNX file."""
 
 from __future__ import annotations
 
+import ast
 import gc
 import importlib
 import importlib.util
@@ -132,11 +133,12 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
                 f"{error_line(err)}"
             ) from None
     prepare_exported_program(exported)  # what torch accepts and TVM's importer does not (torch_prepass.py)
-    failure = None
+    failure, unsupported = None, []
     try:
         mod = from_exported_program(exported, unwrap_unit_return_tuple=True)
     except Exception as err:  # noqa: BLE001 - the importer signals unsupported programs with several types
         ops = re.search(r"Unsupported function types (\[.*\])", str(err))
+        unsupported = sorted(ast.literal_eval(ops.group(1))) if ops is not None else []
         failure = (
             f"torch module {name} uses operators TVM's importer does not support: {ops.group(1)}"
             if ops is not None
@@ -147,7 +149,7 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
         # importer) is not kept as this one's context: the importer's BlockBuilder is freed now, and says
         # "BlockBuilder destroyed with remaining blocks!" while tune()'s descriptor 2 still goes to its log
         gc.collect()
-        raise WorkloadError(failure)
+        raise WorkloadError(failure, unsupported)
     workload = from_ir_module(mod, name)
     workload.reference, workload.reference_name = torch_reference(module), "PyTorch"
     workload.examples = [x.detach().cpu().numpy() for x in examples]
