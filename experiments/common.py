@@ -35,13 +35,13 @@ def step_args(*leading: str, target: str, trials: int, work_dir: Path, seed: int
     return [*leading, "--target", target, "--trials", str(trials), "--work-dir", str(work_dir), "--seed", str(seed)]
 
 
-def run_step(script: Path, args: Sequence[str], log: Path) -> dict:
-    """Run ``script --step ...`` in a fresh Python process; it prints one JSON line last."""
+def run_step(script: Path, args: Sequence[str], log: Path, timeout: float | None = None) -> dict:
+    """Run ``script --step ...`` in a fresh Python process; it prints one JSON line last. Past
+    ``timeout`` seconds the process is killed (subprocess.TimeoutExpired)."""
     started = time.monotonic()
     with open(log, "w") as out:
-        proc = subprocess.run(
-            [sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=out, text=True, cwd=ROOT
-        )
+        command = [sys.executable, str(script), *args]
+        proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=out, text=True, cwd=ROOT, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{script.name} {' '.join(args)} failed (exit {proc.returncode}); see {log}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.common import markdown_table  # noqa: E402
+from experiments.common import markdown_table, run_step  # noqa: E402
 from experiments.correctness import TOLERANCE, _build, _compare, _degenerate, _other_input, _outputs  # noqa: E402
 from measure.error_text import error_line  # noqa: E402
 
@@ -108,15 +108,13 @@ def run_model(name: str, args: argparse.Namespace, out: Path) -> dict:
     run_dir = out / "runs" / name
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "step.log"
-    command = [sys.executable, __file__, "--step", name, "--trials-per-task", str(args.trials_per_task)]
-    command += ["--work-dir", str(run_dir / "work"), "--tolerance", str(args.tolerance)]
+    step = ["--step", name, "--trials-per-task", str(args.trials_per_task), "--work-dir", str(run_dir / "work")]
+    step += ["--tolerance", str(args.tolerance)]
     try:
-        with open(log, "w") as err:
-            proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=err, text=True, timeout=STEP_TIMEOUT)
-        record = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+        record = run_step(Path(__file__), step, log, timeout=STEP_TIMEOUT)
     except subprocess.TimeoutExpired:
-        proc, record = None, {"name": name, "status": "failed", "stage": "?", "error_line": "timed out"}
-    if record is None:
+        record = {"name": name, "status": "failed", "stage": "?", "error_line": f"timed out after {STEP_TIMEOUT:.0f} s"}
+    except Exception:  # noqa: BLE001 - a process killed by a signal, a segfault, an abort
         last = error_line(log.read_text(errors="replace"), last=True)[:300] if log.exists() else ""
         record = {"name": name, "status": "failed", "stage": "?", "error_line": f"process died: {last}"}
     stderr = log.read_text(errors="replace").splitlines() if log.exists() else []
@@ -170,12 +168,11 @@ def main() -> None:
     unknown = [n for n in names if n not in HF_MODELS]
     if unknown:
         raise SystemExit(f"unknown models {unknown}: choose from {' '.join(HF_MODELS)}")
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # the steps run from the repository root
     out.mkdir(parents=True, exist_ok=True)
     results = out / "coverage.jsonl"
-    done = {json.loads(line)["name"]: json.loads(line) for line in results.read_text().splitlines()} if (
-        results.exists()
-    ) else {}  # fmt: skip
+    earlier = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+    done = {record["name"]: record for record in earlier}
     for name in names:
         if name in done:
             continue

@@ -54,7 +54,7 @@ def test_no_budget_means_a_budget_per_kernel():
     assert budget.defaulted and budget.trials_per_task == DEFAULT_TRIALS_PER_TASK
     assert budget.total_trials(100) == 100 * DEFAULT_TRIALS_PER_TASK
     assert budget.total_trials(1) == DEFAULT_MIN_TRIALS
-    text = describe_budget(budget, Objectives(trials=budget.total_trials(100)), 100)
+    text = describe_budget(budget, Objectives(trials=budget.total_trials(100)))
     assert text.startswith(f"{100 * DEFAULT_TRIALS_PER_TASK} trials ({DEFAULT_TRIALS_PER_TASK} per kernel, the default")
     # anything the user gives replaces the default
     assert not choose_budget(64, None, None).defaulted and choose_budget(64, None, None).trials_per_task is None

@@ -37,7 +37,7 @@ def choose_budget(trials: int | None, trials_per_task: int | None, stop: Objecti
     return Budget(trials, trials_per_task)
 
 
-def describe_budget(budget: Budget, objectives: Objectives, num_tasks: int) -> str:
+def describe_budget(budget: Budget, objectives: Objectives) -> str:
     """ "608 trials (32 per kernel, the default: ...), at most 15:00", for the first progress line."""
     parts = []
     if objectives.trials is not None:

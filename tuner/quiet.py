@@ -40,9 +40,9 @@ class NativeLog:
     """Where the run's C++ log lines go: a scratch file, appended at the end to ``libraries.log`` in the
     folder ``keep_in`` names (the run's logs folder, once the work dir is known)."""
 
-    def __init__(self, scratch: Path | None, log_dir: Path | None = None):
+    def __init__(self, scratch: Path | None):
         self.scratch = scratch
-        self.log_dir = log_dir
+        self.log_dir: Path | None = None
 
     def keep_in(self, log_dir: Path) -> None:
         self.log_dir = log_dir
@@ -58,7 +58,7 @@ class NativeLog:
 
 
 @contextlib.contextmanager
-def native_logs_quiet(verbose: bool = False, log_dir: Path | None = None) -> Iterator[NativeLog]:
+def native_logs_quiet(verbose: bool = False) -> Iterator[NativeLog]:
     """Send descriptor 2 to a log file while the block runs; a nested use changes nothing (the
     outer one's file takes the lines)."""
     global _active
@@ -73,7 +73,7 @@ def native_logs_quiet(verbose: bool = False, log_dir: Path | None = None) -> Ite
                 _active -= 1
         return
     handle, name = tempfile.mkstemp(prefix="tensor-tuner-tvm-", suffix=".log")
-    log = NativeLog(Path(name), log_dir)
+    log = NativeLog(Path(name))
     sys.stderr.flush()
     saved = os.dup(2)
     python_stream = sys.stderr

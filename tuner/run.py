@@ -284,7 +284,7 @@ def prepare_tasks(
         verify=verify,
     )
     write_meta(db, job)
-    return Tasks(lowered, tasks, objectives, describe_budget(plan.budget, objectives, len(tasks)))
+    return Tasks(lowered, tasks, objectives, describe_budget(plan.budget, objectives))
 
 
 def _loop_config(options: TuneOptions) -> LoopConfig:
