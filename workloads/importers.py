@@ -22,7 +22,6 @@ from measure.error_text import error_line
 from .errors import WorkloadError
 from .precision import in_precision
 from .registry import get_workload
-from .torch_prepass import FlatOutputs, plain_output, prepare_exported_program, torch_leaves
 from .workload import TensorSpec, Workload, prim_func_inputs
 
 
@@ -119,6 +118,8 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
     examples = tuple(_as_example_tensor(torch, x) for x in _as_sequence(example_inputs))
     from tvm.relax.frontend.torch import from_exported_program
 
+    from .torch_prepass import FlatOutputs, plain_output, prepare_exported_program  # torch's: imported with it
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation notices
         try:
@@ -162,6 +163,8 @@ def torch_reference(module: Any) -> Callable[..., list[np.ndarray]]:
 
     def reference(*inputs: np.ndarray) -> list[np.ndarray]:
         import torch
+
+        from .torch_prepass import torch_leaves
 
         with torch.no_grad():
             out = module(*[torch.from_numpy(np.array(x)) for x in inputs])
