@@ -74,6 +74,14 @@ def test_the_command_line_starts_without_tvm_or_torch(tmp_path):
     assert public.stdout.split() == ["tuner.api", "workloads.workload"], public.stderr
 
 
+def test_a_built_in_operator_loads_without_torch(tmp_path):
+    """The README's first command installs no torch: the built-in workloads and the importers load
+    without it (torch's own modules, such as the torch.export pre-pass, only where torch is used)."""
+    probe = "import sys; sys.modules['torch'] = None; import workloads; print(workloads.get_workload('matmul-128'))"
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0 and "matmul-128" in run.stdout, run.stderr[-2000:]
+
+
 @pytest.mark.slow  # builds every model (a minute); test_workloads_lists_flops_tasks_and_sources lists from the cache
 def test_workloads_lists_builtins(tmp_path):
     run = tuner("workloads", cwd=tmp_path)
