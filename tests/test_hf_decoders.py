@@ -69,10 +69,10 @@ def test_an_empty_tensor_concatenated_to_keys_imports_and_matches():
 
 
 def test_a_failed_import_is_named_and_tvm_native_complaint_stays_off_the_terminal(monkeypatch, capfd, tmp_path):
-    import workloads.importers
+    import workloads.torch_prepass
     from tuner import tune
 
-    monkeypatch.setattr(workloads.importers, "prepare_exported_program", lambda exported: exported)
+    monkeypatch.setattr(workloads.torch_prepass, "prepare_exported_program", lambda exported: exported)
     with pytest.raises(WorkloadError, match="Concat expects all input tensors to have same ndim"):
         tune(
             CacheLikeConcat().eval(),
