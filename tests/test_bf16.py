@@ -114,6 +114,8 @@ def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch
     apply(tmp_path / "wd", model, tmp_path / "applied.so", example_inputs=[x])
     said = capfd.readouterr().err
     assert "matches TVM's default schedules" in said and "against PyTorch in fp32" in said, said
+    applied = tuner.load(tmp_path / "applied.so")(x.numpy())
+    assert np.max(np.abs(np.asarray(applied) - expected)) <= 3e-2 * np.max(np.abs(expected))
 
 
 def test_a_cpu_that_cannot_compute_in_bf16_is_refused_when_named_and_warned_about_when_it_is_this_one() -> None:

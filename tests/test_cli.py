@@ -29,6 +29,8 @@ def test_tune_report_apply(tmp_path):
     assert apply.returncode == 0, apply.stderr
     lib = tvm.runtime.load_module(str(tmp_path / "out" / "mm.so"))
     assert lib.entry_name == "main"
+    assert '"kind": "tir"' in (tmp_path / "out" / "mm.json").read_text()  # its description, for tuner.load
+    assert all(line.startswith("tuner: ") for line in apply.stderr.splitlines()), apply.stderr
 
 
 def test_bad_input_gives_one_line_and_a_nonzero_exit(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -17,6 +18,8 @@ from .checked_build import CheckedBuild
 from .compile import choose_schedules, fell_back
 from .errors import TunerError
 from .lowering import LoweringOptions
+from .quiet import native_logs_quiet
+from .runtime import ModelDescription
 from .targets import resolve_target
 from .tasks import extract_tasks, load_model, lower_workload
 from .workdir import JobRecord, WorkDir, read_meta
@@ -30,12 +33,31 @@ def apply(
     example_inputs: Sequence[Any] | None = None,
     batch: int | None = None,
     dtype: str | None = None,
+    verbose: bool = False,
 ) -> Path:
     """Compile ``model`` with the best verified schedules tuned in ``work_dir`` and write it to
-    ``output`` (a shared library for ``tvm.runtime.load_module``), then check it against the model's
-    own framework on its example inputs. Kernels without a verified schedule, or whose schedule breaks
-    the compile or the model's output, keep TVM's default one."""
+    ``output`` (a shared library for ``tvm.runtime.load_module``, with its description beside it
+    for ``tuner.load``), then check it against the model's own framework on its example inputs.
+    Kernels without a verified schedule, or whose schedule breaks the compile or the model's output,
+    keep TVM's default one. TVM's own log lines go to the work dir's ``logs/libraries.log`` unless
+    ``verbose``."""
     run_dir, output = WorkDir.existing(work_dir, "apply the schedules of"), Path(output).resolve()
+    with native_logs_quiet(verbose) as native_log:
+        if os.access(run_dir.path, os.W_OK):
+            native_log.keep_in(run_dir.logs)
+        return _apply(run_dir, model, output, target, example_inputs, batch, dtype)
+
+
+def _apply(
+    run_dir: WorkDir,
+    model: Any,
+    output: Path,
+    target: str | dict | tvm.target.Target | None,
+    example_inputs: Sequence[Any] | None,
+    batch: int | None,
+    dtype: str | None,
+) -> Path:
+    work_dir = run_dir.path
     db = run_dir.open_database(read_only=True)
     try:
         job = read_meta(db, JobRecord)
@@ -68,6 +90,7 @@ def apply(
             check = CheckedBuild(engine, workload, lowered, choices, tvm_target, untuned, _say).build(output)
     finally:
         engine.close()
+    ModelDescription(workload.name, workload.kind, str(tvm_target), workload.inputs).save(output)
     _say(check.line())
     return output
 

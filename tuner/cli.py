@@ -235,7 +235,11 @@ def _add_tune(commands) -> None:
         "--no-verify", action="store_true", help="skip checking the best schedules' outputs against the untuned kernels"
     )
     tune.add_argument("--quiet", action="store_true", help="print only the final summary")
-    tune.add_argument(
+    _add_verbose(tune)
+
+
+def _add_verbose(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
         "--verbose",
         action="store_true",
         help="let TVM's own log lines through (by default they go to DIR/logs/libraries.log)",
@@ -256,9 +260,10 @@ def _add_apply(commands) -> None:
         "--output",
         type=Path,
         required=True,
-        help="the shared library to write (load it with tvm.runtime.load_module)",
+        help="the shared library to write, its description beside it (load it with tuner.load)",
     )
     apply.add_argument("--target", help="compile for this target (default: the one DIR was tuned for)")
+    _add_verbose(apply)
 
 
 def _add_report(commands) -> None:
@@ -368,6 +373,7 @@ def _apply(args: argparse.Namespace) -> int:
         example_inputs=args.input_shape,
         batch=args.batch,
         dtype=args.dtype,
+        verbose=args.verbose,
     )
     print(f"wrote {path}")
     return 0

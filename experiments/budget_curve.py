@@ -1,0 +1,204 @@
+"""A model's latency against minutes of tuning, beside the fp32 runtimes a user has today.
+
+    .venv/bin/python experiments/budget_curve.py --model hf-efficientnet --minutes 15
+    .venv/bin/python experiments/budget_curve.py --model hf-mobilenetv2 --minutes 6 --checkpoints 2 4 6
+
+One run of ``tune(..., stop=Objectives(seconds=60 * minutes))`` (no trial budget: the clock ends it,
+as ``tuner tune --max-minutes`` does); the minutes count from the call, import and lowering included.
+Every candidate is committed with its time, so the model as it stood after m minutes is the work
+dir's database cut at that moment: for each checkpoint, a copy of the work dir keeps only the
+records committed by then and ``tune()`` resumes it with no trial left to measure: it ends as
+a run stopped then would (each kernel's best re-measured and verified, the model compiled and
+checked end to end). Then, in one fresh process, every checkpoint's model, PyTorch eager, torch.compile, ONNX
+Runtime and OpenVINO (fp32, and its default precision for reference) are timed in interleaved rounds,
+each with its error against PyTorch eager (max|out - ref| / max|ref|). Results: OUT/curve.json and
+OUT/curve.md; the work dir stays under OUT/work (a rerun with the same OUT times the checkpoints again
+without tuning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments import frameworks as fw  # noqa: E402
+from experiments.common import markdown_table, run_step  # noqa: E402
+
+FP32_RUNTIMES = ("PyTorch eager", "torch.compile", "ONNX Runtime", fw.OPENVINO_FP32)
+
+
+def _module_and_inputs(name: str) -> tuple:
+    from workloads.hf_models import HF_MODELS
+    from workloads.models import torch_model
+
+    if name in HF_MODELS:
+        return HF_MODELS[name]()
+    module, example = torch_model(name)
+    return module, [example]
+
+
+# -- steps, each in a fresh process ---------------------------------------------------------------------
+def tune_step(name: str, minutes: float, work_dir: Path, seed: int) -> dict:
+    from tuner import Objectives, tune
+
+    module, inputs = _module_and_inputs(name)
+    started = time.time()
+    result = tune(module, example_inputs=inputs, stop=Objectives(seconds=60 * minutes), work_dir=work_dir, seed=seed)
+    return {
+        "started": started,
+        "ended": time.time(),
+        "trials": result.trials,
+        "tasks": len(result.tasks),
+        "untuned_latency": result.latency_before,
+        "tuned_latency": result.latency_after,
+    }
+
+
+def compile_step(name: str, work_dir: Path, cutoff: float, artifact: Path, seed: int) -> dict:
+    """The model as a run stopped at ``cutoff`` would have handed it back: a copy of ``work_dir``
+    holding only the records committed by then, resumed by ``tune()`` with that many trials, so it
+    measures nothing new and does what the end of a run does (re-measure each kernel's best, verify
+    it, compile, check the model end to end)."""
+    from tuner import tune
+    from tuner.workdir import DATABASE_FILE
+
+    cut = artifact.parent / "work"
+    shutil.rmtree(cut, ignore_errors=True)
+    cut.mkdir(parents=True)
+    shutil.copy(work_dir / DATABASE_FILE, cut / DATABASE_FILE)
+    with sqlite3.connect(cut / DATABASE_FILE) as conn:
+        conn.execute("DELETE FROM records WHERE created > ?", (cutoff,))
+        (kept,) = conn.execute("SELECT COUNT(*) FROM records").fetchone()
+    module, inputs = _module_and_inputs(name)
+    result = tune(module, example_inputs=inputs, trials=kept, work_dir=cut, seed=seed, progress=False)
+    result.export(artifact)
+    shutil.rmtree(cut)
+    return {"records": kept, "trials": result.trials, "latency": result.latency_after}
+
+
+def time_step(name: str, artifacts: dict[str, str], threads: int, scratch: Path) -> dict:
+    import torch
+
+    from tuner.runtime import ModelDescription
+
+    torch.set_num_threads(threads)
+    module, inputs = _module_and_inputs(name)
+    module = module.eval()
+    contenders = [
+        *(fw.tvm_model(label, Path(p), ModelDescription.read(Path(p)), inputs) for label, p in artifacts.items()),
+        fw.torch_eager(module, inputs),
+        fw.torch_compiled(module, inputs),
+        fw.onnx_runtime(module, inputs, threads, scratch),
+        *fw.openvino(module, inputs, threads),
+    ]
+    reference = fw.reference_output(next(c for c in contenders if c.name == "PyTorch eager"))
+    errors = {c.name: fw.relative_error(c.call(), reference) for c in contenders if c.call is not None}
+    fw.time_interleaved(contenders, rounds=8, seconds_per_round=0.3)
+    return {
+        "latency": {c.name: c.median for c in contenders},
+        "precision": {c.name: c.precision for c in contenders},
+        "missing": {c.name: c.missing for c in contenders if c.missing},
+        "errors": errors,
+        "output_scale": float(abs(reference).max()),
+    }
+
+
+# -- the experiment -------------------------------------------------------------------------------------
+def _cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def _table(curve: dict) -> str:
+    timed = curve["timing"]
+    best_name = min((n for n in FP32_RUNTIMES if timed["latency"].get(n)), key=lambda n: timed["latency"][n])
+    best = timed["latency"][best_name]
+    rows = []
+    for label in [*curve["checkpoints"], *FP32_RUNTIMES, fw.OPENVINO_DEFAULT]:
+        latency = timed["latency"].get(label)
+        point = curve["checkpoints"].get(label, {})
+        rows.append(
+            {
+                "what": label,
+                "trials so far": point.get("records", ""),
+                "ms": f"{latency * 1e3:.2f}" if latency else timed["missing"].get(label, "-"),
+                f"/ {best_name}": f"{latency / best:.2f}" if latency else "",
+                "precision": timed["precision"].get(label) or "",
+                "error": f"{timed['errors'][label]:.1e}" if label in timed["errors"] else "",
+            }
+        )
+    head = (
+        f"{curve['model']}: {curve['tune']['tasks']} kernels, tuned {curve['minutes']:g} minutes "
+        f"({curve['tune']['trials']} trials) on {curve['cpu']} ({curve['threads']} threads); "
+        f"errors against PyTorch eager, output scale {timed['output_scale']:.2g}"
+    )
+    return head + "\n\n" + markdown_table(rows, list(rows[0])) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="hf-efficientnet", help="a model of workloads/hf_models.py or the zoo")
+    parser.add_argument("--minutes", type=float, default=15.0, help="the tuning's wall-clock limit (default 15)")
+    parser.add_argument("--checkpoints", type=float, nargs="*", help="minutes to compile at (default: 5 points)")
+    parser.add_argument("--out", default="experiments/results/budget_curve")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tune-step", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--compile-step", nargs=2, metavar=("CUTOFF", "ARTIFACT"), help=argparse.SUPPRESS)
+    parser.add_argument("--time-step", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    work, threads = out / "work", os.cpu_count() or 1
+    if args.tune_step:
+        return print(json.dumps(tune_step(args.model, args.minutes, work, args.seed)))
+    if args.compile_step:
+        cutoff, artifact = args.compile_step
+        return print(json.dumps(compile_step(args.model, work, float(cutoff), Path(artifact), args.seed)))
+    if args.time_step:
+        return print(json.dumps(time_step(args.model, json.loads(args.time_step), threads, out)))
+
+    out.mkdir(parents=True, exist_ok=True)
+    script, fixed = Path(__file__), ["--model", args.model, "--out", str(out)]
+    record = out / "tune.json"
+    if not record.exists():
+        steps = [*fixed, "--minutes", str(args.minutes), "--seed", str(args.seed), "--tune-step"]
+        record.write_text(json.dumps(run_step(script, steps, out / "tune.log")) + "\n")
+    tuned = json.loads(record.read_text())
+    checkpoints = args.checkpoints or [args.minutes * k / 5 for k in range(1, 6)]
+    points = {}
+    for minute in checkpoints:
+        label, artifact = f"tuned {minute:g} min", out / f"at_{minute:g}min" / "model.so"
+        artifact.parent.mkdir(exist_ok=True)
+        cutoff = str(tuned["started"] + 60 * minute)
+        steps = [*fixed, "--seed", str(args.seed), "--compile-step", cutoff, str(artifact)]
+        step = run_step(script, steps, artifact.parent / "compile.log")
+        points[label] = {"minute": minute, **step, "artifact": str(artifact)}
+        print(f"{label}: {step['records']} trials, compiled", flush=True)
+    artifacts = {label: point["artifact"] for label, point in points.items()}
+    timing = run_step(script, [*fixed, "--time-step", json.dumps(artifacts)], out / "time.log")
+    curve = {
+        "model": args.model,
+        "minutes": args.minutes,
+        "cpu": _cpu_name(),
+        "threads": threads,
+        "tune": tuned,
+        "checkpoints": points,
+        "timing": timing,
+    }
+    (out / "curve.json").write_text(json.dumps(curve, indent=1) + "\n")
+    table = _table(curve)
+    (out / "curve.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
