@@ -213,8 +213,10 @@ def _openvino_compiled(name: str, core: Any, converted: Any, feed: list[np.ndarr
     try:
         compiled = core.compile_model(converted, "CPU", config)
         hint = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        compiled(feed)  # a model can compile and still fail to run (a shape check at inference)
     except Exception as err:  # noqa: BLE001 - reported, not fatal
-        return Contender(name, None, _why(err), precision="")
+        # OpenVINO's messages lead with the source line that threw and end with the cause
+        return Contender(name, None, f"{type(err).__name__}: {error_line(err, last=True)[:160]}", precision="")
     return Contender(name, lambda: compiled(feed)[0], precision=_OPENVINO_PRECISIONS.get(hint, hint))
 
 
