@@ -256,3 +256,23 @@ def test_a_residual_reshaped_around_a_matmul_keeps_the_matmul_schedulable(llvm_t
     with torch.no_grad():
         expected = module(torch.from_numpy(x)).numpy().astype(np.float64)
     assert _relative_error(got, expected) < 1e-5
+
+
+@pytest.mark.parametrize(("pool", "becomes_mean"), [((1280, True), True), ((7, False), True), ((2, False), False)])
+def test_a_pool_whose_window_covers_the_input_is_a_mean(pool, becomes_mean, llvm_target):
+    """transformers' EfficientNet pools 7x7 maps with AvgPool2d(1280, ceil_mode=True): the window is
+    clipped to the input, so it is the mean over it, which a mean kernel computes reading it once."""
+    from lowered_models import error_against_torch
+
+    from tuner.tasks import load_model
+
+    kernel, ceil_mode = pool
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.AvgPool2d(kernel, ceil_mode=ceil_mode), torch.nn.Flatten()
+    ).eval()
+    x = np.random.default_rng(0).standard_normal((1, 3, 7, 7)).astype("float32")
+    workload = load_model(model, [torch.from_numpy(x)])
+    lowered = lower_workload(workload, llvm_target)
+    names = [t.name for t in extract_tasks(workload, llvm_target, lowered)]
+    assert any("pool" in n for n in names) != becomes_mean, names
+    assert error_against_torch(model, lowered, llvm_target, x) < 1e-5

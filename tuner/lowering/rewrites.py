@@ -21,6 +21,23 @@ def static_shape(expr: Expr) -> tuple[int, ...] | None:
     return tuple(int(d) for d in values)
 
 
+def _whole_input_pool_as_mean(call: Call) -> Expr:
+    """An unpadded average pool whose one window covers the whole input, as the mean over its
+    spatial axes. transformers' EfficientNet pools its 7x7 maps with ``AvgPool2d(1280,
+    ceil_mode=True)``, whose divisor is the window clipped to the input (49): TVM's pool then walks
+    the nominal 1280x1280 window's bounds (0.25 ms of a 7.2 ms model, torch.compile's 280 ms), a
+    mean reads the input once."""
+    attrs, before, after = call.attrs, static_shape(call.args[0]), static_shape(call)
+    layout = str(attrs.layout)
+    if before is None or after is None or layout not in ("NCHW", "NHWC") or str(attrs.out_layout) != layout:
+        return call
+    axes = [layout.index("H"), layout.index("W")]
+    whole = all(int(k) >= before[a] and after[a] == 1 for k, a in zip(attrs.pool_size, axes, strict=True))
+    if not whole or any(int(p) for p in attrs.padding) or any(int(d) != 1 for d in attrs.dilation):
+        return call
+    return relax.op.mean(call.args[0], axis=axes, keepdims=True)
+
+
 def op_name(expr: Expr) -> str | None:
     """The operator ``expr`` calls, if it is a call of a Relax operator."""
     return expr.op.name if isinstance(expr, Call) and isinstance(expr.op, tvm.ir.Op) else None
@@ -130,6 +147,8 @@ class _Rewriter(PyExprMutator):
             return self._broadcast(call)
         if name == "relax.where":
             return self._safe_softmax(call)
+        if name == "relax.nn.avg_pool2d":
+            return _whole_input_pool_as_mean(call)
         if name == "relax.reshape":
             return _first(self._reshape(call.args[0], static_shape(call)), call)
         if name in _UNARY_ELEMENTWISE or name in _BINARY_ELEMENTWISE:
