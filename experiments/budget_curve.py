@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments import frameworks as fw  # noqa: E402
 from experiments.common import markdown_table, run_step  # noqa: E402
+from measure.host import cpu_model  # noqa: E402
 
 FP32_RUNTIMES = ("PyTorch eager", "torch.compile", "ONNX Runtime", fw.OPENVINO_FP32)
 # A 2-core VM's speed, and which contender it favours, changes with where it places the threads of a
@@ -40,21 +41,11 @@ FP32_RUNTIMES = ("PyTorch eager", "torch.compile", "ONNX Runtime", fw.OPENVINO_F
 TIMING_PROCESSES = 3
 
 
-def _module_and_inputs(name: str) -> tuple:
-    from workloads.hf_models import HF_MODELS
-    from workloads.models import torch_model
-
-    if name in HF_MODELS:
-        return HF_MODELS[name]()
-    module, example = torch_model(name)
-    return module, [example]
-
-
 # -- steps, each in a fresh process ---------------------------------------------------------------------
 def tune_step(name: str, minutes: float, work_dir: Path, seed: int) -> dict:
     from tuner import Objectives, tune
 
-    module, inputs = _module_and_inputs(name)
+    module, inputs = fw.module_and_inputs(name)
     started = time.time()
     result = tune(module, example_inputs=inputs, stop=Objectives(seconds=60 * minutes), work_dir=work_dir, seed=seed)
     return {
@@ -85,7 +76,7 @@ def compile_step(name: str, work_dir: Path, cutoff: float, artifact: Path, seed:
     if not kept:  # still importing and lowering then: nothing to compile but TVM's defaults
         shutil.rmtree(cut)
         return {"records": 0}
-    module, inputs = _module_and_inputs(name)
+    module, inputs = fw.module_and_inputs(name)
     result = tune(module, example_inputs=inputs, trials=kept, work_dir=cut, seed=seed, progress=False)
     result.export(artifact)
     shutil.rmtree(cut)
@@ -98,7 +89,7 @@ def time_step(name: str, artifacts: dict[str, str], threads: int, scratch: Path)
     from tuner.runtime import ModelDescription
 
     torch.set_num_threads(threads)
-    module, inputs = _module_and_inputs(name)
+    module, inputs = fw.module_and_inputs(name)
     module = module.eval()
     contenders = [
         *(fw.tvm_model(label, Path(p), ModelDescription.read(Path(p)), inputs) for label, p in artifacts.items()),
@@ -107,8 +98,7 @@ def time_step(name: str, artifacts: dict[str, str], threads: int, scratch: Path)
         fw.onnx_runtime(module, inputs, threads, scratch),
         *fw.openvino(module, inputs, threads),
     ]
-    reference = fw.reference_output(next(c for c in contenders if c.name == "PyTorch eager"))
-    errors = {c.name: fw.relative_error(c.call(), reference) for c in contenders if c.call is not None}
+    reference, errors = fw.errors_against_eager(contenders)
     fw.time_interleaved(contenders, rounds=8, seconds_per_round=0.3)
     return {
         "latency": {c.name: c.median for c in contenders},
@@ -121,13 +111,6 @@ def time_step(name: str, artifacts: dict[str, str], threads: int, scratch: Path)
 
 
 # -- the experiment -------------------------------------------------------------------------------------
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
-
-
 def _best_fp32(latency: dict) -> str:
     return min((n for n in FP32_RUNTIMES if latency.get(n)), key=lambda n: latency[n])
 
@@ -221,7 +204,7 @@ def main() -> None:
     curve = {
         "model": args.model,
         "minutes": args.minutes,
-        "cpu": _cpu_name(),
+        "cpu": cpu_model(),
         "threads": threads,
         "tune": tuned,
         "checkpoints": points,

@@ -283,6 +283,25 @@ def time_interleaved(
             contender.round_medians.append(statistics.median(samples))
 
 
+def module_and_inputs(name: str) -> tuple:
+    """(module, [inputs]) of a zoo model, an operator of operator_modules.py or a transformers model
+    of workloads/hf_models.py."""
+    from experiments.operator_modules import OPERATORS
+    from workloads.hf_models import HF_MODELS
+    from workloads.models import torch_model
+
+    if name in HF_MODELS:
+        return HF_MODELS[name]()
+    module, example = OPERATORS[name].module_and_example() if name in OPERATORS else torch_model(name)
+    return module, [example]
+
+
+def errors_against_eager(contenders: list[Contender]) -> tuple[np.ndarray, dict[str, float]]:
+    """PyTorch eager's output, and each available contender's error against it (``relative_error``)."""
+    reference = reference_output(next(c for c in contenders if c.name == "PyTorch eager"))
+    return reference, {c.name: relative_error(c.call(), reference) for c in contenders if c.call is not None}
+
+
 def relative_error(output: Any, reference: np.ndarray) -> float:
     got = _as_numpy(output).astype(np.float64)
     if got.shape != reference.shape:

@@ -97,18 +97,6 @@ class Setting:
         return Lineup(tuple(names), fw.PRECISIONS.get(self.framework_dtype, self.framework_dtype), reduced)
 
 
-def _module_and_inputs(name: str) -> tuple:
-    """(module, [inputs]) of a zoo model, an operator or a transformers model."""
-    from experiments.operator_modules import OPERATORS
-    from workloads.hf_models import HF_MODELS
-    from workloads.models import torch_model
-
-    if name in HF_MODELS:
-        return HF_MODELS[name]()
-    module, example = OPERATORS[name].module_and_example() if name in OPERATORS else torch_model(name)
-    return module, [example]
-
-
 def _placed(module, example, setting: Setting):
     """The module and an input (or a list of them) as the frameworks run them in this setting: in
     their precision, on its device."""
@@ -131,7 +119,7 @@ def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int, settin
     if name in {spec.name for spec in MODELS}:
         model, inputs = name, None
     else:
-        model, inputs = _module_and_inputs(name)
+        model, inputs = fw.module_and_inputs(name)
     result = tune(
         model,
         target=setting.target,
@@ -167,7 +155,7 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
     from tuner.runtime import CompiledModel, ModelDescription
 
     torch.set_num_threads(threads)
-    module, inputs = _placed(*_module_and_inputs(name), setting)
+    module, inputs = _placed(*fw.module_and_inputs(name), setting)
     description = ModelDescription.read(Path(tuned["artifact"]))
     # a mixed-precision model takes float32
     tuned_inputs = [x.to(getattr(torch, spec.dtype)) for x, spec in zip(inputs, description.inputs, strict=True)]
@@ -182,9 +170,7 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
     ]
     if setting.on_gpu:
         fw.synchronize_each_call(contenders)
-    eager = next(c for c in contenders if c.name == "PyTorch eager")
-    reference = fw.reference_output(eager)
-    errors = {c.name: fw.relative_error(c.call(), reference) for c in contenders if c.call is not None}
+    reference, errors = fw.errors_against_eager(contenders)
     # ten short rounds rather than five long ones: a shared VM's thread placement can change during
     # the timing (experiments/cross_core.py), and each round's ratio shows whether it did
     fw.time_interleaved(contenders, rounds=2 if quick else 10, seconds_per_round=0.1 if quick else 0.3)

@@ -57,7 +57,6 @@ def _apply(
     batch: int | None,
     dtype: str | None,
 ) -> Path:
-    work_dir = run_dir.path
     db = run_dir.open_database(read_only=True)
     try:
         job = read_meta(db, JobRecord)
@@ -76,11 +75,11 @@ def _apply(
     if not any(choice.record for choice in choices):
         tuned_for = job.model if job else "another model"
         raise TunerError(
-            f"{work_dir} holds no verified schedule for any of the {len(tasks)} kernels of {workload.name} (it was "
+            f"{run_dir} holds no verified schedule for any of the {len(tasks)} kernels of {workload.name} (it was "
             f"tuned for {tuned_for}): apply it to {tuned_for}, or tune {workload.name} first"
         )
     tuned = sum(1 for choice in choices if choice.record)
-    _say(f"{tuned} of {len(tasks)} kernels have verified schedules in {work_dir}")
+    _say(f"{tuned} of {len(tasks)} kernels have verified schedules in {run_dir}")
     for name, why in fell_back(choices).items():
         _say(f"{name}: built with TVM's default schedule: no usable candidate ({why})")
     engine = MeasureEngine(tvm_target, run_dir.path, EngineConfig(build_workers=1))
@@ -90,7 +89,7 @@ def _apply(
             check = CheckedBuild(engine, workload, lowered, choices, tvm_target, untuned, _say).build(output)
     finally:
         engine.close()
-    ModelDescription(workload.name, workload.kind, str(tvm_target), workload.inputs).save(output)
+    ModelDescription.of(workload, tvm_target).save(output)
     _say(check.line())
     return output
 

@@ -136,7 +136,7 @@ def run_compiled(artifact, workload: Workload, target: tvm.target.Target, inputs
     with tempfile.TemporaryDirectory(prefix="tuner-check-") as scratch:
         library = Path(scratch) / "model.so"
         shutil.copyfile(artifact, library)
-        ModelDescription(workload.name, workload.kind, str(target), workload.inputs).save(library)
+        ModelDescription.of(workload, target).save(library)
         np.savez(Path(scratch) / "in.npz", *inputs)
         ran = subprocess.run(
             [sys.executable, "-m", "tuner.run_model", str(library), f"{scratch}/in.npz", f"{scratch}/out.npz"],

@@ -25,7 +25,7 @@ import tvm
 import tvm_ffi
 
 from measure.contract import is_cuda
-from workloads import TensorSpec
+from workloads import TensorSpec, Workload
 
 from .errors import TunerError
 from .targets import resolve_target, target_kind
@@ -41,6 +41,11 @@ class ModelDescription:
     kind: str  # "relax" (a model) or "tir" (a single kernel)
     target: str
     inputs: list[TensorSpec]
+
+    @classmethod
+    def of(cls, workload: Workload, target: tvm.target.Target) -> ModelDescription:
+        """The description of ``workload`` compiled for ``target``."""
+        return cls(workload.name, workload.kind, str(target), workload.inputs)
 
     def save(self, library: Path) -> Path:
         path = description_path(library)
