@@ -276,3 +276,24 @@ def test_a_pool_whose_window_covers_the_input_is_a_mean(pool, becomes_mean, llvm
     names = [t.name for t in extract_tasks(workload, llvm_target, lowered)]
     assert any("pool" in n for n in names) != becomes_mean, names
     assert error_against_torch(model, lowered, llvm_target, x) < 1e-5
+
+
+@pytest.mark.parametrize(("exponent", "becomes_products"), [(2.0, True), (3.0, True), (4.0, True), (2.5, False)])
+def test_whole_powers_are_multiplies(exponent, becomes_products, llvm_target):
+    """GPT-2's tanh GELU cubes its input with torch.pow: one libm call per element unless it is
+    written as multiplies."""
+    from lowered_models import error_against_torch
+
+    from tuner.tasks import load_model
+
+    class TanhGelu(torch.nn.Module):
+        def forward(self, x):
+            return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x.abs(), exponent))))
+
+    model = TanhGelu().eval()
+    x = np.random.default_rng(0).standard_normal((4, 256)).astype("float32")
+    workload = load_model(model, [torch.from_numpy(x)])
+    lowered = lower_workload(workload, llvm_target)
+    scripts = "".join(f.script() for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    assert ("T.pow(" not in scripts) == becomes_products
+    assert error_against_torch(model, lowered, llvm_target, x) < 1e-5

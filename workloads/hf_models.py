@@ -137,17 +137,20 @@ def speech(
     shape: tuple[int, ...],
     fields: Sequence[str] = ("last_hidden_state",),
     decoder_tokens: int = 0,
+    part: str = "",
     **config: Any,
 ) -> Callable[[], tuple[nn.Module, list[torch.Tensor]]]:
     """A builder of a speech model taking one float input ``key`` of ``shape`` (a waveform, or log-mel
-    features) of order 1; an encoder-decoder also ``decoder_input_ids`` (``decoder_tokens`` of them)."""
+    features) of order 1; an encoder-decoder also ``decoder_input_ids`` (``decoder_tokens`` of them);
+    ``part`` names a submodule to take alone (``"encoder"``)."""
 
     def build() -> tuple[nn.Module, list[torch.Tensor]]:
         import transformers
 
         def make() -> nn.Module:
             cfg = getattr(transformers, config_class)(**config)
-            return getattr(transformers, model_class)(cfg)
+            model = getattr(transformers, model_class)(cfg)
+            return getattr(model, part) if part else model
 
         model = _seeded(make)
         generator = torch.Generator().manual_seed(INPUT_SEED)
@@ -289,6 +292,19 @@ HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
         max_source_positions=100,
         encoder_layers=2,
         decoder_layers=2,
+    ),
+    # long sequences: Whisper-tiny's encoder on 30 s of audio, 1,500 positions (attention scores of 1500x1500
+    # per head)
+    "hf-whisper-encoder-long": speech(
+        "WhisperModel",
+        "WhisperConfig",
+        "input_features",
+        (1, 80, 3000),
+        part="encoder",
+        encoder_layers=4,
+        d_model=384,
+        encoder_attention_heads=6,
+        encoder_ffn_dim=1536,
     ),
 }
 

@@ -8,8 +8,8 @@ looks up:
    importers' slow forms replaced (``rewrites``), zero pads folded into the convolutions they feed
    (``pads``), and, with ``fast_math``, exp/erf/tanh/sigmoid/
    softmax computed by vectorisable approximations instead of one libm call per element; on a
-   CPU, convolutions computed channels-last (``channels_last``), those 3x3 convolutions of
-   stride 1 that reuse their weights enough by Winograd's algorithm (``winograd``), and each 1x1
+   CPU, attentions over long sequences a block of queries at a time (``attention_blocks``),
+   convolutions computed channels-last (``channels_last``), those 3x3 convolutions of stride 1 that reuse their weights enough by Winograd's algorithm (``winograd``), and each 1x1
    expanding convolution with the depthwise convolution after it as one kernel
    (``inverted_residual``), and large matmuls by constant weights by one level of Strassen's algorithm
    (``strassen``); with ``bfloat16``, convolutions and matmuls by weights from bf16 operands (``bf16``);
@@ -31,6 +31,7 @@ from tvm import relax
 from tvm.relax import pipeline as relax_pipeline
 
 from ..precision import has_bf16_dot_product
+from .attention_blocks import AttentionInQueryBlocks
 from .bf16 import Bfloat16Products
 from .channels_last import ChannelsLastConvolutions
 from .inverted_residual import FuseExpandDepthwise
@@ -60,6 +61,8 @@ class LoweringOptions:
     strassen: bool | None = None
     # convolutions and matmuls by constant weights from bf16 operands into fp32 (``dtype="bfloat16"``)
     bfloat16: bool = False
+    # attentions whose scores outgrow the caches computed a block of queries at a time; None: on CPUs
+    attention_blocks: bool | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -71,7 +74,13 @@ class LoweringOptions:
 
 
 # Options added after work dirs began recording theirs, with the behaviour those work dirs were tuned with.
-_PREDATING_RECORDS = {"winograd": False, "fuse_expand_depthwise": False, "strassen": False, "bfloat16": False}
+_PREDATING_RECORDS = {
+    "winograd": False,
+    "fuse_expand_depthwise": False,
+    "strassen": False,
+    "bfloat16": False,
+    "attention_blocks": False,
+}
 
 
 def _on_cpus_by_default(option: bool | None, target: tvm.target.Target | None) -> bool:
@@ -95,6 +104,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     # before constants are folded: a broadcast of a weight, once folded, is a constant of its own
     passes.append(SimplifyImportedGraph(fast_math=options.fast_math))
     passes.append(FoldPadsIntoConvolutions())
+    if _on_cpus_by_default(options.attention_blocks, target):
+        passes.append(AttentionInQueryBlocks(fast_math=options.fast_math))
     if _on_cpus_by_default(options.channels_last, target):
         passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions()]  # biases must be constants to move past
         if _on_cpus_by_default(options.winograd, target):
