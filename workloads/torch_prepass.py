@@ -9,6 +9,11 @@ for what PyTorch accepts and the importer does not.
   values to it. The empty inputs are dropped (cast where they took part in the output's dtype); a
   ``cat`` left with one input becomes that input.
 
+* ``aten.im2col`` and ``aten.col2im`` (``F.unfold``/``F.fold``), which the importer takes as advanced
+  indexing and fails on ("index_tensor: cannot broadcast index shapes": MobileViTV2), where their
+  patches do not overlap (kernel = stride, no padding or dilation) are a reshape, a permute and a
+  reshape: each patch's pixels are a block of the image.
+
 The program is changed in place; the graph's nodes that only fed a dropped input are removed too
 (its lifted constants stay in the signature: the importer binds them, and nothing uses them).
 
@@ -27,6 +32,8 @@ from typing import Any
 import torch
 
 _CATS = (torch.ops.aten.cat.default, torch.ops.aten.concat.default)
+_PATCH_OPS = (torch.ops.aten.im2col.default, torch.ops.aten.col2im.default)
+_RESHAPE, _PERMUTE = torch.ops.aten.reshape.default, torch.ops.aten.permute.default
 # producers of a dropped empty input that nothing else reads (a lifted constant's copy and detach)
 _REMOVABLE = (
     torch.ops.aten.lift_fresh_copy.default,
@@ -66,11 +73,15 @@ def prepare_exported_program(exported: Any) -> Any:
     """``exported`` rewritten for TVM's importer (the same object); the rewrites keep its outputs."""
     graph = exported.graph_module.graph
     dropped: list[Any] = []
+    changed = False
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target in _CATS:
             dropped += _drop_empty_cat_inputs(graph, node)
+        elif node.op == "call_function" and node.target in _PATCH_OPS:
+            changed |= _patches_as_layout(graph, node)
     if dropped:
         _remove_unused(graph, dropped)
+    if dropped or changed:
         graph.lint()
         exported.graph_module.recompile()
     return exported
@@ -104,6 +115,42 @@ def _drop_empty_cat_inputs(graph: Any, node: Any) -> list[Any]:
         else:
             node.args = (kept, *node.args[1:])
     return [x for x in inputs if _is_legacy_empty(x)]
+
+
+def _patches_as_layout(graph: Any, node: Any) -> bool:
+    """``node`` (an im2col or col2im of 4-D images) as reshape, permute, reshape where its patches
+    tile the image without overlap; whether it was replaced."""
+    unfold = node.target == torch.ops.aten.im2col.default
+    data, *size, kernel, dilation, padding, stride = node.args
+    image = _value(data) if unfold else _value(node)
+    if not isinstance(image, torch.Tensor) or image.dim() != 4 or list(kernel) != list(stride):
+        return False
+    (kh, kw), (batch, channels, height, width) = kernel, image.shape
+    if list(dilation) != [1, 1] or any(padding) or height % kh or width % kw:
+        return False
+    rows, columns = height // kh, width // kw
+    if unfold:  # x[b, c, r*kh + i, q*kw + j] at [b, (c*kh + i)*kw + j, r*columns + q]
+        steps = [
+            (batch, channels, rows, kh, columns, kw),
+            [0, 1, 3, 5, 2, 4],
+            (batch, channels * kh * kw, rows * columns),
+        ]
+    else:
+        steps = [(batch, channels, kh, kw, rows, columns), [0, 1, 4, 2, 5, 3], (batch, channels, height, width)]
+    value = data
+    with graph.inserting_before(node):
+        for step, target in zip(steps, (_RESHAPE, _PERMUTE, _RESHAPE), strict=True):
+            value = _call(graph, target, value, list(step))
+    node.replace_all_uses_with(value)
+    graph.erase_node(node)
+    return True
+
+
+def _call(graph: Any, target: Any, node: Any, argument: list[int]) -> Any:
+    """A new node ``target(node, argument)``, its value (shape and dtype) computed from ``node``'s."""
+    call = graph.call_function(target, (node, argument))
+    call.meta["val"] = target(_value(node), argument)
+    return call
 
 
 def _cast(graph: Any, node: Any, dtype: torch.dtype) -> Any:
