@@ -11,20 +11,24 @@ torch = pytest.importorskip("torch")
 
 
 class _Attention(torch.nn.Module):
-    """Self-attention of 2 heads over x's rows, by scaled_dot_product_attention or written out
-    (scores scaled, softmax, product) as many models write it."""
+    """Self-attention of 2 heads over x's rows: by scaled_dot_product_attention (``sdpa``; ``causal``;
+    with a ``mask`` of a row per query added, as decoders pass theirs), or written out (scores scaled,
+    softmax, product) as many models write it."""
 
-    def __init__(self, written_out: bool):
+    def __init__(self, form: str):
         super().__init__()
-        self.written_out = written_out
+        self.form = form
         self.qkv = torch.nn.Linear(64, 192)
+        self.register_buffer("mask", torch.rand(256, 256, generator=torch.Generator().manual_seed(0)) * 4)
 
     def forward(self, x):
         q, k, v = (t.reshape(1, -1, 2, 32).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
-        if self.written_out:
+        if self.form == "written_out":
             out = torch.softmax(q @ k.transpose(-1, -2) / 32**0.5, dim=-1) @ v
+        elif self.form == "mask":
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
         else:
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.form == "causal")
         return out.transpose(1, 2).reshape(1, -1, 64)
 
 
@@ -35,14 +39,14 @@ def test_blocks_are_the_fewest_whose_scores_fit():
     assert query_blocks(1499, 6 * 1499 * 4) == 1  # a prime length splits into no equal blocks
 
 
-@pytest.mark.parametrize("written_out", [False, True])
-def test_long_attention_is_computed_in_blocks_and_matches_pytorch(written_out, llvm_target, monkeypatch):
+@pytest.mark.parametrize("form", ["sdpa", "written_out", "causal", "mask"])
+def test_long_attention_is_computed_in_blocks_and_matches_pytorch(form, llvm_target, monkeypatch):
     from lowered_models import error_against_torch
 
     # scores of 2 x 256 x 256 floats (512 KB) made "long": blocks of 32 queries
     monkeypatch.setattr(attention_blocks, "MIN_SCORE_BYTES", 256 << 10)
     monkeypatch.setattr(attention_blocks, "BLOCK_SCORE_BYTES", 64 << 10)
-    model = _Attention(written_out).eval()
+    model = _Attention(form).eval()
     x = np.random.default_rng(0).standard_normal((1, 256, 64)).astype("float32")
     workload = load_model(model, [torch.from_numpy(x)])
     lowered = lower_workload(workload, llvm_target)
@@ -54,7 +58,7 @@ def test_long_attention_is_computed_in_blocks_and_matches_pytorch(written_out, l
 
 
 def test_short_attention_is_left_whole(llvm_target):
-    model = _Attention(written_out=False).eval()
+    model = _Attention("sdpa").eval()
     x = np.random.default_rng(0).standard_normal((1, 256, 64)).astype("float32")
     workload = load_model(model, [torch.from_numpy(x)])
     tasks = extract_tasks(workload, llvm_target, lower_workload(workload, llvm_target))

@@ -9,9 +9,10 @@ looks up:
    (``pads``), and, with ``fast_math``, exp/erf/tanh/sigmoid/
    softmax computed by vectorisable approximations instead of one libm call per element; on a
    CPU, attentions over long sequences a block of queries at a time (``attention_blocks``),
-   convolutions computed channels-last (``channels_last``), those 3x3 convolutions of stride 1 that reuse their weights enough by Winograd's algorithm (``winograd``), and each 1x1
-   expanding convolution with the depthwise convolution after it as one kernel
-   (``inverted_residual``), and large matmuls by constant weights by one level of Strassen's algorithm
+   convolutions computed channels-last (``channels_last``), those 3x3 convolutions of stride 1
+   that reuse their weights enough by Winograd's algorithm (``winograd``), and each 1x1 expanding
+   convolution with the depthwise convolution after it as one kernel (``inverted_residual``), and
+   large matmuls by constant weights by one level of Strassen's algorithm
    (``strassen``); with ``bfloat16``, convolutions and matmuls by weights from bf16 operands (``bf16``);
 2. TVM's legalization and operator fusion (element-wise epilogues such as bias, activation and
    residual add fuse into the convolution or matmul that produces them; a pad or concatenation,

@@ -35,9 +35,9 @@ MIN_BLOCK_ROWS = 16  # fewer, and the products' tiles run short
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _SOFTMAX_KERNEL = re.compile(r"(safe_)?softmax\d*$")
 # ops between the scores and the softmax, or the softmax and the second product, re-applied to each
-# block: those that only add or drop leading axes, and arithmetic with one number (a scaling)
+# block: those that only add or drop leading axes, and arithmetic (a scaling, a mask)
 _LEADING_AXES_OPS = ("relax.expand_dims", "relax.squeeze", "relax.reshape")
-_SCALAR_ARITHMETIC = ("relax.multiply", "relax.divide", "relax.add", "relax.subtract")
+_ARITHMETIC = ("relax.multiply", "relax.divide", "relax.add", "relax.subtract")
 
 
 def query_blocks(queries: int, bytes_per_query: int) -> int:
@@ -107,41 +107,50 @@ class _AttentionBlocks(PyExprMutator):
         safe = softmax.args[0].name_hint.startswith("safe_")
         fast = self.fast_math and str(softmax.ty.dtype) == "float32"
         split = self.builder_.emit(relax.op.split(queries, blocks, axis=-2))
+        # operands with a row per query (a causal mask): split as the queries are
+        pieces = {
+            op: self.builder_.emit(relax.op.split(op.args[1 - position], blocks, axis=-2))
+            for op, position in before + after
+            if op_name(op) in _ARITHMETIC and _side_operand_rows(op, position) > 1
+        }
         outputs = []
         for block in range(blocks):
             block_queries = self.builder_.emit(relax.TupleGetItem(split, block))
             part = self.builder_.emit(relax.op.matmul(block_queries, keys, scores.attrs.out_dtype))
-            part = self._reapply(before, part)
+            part = self._reapply(before, part, pieces, block)
             part = self.builder_.emit(
                 self.builder_.call_te(row_softmax, part, fast, safe, primfunc_name_hint=softmax.args[0].name_hint)
             )
-            part = self._reapply(after, part)
+            part = self._reapply(after, part, pieces, block)
             outputs.append(self.builder_.emit(relax.op.matmul(part, call.args[1], call.attrs.out_dtype)))
         return relax.op.concat(outputs, axis=-2)
 
-    def _reapply(self, chain: list[tuple[Call, int]], value: Expr) -> Expr:
-        """``chain`` applied to one block's ``value``."""
+    def _reapply(self, chain: list[tuple[Call, int]], value: Expr, pieces: dict[Call, Expr], block: int) -> Expr:
+        """``chain`` applied to the ``block``-th block's ``value``."""
         for op, position in chain:
             if op_name(op) == "relax.reshape":
                 shape = static_shape(op)
                 value = self.builder_.emit(relax.op.reshape(value, (*shape[:-2], static_shape(value)[-2], shape[-1])))
-            else:
-                args = list(op.args)
-                args[position] = value
-                value = self.builder_.emit(Call(op.op, args, op.attrs))
+                continue
+            args = list(op.args)
+            args[position] = value
+            if op in pieces:
+                args[1 - position] = self.builder_.emit(relax.TupleGetItem(pieces[op], block))
+            value = self.builder_.emit(Call(op.op, args, op.attrs))
         return value
 
 
 def _row_op_argument(value: Expr) -> int | None:
     """The position of the argument that ``value`` (a call) computes from row by row, keeping its last
-    two axes: the data of an expand_dims, squeeze or reshape of leading axes, or the tensor operand of
-    arithmetic with one number; else None."""
+    two axes: the data of an expand_dims, squeeze or reshape of leading axes, or the scores' operand of
+    arithmetic with a tensor that is the same for every query or has a row per query (a scaling, a
+    mask); else None."""
     name = op_name(value)
-    if name in _SCALAR_ARITHMETIC:
-        tensor = [i for i, arg in enumerate(value.args) if not _is_one_number(arg)]
-        if len(tensor) != 1 or static_shape(value.args[tensor[0]]) != static_shape(value):
-            return None
-        return tensor[0]
+    if name in _ARITHMETIC:
+        # where both operands have the scores' shape, either is taken for the scores': the other is split
+        # into blocks as they are, and an element-wise op on blocks is the op
+        full = [i for i, arg in enumerate(value.args) if static_shape(arg) == static_shape(value)]
+        return full[0] if full and _side_operand_rows(value, full[0]) is not None else None
     if name not in _LEADING_AXES_OPS:
         return None
     before, after = static_shape(value.args[0]), static_shape(value)
@@ -153,6 +162,17 @@ def _row_op_argument(value: Expr) -> int | None:
     return 0 if all(int(a) % rank < rank - 2 for a in value.attrs.axis) else None
 
 
+def _side_operand_rows(op: Call, position: int) -> int | None:
+    """The rows (queries) of the operand of ``op`` beside the scores' (at ``position``): 1 where it is
+    the same for every query, the queries where it has one row each; None where it is neither (or
+    unknown)."""
+    shape, side = static_shape(op), static_shape(op.args[1 - position])
+    if shape is None or side is None or len(side) > len(shape):
+        return None
+    rows = side[-2] if len(side) >= 2 else 1
+    return rows if rows in (1, shape[-2]) else None
+
+
 @tvm.transform.module_pass(opt_level=0, name="AttentionInQueryBlocks")
 class AttentionInQueryBlocks:
     """Attentions whose scores outgrow the caches computed a block of queries at a time."""
@@ -162,7 +182,3 @@ class AttentionInQueryBlocks:
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         return rewrite_functions(_AttentionBlocks(mod, self.fast_math), mod)
-
-
-def _is_one_number(expr: Expr) -> bool:
-    return isinstance(expr, tvm.ir.expr.Constant) and expr.value.numpy().size == 1
