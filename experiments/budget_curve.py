@@ -111,25 +111,25 @@ def time_step(name: str, artifacts: dict[str, str], threads: int, scratch: Path)
 
 
 # -- the experiment -------------------------------------------------------------------------------------
-def _best_fp32(latency: dict) -> str:
+def best_fp32(latency: dict) -> str:
     return min((n for n in FP32_RUNTIMES if latency.get(n)), key=lambda n: latency[n])
 
 
-def _median_latencies(runs: list[dict]) -> dict:
+def median_latencies(runs: list[dict]) -> dict:
     names = [n for n, v in runs[0]["latency"].items() if v]
     return {n: statistics.median(r["latency"][n] for r in runs) for n in names}
 
 
-def _median_ratios(runs: list[dict]) -> dict:
+def median_ratios(runs: list[dict]) -> dict:
     """Each contender's latency over the best fp32 runtime's in the same process, median over processes."""
     names = [n for n, v in runs[0]["latency"].items() if v]
-    ratios = {n: [r["latency"][n] / r["latency"][_best_fp32(r["latency"])] for r in runs] for n in names}
+    ratios = {n: [r["latency"][n] / r["latency"][best_fp32(r["latency"])] for r in runs] for n in names}
     return {n: statistics.median(values) for n, values in ratios.items()}
 
 
 def _table(curve: dict) -> str:
     timed = curve["timing"]
-    best_name = _best_fp32(timed["latency"])
+    best_name = best_fp32(timed["latency"])
     rows = []
     for label in [*curve["checkpoints"], *FP32_RUNTIMES, fw.OPENVINO_DEFAULT]:
         latency = timed["latency"].get(label)
@@ -200,7 +200,7 @@ def main() -> None:
         run_step(script, [*fixed, "--time-step", json.dumps(artifacts)], out / f"time{i}.log")
         for i in range(TIMING_PROCESSES)
     ]
-    timing = {**runs[-1], "latency": _median_latencies(runs), "ratio": _median_ratios(runs), "processes": runs}
+    timing = {**runs[-1], "latency": median_latencies(runs), "ratio": median_ratios(runs), "processes": runs}
     curve = {
         "model": args.model,
         "minutes": args.minutes,

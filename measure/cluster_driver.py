@@ -198,10 +198,13 @@ class ClusterDriver:
         up = Counter(m.device for m in self.measurers if m.state in ("up", "down"))
         return assign_device(group, up, self.groups)
 
-    def _submit_build(self, item: MeasureInput, target: str, cuda: bool, keep_layout_rewrite: bool) -> tuple[Any, Any]:
-        """A build task: refs to (its result and node, the artifact's bytes)."""
+    def _submit_build(
+        self, item: MeasureInput, target: str, cuda: bool, keep_layout_rewrite: bool, timeout: float | None = None
+    ) -> tuple[Any, Any]:
+        """A build task: refs to (its result and node, the artifact's bytes); ``timeout``: the
+        candidates' adaptive one unless given."""
         return self._build.options(num_returns=2).remote(
-            item, target, cuda, keep_layout_rewrite, self.build_timeout.value
+            item, target, cuda, keep_layout_rewrite, timeout or self.build_timeout.value
         )
 
     def _start_build(self, pending: Pending) -> None:
@@ -353,7 +356,8 @@ class ClusterDriver:
         raise ClusterError("no measuring actor is up on the cluster")
 
     def _build_one(self, item: MeasureInput, target: str, cuda: bool) -> tuple[BuildResult, Any]:
-        result, blob = self._submit_build(item, target, cuda, True)
+        """One build for a verification, allowed the reference's time (see ``Engine.verify``)."""
+        result, blob = self._submit_build(item, target, cuda, True, self.config.reference_timeout)
         built, _ = self.ray.get(result)
         return built, blob
 

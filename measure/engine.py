@@ -293,16 +293,23 @@ class MeasureEngine(Engine):
             log.write(json.dumps({"time": time.time(), **decision.as_dict()}) + "\n")
 
     def build(
-        self, inputs: Sequence[MeasureInput], keep_layout_rewrite: bool = False, target: tvm.target.Target | None = None
+        self,
+        inputs: Sequence[MeasureInput],
+        keep_layout_rewrite: bool = False,
+        target: tvm.target.Target | None = None,
+        timeout: float | None = None,
     ) -> Iterator[BuildResult]:
         """Build candidates in parallel, yielding each as it finishes. Artifacts are left in the
-        work dir's artifacts folder for the caller (they can be timed on another host)."""
+        work dir's artifacts folder for the caller (they can be timed on another host). ``timeout``:
+        each build's, instead of the adaptive one that candidates get (and then not learnt from)."""
         free: queue.Queue[WorkerProcess] = queue.Queue()
         for worker in self._builders:
             free.put(worker)
         target = target or self.target
         with ThreadPoolExecutor(max_workers=len(self._builders)) as pool:
-            futures = [pool.submit(self._build_one, free, item, target, keep_layout_rewrite) for item in inputs]
+            futures = [
+                pool.submit(self._build_one, free, item, target, keep_layout_rewrite, timeout) for item in inputs
+            ]
             try:
                 for future in as_completed(futures):
                     yield future.result()
@@ -316,8 +323,12 @@ class MeasureEngine(Engine):
         """Check the candidate's output against the unscheduled function's on random inputs
         (``group`` as in ``measure``)."""
         ref_target = host_target(self.target)
-        (ref,) = self.build([MeasureInput("reference", reference)], keep_layout_rewrite=True, target=ref_target)
-        (cand,) = self.build([MeasureInput("candidate", candidate)], keep_layout_rewrite=True)
+        # not the candidates' adaptive timeout (10x their median build): the unscheduled reference can take
+        # far longer to build than they do, and a verification that cannot build falls back to TVM's default
+        # schedule (a bf16 convolution 40x slower than its tuned one)
+        timeout = self.config.reference_timeout
+        (ref,) = self.build([MeasureInput("reference", reference)], True, ref_target, timeout)
+        (cand,) = self.build([MeasureInput("candidate", candidate)], True, timeout=timeout)
         try:
             for built in (ref, cand):
                 if not built.ok:
@@ -417,14 +428,15 @@ class MeasureEngine(Engine):
             return str(self._artifact_dir / f"candidate-{next(self._names)}.so")
 
     def _build_one(
-        self, free: queue.Queue, item: MeasureInput, target: tvm.target.Target, keep_layout: bool
+        self, free: queue.Queue, item: MeasureInput, target: tvm.target.Target, keep_layout: bool, timeout: float | None
     ) -> BuildResult:
         worker = free.get()
         try:
-            built = build_with(worker, item, str(target), self._artifact_path(), keep_layout, self.build_timeout.value)
+            limit = timeout or self.build_timeout.value
+            built = build_with(worker, item, str(target), self._artifact_path(), keep_layout, limit)
         finally:
             free.put(worker)
-        if built.ok:
+        if built.ok and timeout is None:
             self.build_timeout.record(built.seconds)
         return built
 

@@ -1,0 +1,130 @@
+"""Long-sequence attention a block of queries at a time against the whole scores at once, beside the
+fp32 runtimes a user has today.
+
+    .venv/bin/python experiments/attention_blocks.py                      # Whisper-tiny's encoder, 1,500 positions
+    .venv/bin/python experiments/attention_blocks.py --model hf-whisper-encoder-long --trials-per-task 32
+
+The model is tuned twice at the same budget, each in a fresh process and a work dir of its own: as
+the lowering does by default on a CPU (``attention_blocks``: scores of a few MB per block, kept in the
+caches between the three kernels that write and read them) and with ``attention_blocks=False`` (each
+layer's scores written to memory whole). Both compiled models, PyTorch eager, torch.compile, ONNX
+Runtime and OpenVINO are then timed in interleaved rounds in several fresh processes
+(``budget_curve.py``'s timing step), each ratio taken within one process, and each model's error
+against PyTorch eager. Results: OUT/blocks.json, OUT/blocks.md; the work dirs stay under OUT/runs (a
+rerun tunes nothing already tuned, and times again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments import budget_curve  # noqa: E402
+from experiments import frameworks as fw  # noqa: E402
+from experiments.common import markdown_table, run_step  # noqa: E402
+from measure.host import cpu_model  # noqa: E402
+
+VARIANTS = {"tuned, query blocks": True, "tuned, whole scores": False}
+
+
+def tune_step(name: str, blocks: bool, trials_per_task: int, work_dir: Path, seed: int) -> dict:
+    from tuner import tune
+    from tuner.lowering import LoweringOptions
+
+    module, inputs = fw.module_and_inputs(name)
+    result = tune(
+        module,
+        example_inputs=inputs,
+        trials_per_task=trials_per_task,
+        lowering=LoweringOptions(attention_blocks=blocks),
+        work_dir=work_dir,
+        seed=seed,
+    )
+    artifact = work_dir / "model.so"
+    result.export(artifact)
+    kernels = {t.name: [t.weight, t.best_latency] for t in result.tasks}
+    return {"trials": result.trials, "tasks": len(result.tasks), "artifact": str(artifact), "kernels": kernels}
+
+
+def _table(record: dict) -> str:
+    timed = record["timing"]
+    rows = []
+    for label in [*VARIANTS, *budget_curve.FP32_RUNTIMES, fw.OPENVINO_DEFAULT]:
+        latency = timed["latency"].get(label)
+        tuned = record["tuned"].get(label, {})
+        rows.append(
+            {
+                "what": label,
+                "kernels": tuned.get("tasks", ""),
+                "trials": tuned.get("trials", ""),
+                "ms": f"{latency * 1e3:.2f}" if latency else timed["missing"].get(label, "-"),
+                "/ best fp32": f"{timed['ratio'][label]:.2f}" if latency else "",
+                "precision": timed["precision"].get(label) or "",
+                "error": f"{timed['errors'][label]:.1e}" if label in timed["errors"] else "",
+            }
+        )
+    head = (
+        f"{record['model']} at {record['trials_per_task']} trials per task on {record['cpu']}; median of "
+        f"{len(timed['processes'])} timing processes, each ratio to the best fp32 runtime "
+        f"({budget_curve.best_fp32(timed['latency'])} here) taken within one; errors against PyTorch eager, "
+        f"output scale {timed['output_scale']:.2g}"
+    )
+    return head + "\n\n" + markdown_table(rows, list(rows[0])) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="hf-whisper-encoder-long", help="a model of workloads/hf_models.py")
+    parser.add_argument("--trials-per-task", type=int, default=32)
+    parser.add_argument("--out", default="experiments/results/attention_blocks")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tune-step", choices=[str(b) for b in VARIANTS.values()], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    if args.tune_step:
+        blocks = args.tune_step == "True"
+        work_dir = out / "runs" / ("blocks" if blocks else "whole")
+        return print(json.dumps(tune_step(args.model, blocks, args.trials_per_task, work_dir, args.seed)))
+
+    out.mkdir(parents=True, exist_ok=True)
+    script = Path(__file__)
+    tuned = {}
+    for label, blocks in VARIANTS.items():
+        record = out / f"tune_{'blocks' if blocks else 'whole'}.json"
+        if not record.exists():
+            steps = ["--model", args.model, "--trials-per-task", str(args.trials_per_task), "--out", str(out)]
+            steps += ["--seed", str(args.seed), "--tune-step", str(blocks)]
+            record.write_text(json.dumps(run_step(script, steps, record.with_suffix(".log"))) + "\n")
+        tuned[label] = json.loads(record.read_text())
+        print(f"{label}: {tuned[label]['tasks']} kernels, {tuned[label]['trials']} trials", flush=True)
+    artifacts = json.dumps({label: step["artifact"] for label, step in tuned.items()})
+    timing_args = ["--model", args.model, "--out", str(out), "--time-step", artifacts]
+    runs = [
+        run_step(Path(budget_curve.__file__), timing_args, out / f"time{i}.log")
+        for i in range(budget_curve.TIMING_PROCESSES)
+    ]
+    timing = {
+        **runs[-1],
+        "latency": budget_curve.median_latencies(runs),
+        "ratio": budget_curve.median_ratios(runs),
+        "processes": runs,
+    }
+    record = {
+        "model": args.model,
+        "trials_per_task": args.trials_per_task,
+        "cpu": cpu_model(),
+        "tuned": tuned,
+        "timing": timing,
+    }
+    (out / "blocks.json").write_text(json.dumps(record, indent=1) + "\n")
+    table = _table(record)
+    (out / "blocks.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
