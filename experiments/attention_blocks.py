@@ -44,8 +44,7 @@ def tune_step(name: str, blocks: bool, trials_per_task: int, work_dir: Path, see
         work_dir=work_dir,
         seed=seed,
     )
-    artifact = work_dir / "model.so"
-    result.export(artifact)
+    artifact = result.artifact_path
     kernels = {t.name: [t.weight, t.best_latency] for t in result.tasks}
     return {"trials": result.trials, "tasks": len(result.tasks), "artifact": str(artifact), "kernels": kernels}
 
