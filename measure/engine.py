@@ -33,7 +33,7 @@ from .cuda_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode
 from .dop import DopController, DopDecision, relative_error
 from .dop_memory import DopMemory, machine_key
 from .host import available_memory_bytes
-from .nvml import NvmlMonitor
+from .nvml import NvmlMonitor, split_energy
 from .runners import DeviceUnavailable, RunnerPool
 from .timeouts import AdaptiveTimeout
 from .timing import TimingConfig
@@ -439,18 +439,6 @@ class MeasureEngine(Engine):
         if built.ok and timeout is None:
             self.build_timeout.record(built.seconds)
         return built
-
-
-def split_energy(joules: float | None, results: list[MeasureResult]) -> None:
-    """Share the device energy of a window whose candidates were timed at once among them, in
-    proportion to the time each spent in its timed region (equally if none got that far), so
-    that the energies of a run's results add up to what the device spent."""
-    weights = [max(0.0, r.run_seconds) for r in results]
-    total = sum(weights)
-    if total <= 0:
-        weights, total = [1.0] * len(results), float(len(results))
-    for result, weight in zip(results, weights, strict=True):
-        result.energy_j = None if joules is None else joules * weight / total
 
 
 def _remove(path: str) -> None:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .cuda_runtime import DeviceIdentity, device_identity
+from .types import MeasureResult
 
 log = logging.getLogger("tensor_tuner.measure")
 
@@ -215,6 +216,18 @@ class NvmlMonitor:
         if self.available:
             self._nvml.nvmlShutdown()
             self._nvml = None
+
+
+def split_energy(joules: float | None, results: list[MeasureResult]) -> None:
+    """Share the device energy of a window whose candidates were timed at once among them, in
+    proportion to the time each spent in its timed region (equally if none got that far), so
+    that the energies of a run's results add up to what the device spent."""
+    weights = [max(0.0, r.run_seconds) for r in results]
+    total = sum(weights)
+    if total <= 0:
+        weights, total = [1.0] * len(results), float(len(results))
+    for result, weight in zip(results, weights, strict=True):
+        result.energy_j = None if joules is None else joules * weight / total
 
 
 def _mig_devices(nvml: Any, handle: Any) -> list[Any]:

@@ -14,8 +14,7 @@ import pytest
 
 from measure import EngineConfig, MeasureEngine, MeasureInput, TimingConfig
 from measure.cuda_runtime import DeviceIdentity, format_uuid
-from measure.engine import split_energy
-from measure.nvml import GpuSample, NvmlMonitor
+from measure.nvml import GpuSample, NvmlMonitor, split_energy
 from measure.types import MeasureResult, Status
 from tuner.errors import TunerError
 from tuner.objectives import Objectives, check_measurable
