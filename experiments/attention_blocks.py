@@ -4,10 +4,10 @@ fp32 runtimes a user has today.
     .venv/bin/python experiments/attention_blocks.py                      # Whisper-tiny's encoder, 1,500 positions
     .venv/bin/python experiments/attention_blocks.py --model hf-whisper-encoder-long --trials-per-task 32
 
-The model is tuned twice at the same budget, each in a fresh process and a work dir of its own: as
-the lowering does by default on a CPU (``attention_blocks``: scores of a few MB per block, kept in the
-caches between the three kernels that write and read them) and with ``attention_blocks=False`` (each
-layer's scores written to memory whole). Both compiled models, PyTorch eager, torch.compile, ONNX
+The model is tuned twice at the same budget, each in a fresh process and a work dir of its own: with
+``LoweringOptions(attention_blocks=True)`` (scores of a few MB per block, meant to stay in the caches
+between the three kernels that write and read them) and as the lowering does by default (each layer's
+scores written to memory whole). Both compiled models, PyTorch eager, torch.compile, ONNX
 Runtime and OpenVINO are then timed in interleaved rounds in several fresh processes
 (``budget_curve.py``'s timing step), each ratio taken within one process, and each model's error
 against PyTorch eager. Results: OUT/blocks.json, OUT/blocks.md; the work dirs stay under OUT/runs (a

@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 
-from tuner.lowering import attention_blocks
+from tuner.lowering import LoweringOptions, attention_blocks
 from tuner.lowering.attention_blocks import query_blocks
 from tuner.tasks import extract_tasks, load_model, lower_workload
 
 torch = pytest.importorskip("torch")
+BLOCKS = LoweringOptions(attention_blocks=True)  # off by default (see the module's docstring)
 
 
 class _Attention(torch.nn.Module):
@@ -49,7 +50,7 @@ def test_long_attention_is_computed_in_blocks_and_matches_pytorch(form, llvm_tar
     model = _Attention(form).eval()
     x = np.random.default_rng(0).standard_normal((1, 256, 64)).astype("float32")
     workload = load_model(model, [torch.from_numpy(x)])
-    lowered = lower_workload(workload, llvm_target)
+    lowered = lower_workload(workload, llvm_target, BLOCKS)
     tasks = {t.name: t for t in extract_tasks(workload, llvm_target, lowered)}
     softmax = [t for name, t in tasks.items() if "softmax" in name]
     assert len(softmax) == 1 and "T.int64(32), T.int64(256)" in softmax[0].mod.script(), list(tasks)
@@ -57,11 +58,15 @@ def test_long_attention_is_computed_in_blocks_and_matches_pytorch(form, llvm_tar
     assert error_against_torch(model, lowered, llvm_target, x) < 1e-5
 
 
-def test_short_attention_is_left_whole(llvm_target):
+def test_attention_is_left_whole_by_default_and_when_short(llvm_target, monkeypatch):
     model = _Attention("sdpa").eval()
     x = np.random.default_rng(0).standard_normal((1, 256, 64)).astype("float32")
     workload = load_model(model, [torch.from_numpy(x)])
-    tasks = extract_tasks(workload, llvm_target, lower_workload(workload, llvm_target))
+    tasks = extract_tasks(workload, llvm_target, lower_workload(workload, llvm_target, BLOCKS))
     (softmax,) = [t for t in tasks if "softmax" in t.name]
     assert "T.int64(256), T.int64(256)" in softmax.mod.script()
     assert not any("concatenate" in t.name for t in tasks), [t.name for t in tasks]
+    # long enough to split, but not asked for
+    monkeypatch.setattr(attention_blocks, "MIN_SCORE_BYTES", 256 << 10)
+    monkeypatch.setattr(attention_blocks, "BLOCK_SCORE_BYTES", 64 << 10)
+    assert not any("concatenate" in t.name for t in extract_tasks(workload, llvm_target)), [t.name for t in tasks]

@@ -7,8 +7,8 @@ looks up:
    before them (and the rest decomposed into element-wise arithmetic), constants folded, the
    importers' slow forms replaced (``rewrites``), zero pads folded into the convolutions they feed
    (``pads``), and, with ``fast_math``, exp/erf/tanh/sigmoid/
-   softmax computed by vectorisable approximations instead of one libm call per element; on a
-   CPU, attentions over long sequences a block of queries at a time (``attention_blocks``),
+   softmax computed by vectorisable approximations instead of one libm call per element; with
+   ``attention_blocks``, attentions over long sequences a block of queries at a time; on a CPU,
    convolutions computed channels-last (``channels_last``), those 3x3 convolutions of stride 1
    that reuse their weights enough by Winograd's algorithm (``winograd``), and each 1x1 expanding
    convolution with the depthwise convolution after it as one kernel (``inverted_residual``), and
@@ -62,8 +62,9 @@ class LoweringOptions:
     strassen: bool | None = None
     # convolutions and matmuls by constant weights from bf16 operands into fp32 (``dtype="bfloat16"``)
     bfloat16: bool = False
-    # attentions whose scores outgrow the caches computed a block of queries at a time; None: on CPUs
-    attention_blocks: bool | None = None
+    # attentions whose scores outgrow the caches computed a block of queries at a time: off, as measured
+    # slower than whole scores on Whisper's encoder (experiments/README.md, long sequences)
+    attention_blocks: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -105,7 +106,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     # before constants are folded: a broadcast of a weight, once folded, is a constant of its own
     passes.append(SimplifyImportedGraph(fast_math=options.fast_math))
     passes.append(FoldPadsIntoConvolutions())
-    if _on_cpus_by_default(options.attention_blocks, target):
+    if options.attention_blocks:
         passes.append(AttentionInQueryBlocks(fast_math=options.fast_math))
     if _on_cpus_by_default(options.channels_last, target):
         passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions()]  # biases must be constants to move past
