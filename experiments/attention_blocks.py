@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments import budget_curve  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
-from experiments.common import markdown_table, run_step  # noqa: E402
+from experiments.common import run_step  # noqa: E402
 from measure.host import cpu_model  # noqa: E402
 
 VARIANTS = {"tuned, query blocks": True, "tuned, whole scores": False}
@@ -50,29 +50,17 @@ def tune_step(name: str, blocks: bool, trials_per_task: int, work_dir: Path, see
 
 
 def _table(record: dict) -> str:
-    timed = record["timing"]
-    rows = []
-    for label in [*VARIANTS, *budget_curve.FP32_RUNTIMES, fw.OPENVINO_DEFAULT]:
-        latency = timed["latency"].get(label)
-        tuned = record["tuned"].get(label, {})
-        rows.append(
-            {
-                "what": label,
-                "kernels": tuned.get("tasks", ""),
-                "trials": tuned.get("trials", ""),
-                "ms": f"{latency * 1e3:.2f}" if latency else timed["missing"].get(label, "-"),
-                "/ best fp32": f"{timed['ratio'][label]:.2f}" if latency else "",
-                "precision": timed["precision"].get(label) or "",
-                "error": f"{timed['errors'][label]:.1e}" if label in timed["errors"] else "",
-            }
-        )
-    head = (
-        f"{record['model']} at {record['trials_per_task']} trials per task on {record['cpu']}; median of "
-        f"{len(timed['processes'])} timing processes, each ratio to the best fp32 runtime "
-        f"({budget_curve.best_fp32(timed['latency'])} here) taken within one; errors against PyTorch eager, "
-        f"output scale {timed['output_scale']:.2g}"
+    subject = f"{record['model']} at {record['trials_per_task']} trials per task on {record['cpu']}"
+    tuned = record["tuned"]
+    return budget_curve.timed_table(
+        subject,
+        record["timing"],
+        list(VARIANTS),
+        lambda label: {
+            "kernels": tuned.get(label, {}).get("tasks", ""),
+            "trials": tuned.get(label, {}).get("trials", ""),
+        },
     )
-    return head + "\n\n" + markdown_table(rows, list(rows[0])) + "\n"
 
 
 def main() -> None:
@@ -100,18 +88,8 @@ def main() -> None:
             record.write_text(json.dumps(run_step(script, steps, record.with_suffix(".log"))) + "\n")
         tuned[label] = json.loads(record.read_text())
         print(f"{label}: {tuned[label]['tasks']} kernels, {tuned[label]['trials']} trials", flush=True)
-    artifacts = json.dumps({label: step["artifact"] for label, step in tuned.items()})
-    timing_args = ["--model", args.model, "--out", str(out), "--time-step", artifacts]
-    runs = [
-        run_step(Path(budget_curve.__file__), timing_args, out / f"time{i}.log")
-        for i in range(budget_curve.TIMING_PROCESSES)
-    ]
-    timing = {
-        **runs[-1],
-        "latency": budget_curve.median_latencies(runs),
-        "ratio": budget_curve.median_ratios(runs),
-        "processes": runs,
-    }
+    artifacts = {label: step["artifact"] for label, step in tuned.items()}
+    timing = budget_curve.time_in_processes(args.model, artifacts, out)
     record = {
         "model": args.model,
         "trials_per_task": args.trials_per_task,

@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -127,17 +128,24 @@ def median_ratios(runs: list[dict]) -> dict:
     return {n: statistics.median(values) for n, values in ratios.items()}
 
 
-def _table(curve: dict) -> str:
-    timed = curve["timing"]
-    best_name = best_fp32(timed["latency"])
+def time_in_processes(model: str, artifacts: dict[str, str], out: Path) -> dict:
+    """The compiled ``artifacts`` (label: library) and the runtimes timed in ``TIMING_PROCESSES`` fresh
+    processes: each contender's median latency and median ratio to the best fp32 runtime over them."""
+    steps = ["--model", model, "--out", str(out), "--time-step", json.dumps(artifacts)]
+    runs = [run_step(Path(__file__), steps, out / f"time{i}.log") for i in range(TIMING_PROCESSES)]
+    return {**runs[-1], "latency": median_latencies(runs), "ratio": median_ratios(runs), "processes": runs}
+
+
+def timed_table(subject: str, timed: dict, tuned: Sequence[str], columns: Callable[[str], dict]) -> str:
+    """A markdown table of ``time_in_processes``'s result: the ``tuned`` contenders (with ``columns`` of
+    their own), then the runtimes, under a line on ``subject`` and how it was timed."""
     rows = []
-    for label in [*curve["checkpoints"], *FP32_RUNTIMES, fw.OPENVINO_DEFAULT]:
+    for label in [*tuned, *FP32_RUNTIMES, fw.OPENVINO_DEFAULT]:
         latency = timed["latency"].get(label)
-        point = curve["checkpoints"].get(label, {})
         rows.append(
             {
                 "what": label,
-                "trials so far": point.get("records", ""),
+                **columns(label),
                 "ms": f"{latency * 1e3:.2f}" if latency else timed["missing"].get(label, "-"),
                 "/ best fp32": f"{timed['ratio'][label]:.2f}" if latency else "",
                 "precision": timed["precision"].get(label) or "",
@@ -145,12 +153,25 @@ def _table(curve: dict) -> str:
             }
         )
     head = (
-        f"{curve['model']}: {curve['tune']['tasks']} kernels, tuned {curve['minutes']:g} minutes "
-        f"({curve['tune']['trials']} trials) on {curve['cpu']} ({curve['threads']} threads); "
-        f"median of {len(timed['processes'])} timing processes, each ratio to the best fp32 runtime "
-        f"({best_name} here) taken within one; errors against PyTorch eager, output scale {timed['output_scale']:.2g}"
+        f"{subject}; median of {len(timed['processes'])} timing processes, each ratio to the best fp32 runtime "
+        f"({best_fp32(timed['latency'])} here) taken within one; errors against PyTorch eager, output scale "
+        f"{timed['output_scale']:.2g}"
     )
     return head + "\n\n" + markdown_table(rows, list(rows[0])) + "\n"
+
+
+def _table(curve: dict) -> str:
+    subject = (
+        f"{curve['model']}: {curve['tune']['tasks']} kernels, tuned {curve['minutes']:g} minutes "
+        f"({curve['tune']['trials']} trials) on {curve['cpu']} ({curve['threads']} threads)"
+    )
+    points = curve["checkpoints"]
+    return timed_table(
+        subject,
+        curve["timing"],
+        list(points),
+        lambda label: {"trials so far": points.get(label, {}).get("records", "")},
+    )
 
 
 def main() -> None:
@@ -196,11 +217,7 @@ def main() -> None:
         points[label] = {"minute": minute, **step, "artifact": str(artifact)}
         print(f"{label}: {step['records']} trials, compiled", flush=True)
     artifacts = {label: point["artifact"] for label, point in points.items() if point["records"]}
-    runs = [
-        run_step(script, [*fixed, "--time-step", json.dumps(artifacts)], out / f"time{i}.log")
-        for i in range(TIMING_PROCESSES)
-    ]
-    timing = {**runs[-1], "latency": median_latencies(runs), "ratio": median_ratios(runs), "processes": runs}
+    timing = time_in_processes(args.model, artifacts, out)
     curve = {
         "model": args.model,
         "minutes": args.minutes,
