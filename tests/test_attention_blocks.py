@@ -40,7 +40,9 @@ def test_blocks_are_the_fewest_whose_scores_fit():
     assert query_blocks(1499, 6 * 1499 * 4) == 1  # a prime length splits into no equal blocks
 
 
-@pytest.mark.parametrize("form", ["sdpa", "written_out", "causal", "mask"])
+@pytest.mark.parametrize(
+    "form", ["sdpa", *(pytest.param(form, marks=pytest.mark.slow) for form in ("written_out", "causal", "mask"))]
+)
 def test_long_attention_is_computed_in_blocks_and_matches_pytorch(form, llvm_target, monkeypatch):
     from lowered_models import error_against_torch
 

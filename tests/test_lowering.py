@@ -278,7 +278,15 @@ def test_a_pool_whose_window_covers_the_input_is_a_mean(pool, becomes_mean, llvm
     assert error_against_torch(model, lowered, llvm_target, x) < 1e-5
 
 
-@pytest.mark.parametrize(("exponent", "becomes_products"), [(2.0, True), (3.0, True), (4.0, True), (2.5, False)])
+@pytest.mark.parametrize(
+    ("exponent", "becomes_products"),
+    [
+        pytest.param(2.0, True, marks=pytest.mark.slow),
+        (3.0, True),
+        pytest.param(4.0, True, marks=pytest.mark.slow),
+        (2.5, False),
+    ],
+)
 def test_whole_powers_are_multiplies(exponent, becomes_products, llvm_target):
     """GPT-2's tanh GELU cubes its input with torch.pow: one libm call per element unless it is
     written as multiplies."""
