@@ -34,6 +34,7 @@ import torch
 _CATS = (torch.ops.aten.cat.default, torch.ops.aten.concat.default)
 _PATCH_OPS = (torch.ops.aten.im2col.default, torch.ops.aten.col2im.default)
 _RESHAPE, _PERMUTE = torch.ops.aten.reshape.default, torch.ops.aten.permute.default
+_TO_COPY = torch.ops.aten._to_copy.default
 # producers of a dropped empty input that nothing else reads (a lifted constant's copy and detach)
 _REMOVABLE = (
     torch.ops.aten.lift_fresh_copy.default,
@@ -107,7 +108,7 @@ def _drop_empty_cat_inputs(graph: Any, node: Any) -> list[Any]:
         return []  # not the legacy case (or shapes unknown): leave it to the importer
     with graph.inserting_before(node):
         kept = [
-            x if _value(x).dtype == out.dtype else _cast(graph, x, out.dtype) for x in kept
+            x if _value(x).dtype == out.dtype else _call(graph, _TO_COPY, x, dtype=out.dtype) for x in kept
         ]  # the dropped inputs took part in the type promotion
         if len(kept) == 1:
             node.replace_all_uses_with(kept[0])
@@ -146,17 +147,11 @@ def _patches_as_layout(graph: Any, node: Any) -> bool:
     return True
 
 
-def _call(graph: Any, target: Any, node: Any, argument: list[int]) -> Any:
-    """A new node ``target(node, argument)``, its value (shape and dtype) computed from ``node``'s."""
-    call = graph.call_function(target, (node, argument))
-    call.meta["val"] = target(_value(node), argument)
+def _call(graph: Any, target: Any, node: Any, *args: Any, **kwargs: Any) -> Any:
+    """A new node ``target(node, *args, **kwargs)``, its value (shape and dtype) computed from ``node``'s."""
+    call = graph.call_function(target, (node, *args), kwargs)
+    call.meta["val"] = target(_value(node), *args, **kwargs)
     return call
-
-
-def _cast(graph: Any, node: Any, dtype: torch.dtype) -> Any:
-    cast = graph.call_function(torch.ops.aten._to_copy.default, (node,), {"dtype": dtype})
-    cast.meta["val"] = _value(node).to(dtype)
-    return cast
 
 
 def _remove_unused(graph: Any, dropped: list[Any]) -> None:

@@ -31,7 +31,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 from workloads.relax_functions import rewrite_functions
 
-from .rewrites import op_name, row_softmax, static_shape
+from .rewrites import is_float32, op_name, row_softmax, static_shape
 
 # Split where the scores outgrow the caches of a few cores; each block's scores fit in a
 # last-level cache slice.
@@ -44,6 +44,8 @@ _SOFTMAX_KERNEL = re.compile(r"(safe_)?softmax\d*$")
 # ops between the scores and the softmax, or the softmax and the second product, re-applied to each
 # block: those that only add or drop leading axes, and arithmetic (a scaling, a mask)
 _LEADING_AXES_OPS = ("relax.expand_dims", "relax.squeeze", "relax.reshape")
+# such ops, each with the position of its argument that comes from the scores
+_Chain = list[tuple[Call, int]]
 _ARITHMETIC = ("relax.multiply", "relax.divide", "relax.add", "relax.subtract")
 
 
@@ -77,10 +79,10 @@ class _AttentionBlocks(PyExprMutator):
             expr = value
         return expr
 
-    def _through_row_ops(self, expr: Expr) -> tuple[Expr, list[tuple[Call, int]]]:
+    def _through_row_ops(self, expr: Expr) -> tuple[Expr, _Chain]:
         """The value under a chain of ops that keep the last two axes and treat every query alike, and
         the chain, innermost first: each op with the position of its argument from the chain."""
-        chain: list[tuple[Call, int]] = []
+        chain: _Chain = []
         while True:
             value = self._bound(expr)
             position = _row_op_argument(value)
@@ -89,9 +91,9 @@ class _AttentionBlocks(PyExprMutator):
             chain.append((value, position))
             expr = value.args[position]
 
-    def _attention(self, call: Call) -> tuple[Call, list[Call], Call, list[Call]] | None:
-        """(Q K^T, the ops between it and the softmax, the softmax, the ops after it), if ``call`` is
-        the ``P V`` of an attention whose scores are worth splitting."""
+    def _attention(self, call: Call) -> tuple[int, Call, _Chain, Call, _Chain] | None:
+        """(how many blocks, Q K^T, the ops between it and the softmax, the softmax, the ops after it), if
+        ``call`` is the ``P V`` of an attention whose scores are worth splitting."""
         softmax, after = self._through_row_ops(call.args[0])
         if not isinstance(softmax, Call) or softmax.op != _CALL_TIR:
             return None
@@ -101,18 +103,15 @@ class _AttentionBlocks(PyExprMutator):
         if op_name(scores) != "relax.matmul":
             return None
         shape = static_shape(scores)
-        if shape is None or len(shape) < 2 or str(scores.ty.dtype) != "float32":
+        if shape is None or len(shape) < 2 or not is_float32(scores):
             return None
-        if query_blocks(shape[-2], int(np.prod(shape[:-2])) * shape[-1] * 4) == 1:
-            return None
-        return scores, before, softmax, after
-
-    def _in_blocks(self, call: Call, scores: Call, before: list[Call], softmax: Call, after: list[Call]) -> Expr:
-        queries, keys = scores.args
-        shape = static_shape(scores)
         blocks = query_blocks(shape[-2], int(np.prod(shape[:-2])) * shape[-1] * 4)
+        return None if blocks == 1 else (blocks, scores, before, softmax, after)
+
+    def _in_blocks(self, call: Call, blocks: int, scores: Call, before: _Chain, softmax: Call, after: _Chain) -> Expr:
+        queries, keys = scores.args
         safe = softmax.args[0].name_hint.startswith("safe_")
-        fast = self.fast_math and str(softmax.ty.dtype) == "float32"
+        fast = self.fast_math and is_float32(softmax)
         split = self.builder_.emit(relax.op.split(queries, blocks, axis=-2))
         # operands with a row per query (a causal mask): split as the queries are
         pieces = {
@@ -132,7 +131,7 @@ class _AttentionBlocks(PyExprMutator):
             outputs.append(self.builder_.emit(relax.op.matmul(part, call.args[1], call.attrs.out_dtype)))
         return relax.op.concat(outputs, axis=-2)
 
-    def _reapply(self, chain: list[tuple[Call, int]], value: Expr, pieces: dict[Call, Expr], block: int) -> Expr:
+    def _reapply(self, chain: _Chain, value: Expr, pieces: dict[Call, Expr], block: int) -> Expr:
         """``chain`` applied to the ``block``-th block's ``value``."""
         for op, position in chain:
             if op_name(op) == "relax.reshape":

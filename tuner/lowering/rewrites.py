@@ -168,7 +168,7 @@ class _Rewriter(PyExprMutator):
 
     def _fast_form(self, call: Call) -> Expr:
         form = _FAST_FORMS.get(call.op.name)
-        if form is None or not self.fast_math or not _is_float32(call):
+        if form is None or not self.fast_math or not is_float32(call):
             return call
         return self.builder_.call_te(form, call.args[0], primfunc_name_hint=form.__name__.lstrip("_"))
 
@@ -275,7 +275,7 @@ class _Rewriter(PyExprMutator):
         scores = softmax.args[0]
         if not self._all_minus_inf(condition, scores):
             return call
-        fast = self.fast_math and _is_float32(softmax)
+        fast = self.fast_math and is_float32(softmax)
         return self.builder_.call_te(row_softmax, scores, fast, True, primfunc_name_hint="safe_softmax")
 
     def _is_zeros(self, expr: Expr) -> bool:
@@ -348,7 +348,7 @@ def _first(preferred: Expr | None, fallback: Expr) -> Expr:
     return preferred if preferred is not None else fallback
 
 
-def _is_float32(call: Call) -> bool:
+def is_float32(call: Call) -> bool:
     ty = call.ty
     return isinstance(ty, relax.TensorType) and ty.dtype == "float32"
 
@@ -369,7 +369,7 @@ class _SoftmaxRewriter(PyExprMutator):
         if shape is None or int(call.attrs.axis) not in (-1, len(shape) - 1):
             return call
         return self.builder_.call_te(
-            row_softmax, call.args[0], self.fast_math and _is_float32(call), False, primfunc_name_hint="softmax"
+            row_softmax, call.args[0], self.fast_math and is_float32(call), False, primfunc_name_hint="softmax"
         )
 
 
