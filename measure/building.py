@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import tvm_ffi
+
 from .types import BuildResult, MeasureInput, Status
 from .worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
+
+REFERENCE_KEY = "reference"  # the key of the unscheduled function a candidate is verified against
+
+
+def artifact_stem(item: MeasureInput) -> str:
+    """The name of ``item``'s artifact, before a counter: a candidate's names its program, so that injected
+    faults (measure/faults.py) follow it from its tuning into its verification."""
+    if item.key == REFERENCE_KEY:
+        return REFERENCE_KEY
+    return f"candidate-{tvm_ffi.structural_hash(item.mod) & 0xFFFFFFFF:08x}"
 
 
 def build_with(

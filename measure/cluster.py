@@ -16,6 +16,7 @@ from pathlib import Path
 
 import tvm
 
+from .building import REFERENCE_KEY
 from .contract import Engine, EngineConfig, device_kind, host_target
 from .runners import raise_if_no_device
 from .timing import TimingConfig
@@ -141,7 +142,7 @@ class ClusterEngine(Engine):
         return self._call(
             "verify",
             None,
-            reference=MeasureInput("reference", reference),
+            reference=MeasureInput(REFERENCE_KEY, reference),
             candidate=MeasureInput("candidate", candidate),
             **request,
         )

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import tvm
 
-from .building import build_with
+from .building import REFERENCE_KEY, artifact_stem, build_with
 from .contract import Engine, EngineConfig, device_kind, host_target
 from .cpu_slots import default_cpu_dop, pinned_env, runner_cpu_sets
 from .cuda_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode
@@ -327,7 +327,7 @@ class MeasureEngine(Engine):
         # far longer to build than they do, and a verification that cannot build falls back to TVM's default
         # schedule (a bf16 convolution 40x slower than its tuned one)
         timeout = self.config.reference_timeout
-        (ref,) = self.build([MeasureInput("reference", reference)], True, ref_target, timeout)
+        (ref,) = self.build([MeasureInput(REFERENCE_KEY, reference)], True, ref_target, timeout)
         (cand,) = self.build([MeasureInput("candidate", candidate)], True, timeout=timeout)
         try:
             for built in (ref, cand):
@@ -422,10 +422,10 @@ class MeasureEngine(Engine):
         return self._builders[0].call("load_cuda_artifact", 120, artifact=str(artifact), kernels=list(kernels))
 
     # -- internals --------------------------------------------------------------------------------
-    def _artifact_path(self) -> str:
+    def _artifact_path(self, item: MeasureInput) -> str:
         with self._name_lock:
             self._artifact_dir.mkdir(parents=True, exist_ok=True)
-            return str(self._artifact_dir / f"candidate-{next(self._names)}.so")
+            return str(self._artifact_dir / f"{artifact_stem(item)}-{next(self._names)}.so")
 
     def _build_one(
         self, free: queue.Queue, item: MeasureInput, target: tvm.target.Target, keep_layout: bool, timeout: float | None
@@ -433,7 +433,7 @@ class MeasureEngine(Engine):
         worker = free.get()
         try:
             limit = timeout or self.build_timeout.value
-            built = build_with(worker, item, str(target), self._artifact_path(), keep_layout, limit)
+            built = build_with(worker, item, str(target), self._artifact_path(item), keep_layout, limit)
         finally:
             free.put(worker)
         if built.ok and timeout is None:

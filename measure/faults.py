@@ -3,7 +3,7 @@
 Switched on by ``TENSOR_TUNER_INJECT_FAULTS`` in the environment of the tuner (its workers inherit
 it): ``RATE`` (a fraction of candidates, every kind of fault) or ``KIND,KIND:RATE``. Unset, the
 workers' handlers are left as they are: the production path is unchanged. Which candidate fails and how
-is decided by the name of its artifact, so its build and its measurement agree.
+is decided by the program its artifact is named after, so its build, its measurement and its verification agree.
 
 The faults are real where they happen: a build worker that kills itself with SIGSEGV mid-build
 (a compiler crash), a measuring worker that does the same, sleeps past any timeout, or fails to
@@ -26,7 +26,7 @@ FAULTS_ENV = "TENSOR_TUNER_INJECT_FAULTS"
 BUILD_FAULTS = ("build-crash",)
 RUN_FAULTS = ("segfault", "hang", "oom", "nan", "wrong")
 KINDS = BUILD_FAULTS + RUN_FAULTS
-CANDIDATE_PREFIX = "candidate-"  # the engine's name for a candidate's artifact; whole programs are never hit
+CANDIDATE_PREFIX = "candidate-"  # the engine's name for a candidate's artifact; references and whole programs never are
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class FaultPlan:
         name = os.path.basename(artifact)
         if not name.startswith(CANDIDATE_PREFIX):
             return None
-        digest = hashlib.sha256(f"{os.getppid()}:{name}".encode()).digest()
+        program = name.rsplit("-", 1)[0]  # the engine's counter after the program's hash is left out
+        digest = hashlib.sha256(f"{os.getppid()}:{program}".encode()).digest()
         if int.from_bytes(digest[:4], "little") / 2**32 >= self.rate:
             return None
         return self.kinds[digest[4] % len(self.kinds)]

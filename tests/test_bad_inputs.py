@@ -277,6 +277,9 @@ def test_there_are_at_least_twenty_cases_at_each_door():
     assert sum(1 for case in CASES if case[1]) >= 20 and sum(1 for case in CASES if case[2]) >= 20
 
 
+# a process per case (over a minute): the Python door below checks every case's text in CI, and test_cli checks
+# that the command line turns such errors into one line and exit 2
+@pytest.mark.slow
 def test_every_mistake_at_the_command_line_is_one_line_and_exit_2(files):
     before = _fingerprint(files)
     cli_cases = [case for case in CASES if case[1]]

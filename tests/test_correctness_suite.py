@@ -31,6 +31,7 @@ def test_random_graphs_are_fixed_by_their_seed_and_cover_the_faulty_shapes():
         assert torch.isfinite(out).all() and 1e-3 < out.abs().max() < 1e3
 
 
+@pytest.mark.slow  # the suite's run (half a minute); test_never_wrong checks the same guarantees in CI
 def test_a_small_run_of_the_suite_finds_no_wrong_output(tmp_path):
     run = subprocess.run(
         [sys.executable, "experiments/correctness.py", "--graphs", "4", "--per-bundle", "4", "--seeds", "1",
