@@ -12,9 +12,9 @@ import tvm
 from tvm import te
 
 import tuner
-from tuner.bf16_rule import BF16_GEMM_RULE, _tile, tile_shapes
+from tuner.bf16_rule import BF16_GEMM_RULE, _tile, padded_rows, tile_shapes
 from tuner.errors import TargetError
-from tuner.lowering.bf16 import pack_conv_weight, pack_dense_weight
+from tuner.lowering.bf16 import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
 from tuner.precision import check_bf16, has_bf16_dot_product, host_has_bf16
 
 needs_bf16 = pytest.mark.skipif(not host_has_bf16(), reason="this CPU has no AVX512_BF16 (vdpbf16ps)")
@@ -71,10 +71,79 @@ def test_tile_shapes_keep_the_accumulators_in_registers() -> None:
     assert tile_shapes(rows=42, channel_blocks=12)[0] == (6, 4)
 
 
+def test_rows_without_a_good_divisor_get_a_few_zero_rows_and_the_rest_none() -> None:
+    assert padded_rows(197, channel_blocks=24) == 198  # ViT's tokens: 6x4 tiles instead of 1x4
+    assert padded_rows(13, channel_blocks=63) == 14  # SqueezeNet's last columns: 7x3 instead of 1x3
+    assert padded_rows(27, channel_blocks=4) == 28
+    for rows in (1, 7, 55, 56, 128, 1500):
+        assert padded_rows(rows, channel_blocks=24) == rows
+
+
+def _built(tensors: list[te.Tensor], rows: int, vectors: int) -> tvm.runtime.Module:
+    sch = tvm.s_tir.Schedule(te.create_prim_func(tensors).with_attr("global_symbol", "main"), seed=1)
+    _tile(sch, sch.get_sblock(tensors[-1].op.name), rows, vectors)
+    return tvm.compile(
+        sch.mod, target=tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    )
+
+
+def _run(built: tvm.runtime.Module, arrays: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(out_shape, np.float32), dev)
+    built["main"](*(tvm.runtime.tensor(a, dev) for a in arrays), out)
+    return out.numpy()
+
+
+@needs_bf16
+def test_a_product_computed_over_zero_rows_gives_the_product_in_its_own_rows() -> None:
+    tokens, k, n = 13, 34, 32
+    data, weight = _bf16((tokens, k), 1), _bf16((k, n), 2)
+    packed = pack_dense_weight(weight)
+    data_t = te.placeholder(data.shape, "bfloat16", name="data")
+    packed_t = te.placeholder(packed.shape, "bfloat16", name="packed")
+    out = _run(_built([data_t, packed_t, bf16_dense(data_t, packed_t, rows=14)], 7, 2), [data, packed], (14, n))
+    np.testing.assert_allclose(out[:tokens], data.astype(np.float32) @ weight.astype(np.float32), rtol=1e-5, atol=1e-4)
+    assert not out[tokens:].any()
+    image, kernel = _bf16((1, 5, 13, 6), 3), _bf16((3, 3, 6, 16), 4)
+    image_t = te.placeholder(image.shape, "bfloat16", name="image")
+    kernel_t = te.placeholder(pack_conv_weight(kernel).shape, "bfloat16", name="kernel")
+    conv = bf16_conv2d_nhwc(image_t, kernel_t, 1, (1, 1, 1, 1), columns=14)
+    got = _run(_built([image_t, kernel_t, conv], 7, 1), [image, pack_conv_weight(kernel)], (1, 5, 14, 16))
+    expected = torch.nn.functional.conv2d(
+        torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
+        torch.from_numpy(kernel.astype(np.float32)).permute(3, 2, 0, 1),
+        padding=1,
+    ).permute(0, 2, 3, 1)
+    np.testing.assert_allclose(got[:, :, :13], expected.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_a_linear_layer_over_197_tokens_is_computed_over_198_and_sliced_back() -> None:
+    from tvm import relax
+
+    from tuner.lowering.bf16 import Bfloat16Products
+
+    weight = np.random.default_rng(2).standard_normal((64, 40)).astype(np.float32)
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 197, 64), "float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            out = builder.emit_output(builder.emit(relax.op.matmul(x, relax.const(weight))))
+        builder.emit_func_output(out)
+    lowered = Bfloat16Products(dot_product=True)(builder.get())
+    text = lowered.script()
+    assert "(1, 198, 48)" in text and "R.strided_slice" in text, text
+    data = np.random.default_rng(1).standard_normal((1, 197, 64)).astype(np.float32)
+    run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
+    got = run["main"](tvm.runtime.tensor(data)).numpy()
+    expected = data.astype(ml_dtypes.bfloat16).astype(np.float32) @ weight.astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert got.shape == (1, 197, 40)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3)
+
+
 class _SmallNet(torch.nn.Module):
     """Every kind of bf16 kernel: a padded convolution of 3 channels (a zero channel added) into 24
-    (8 zero outputs added and sliced off), a depthwise one (bf16 storage, fp32 arithmetic), a strided
-    one, a 1x1 one with a residual, and a linear layer of 10 outputs."""
+    (8 zero outputs added, and on 13 image columns a 14th: both sliced off), a depthwise one (bf16
+    storage, fp32 arithmetic), a strided one, a 1x1 one with a residual, and a linear layer of 10 outputs."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -94,7 +163,7 @@ class _SmallNet(torch.nn.Module):
 @needs_bf16
 def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch(tmp_path, capfd) -> None:
     torch.manual_seed(0)
-    model, x = _SmallNet().eval(), torch.randn(1, 3, 16, 16)
+    model, x = _SmallNet().eval(), torch.randn(1, 3, 13, 13)  # 13 columns: computed over 14
     result = tuner.tune(
         model, example_inputs=[x], target="llvm", dtype="bfloat16", trials_per_task=3, work_dir=tmp_path / "wd"
     )

@@ -27,6 +27,8 @@ MAX_ROWS = 7
 VECTOR_CHOICES = (4, 3, 2, 1)
 MAX_ACCUMULATORS = 24  # of AVX-512's 32 registers; the rest hold a step's weight vectors and activation pair
 MAX_SPACES = 4
+SATURATING_ACCUMULATORS = 16  # enough independent vdpbf16ps chains to hide its latency (4x4 tiles reach 96% of peak)
+MIN_PADDING_GAIN = 1.15  # what padding rows must win to pay for the copy it adds before and after the product
 
 
 def tile_shapes(rows: int, channel_blocks: int) -> list[tuple[int, int]]:
@@ -37,6 +39,23 @@ def tile_shapes(rows: int, channel_blocks: int) -> list[tuple[int, int]]:
     ]
     shapes.sort(key=lambda shape: (-shape[0] * shape[1], -shape[1]))
     return shapes[:MAX_SPACES]
+
+
+def _tile_efficiency(rows: int, channel_blocks: int) -> float:
+    shapes = tile_shapes(rows, channel_blocks)
+    return min(max((r * v for r, v in shapes), default=0), SATURATING_ACCUMULATORS) / SATURATING_ACCUMULATORS
+
+
+def padded_rows(rows: int, channel_blocks: int) -> int:
+    """How many rows a product of ``rows`` rows is best computed over: ``rows``, or a few more (zero rows
+    whose outputs are dropped) where no divisor of ``rows`` makes a tile of enough accumulators (197
+    tokens and 13 image columns allow only one-row tiles: a quarter of the peak)."""
+
+    def worth(padded: int) -> float:
+        return _tile_efficiency(padded, channel_blocks) * rows / padded
+
+    best = max(range(rows, rows + MAX_ROWS + 1), key=lambda padded: (worth(padded), -padded))
+    return best if worth(best) >= MIN_PADDING_GAIN * worth(rows) else rows
 
 
 def _shape(sch: Schedule, block: SBlockRV) -> list[int]:

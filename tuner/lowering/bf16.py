@@ -25,7 +25,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 from measure.bf16_dot import LANES, PAIR
 from workloads.relax_functions import rewrite_functions
 
-from ..bf16_rule import BF16_GEMM_RULE
+from ..bf16_rule import BF16_GEMM_RULE, padded_rows
 from ..metaschedule import FLOPS_ANNOTATION
 from .rewrites import conv2d_like, op_name, static_shape
 
@@ -66,12 +66,25 @@ def _gemm_attrs(flops: float) -> dict:
     return {"schedule_rule": BF16_GEMM_RULE, FLOPS_ANNOTATION: flops}
 
 
-def bf16_dense(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
-    """data [..., K] (bf16) times the packed weight [N/16, K/2, 16, 2]: [..., N] in fp32."""
+def _rows_padded(data: te.Tensor, rows: int) -> te.Tensor:
+    """``data`` [..., R, K] with zero rows up to ``rows``."""
+    given = int(data.shape[-2])
+    return te.compute(
+        (*data.shape[:-2], rows, data.shape[-1]),
+        lambda *i: tvm.tirx.if_then_else(i[-2] < given, data[i], tvm.tirx.const(0, BF16)),
+        name="bf16_pad",
+    )
+
+
+def bf16_dense(data: te.Tensor, packed: te.Tensor, rows: int | None = None) -> te.Tensor:
+    """data [..., R, K] (bf16) times the packed weight [N/16, K/2, 16, 2]: [..., R, N] in fp32, or
+    [..., ``rows``, N] with zero rows added (``padded_rows``)."""
     *lead, k_extent = (int(d) for d in data.shape)
     n_extent = int(packed.shape[0]) * LANES
     k = te.reduce_axis((0, k_extent), "k")
     flops = 2.0 * float(np.prod(lead, dtype=np.float64)) * n_extent * k_extent
+    if rows is not None and rows != lead[-1]:
+        data, lead[-1] = _rows_padded(data, rows), rows
     return te.compute(
         (*lead, n_extent),
         lambda *i: te.sum(
@@ -104,8 +117,11 @@ def _phases(data: te.Tensor, channels: int, stride: int, padding: tuple[int, int
     )
 
 
-def bf16_conv2d_nhwc(data: te.Tensor, packed: te.Tensor, stride: int, padding: tuple[int, int, int, int]) -> te.Tensor:
-    """NHWC data (bf16) convolved with the packed HWIO weight: NHWC fp32."""
+def bf16_conv2d_nhwc(
+    data: te.Tensor, packed: te.Tensor, stride: int, padding: tuple[int, int, int, int], columns: int | None = None
+) -> te.Tensor:
+    """NHWC data (bf16) convolved with the packed HWIO weight: NHWC fp32; ``columns``: output columns
+    computed, past the image's (zero columns added on the right, ``padded_rows``)."""
     batch, height, width, channels = (int(d) for d in data.shape)
     kernel_h, kernel_w = int(packed.shape[0]), int(packed.shape[1])
     out_channels = int(packed.shape[2]) * LANES
@@ -113,6 +129,10 @@ def bf16_conv2d_nhwc(data: te.Tensor, packed: te.Tensor, stride: int, padding: t
     top, left, bottom, right = padding
     out_h = (height + top + bottom - kernel_h) // stride + 1
     out_w = (width + left + right - kernel_w) // stride + 1
+    flops = 2.0 * batch * out_h * out_w * out_channels * kernel_h * kernel_w * channels
+    if columns is not None and columns != out_w:
+        right += (columns - out_w) * stride
+        padding, out_w = (top, left, bottom, right), columns
     ry = te.reduce_axis((0, kernel_h), "ry")
     rx = te.reduce_axis((0, kernel_w), "rx")
     rc = te.reduce_axis((0, packed_channels), "rc")
@@ -126,7 +146,6 @@ def bf16_conv2d_nhwc(data: te.Tensor, packed: te.Tensor, stride: int, padding: t
         def activation(n, y, x):
             return data[n, y + ry, x + rx, rc]
 
-    flops = 2.0 * batch * out_h * out_w * out_channels * kernel_h * kernel_w * channels
     return te.compute(
         (batch, out_h, out_w, out_channels),
         lambda n, y, x, o: te.sum(
@@ -161,19 +180,31 @@ class _Bfloat16Products(PyExprMutator):
             return call
         return self._matmul(call) if name == "relax.matmul" else self._conv2d(call)
 
-    def _first_outputs(self, out: Expr, count: int) -> Expr:
-        """``out`` without the zero outputs its weight was padded with (to a multiple of 16)."""
-        if count % LANES == 0:
+    def _computed(self, out: Expr, rows: int | None, outputs: int) -> Expr:
+        """``out`` without the zero rows (its second to last axis: a matmul's rows, a convolution's
+        columns) and zero outputs (up to a multiple of 16) it was computed with."""
+        out = self.builder_.normalize(out)
+        ndim = out.ty.ndim
+        kept = [(ndim - 1, outputs)] if outputs % LANES else []
+        if rows is not None and static_shape(out)[ndim - 2] != rows:
+            kept.insert(0, (ndim - 2, rows))
+        if not kept:
             return out
         out = self.builder_.emit(out)
-        return relax.op.strided_slice(out, axes=[len(static_shape(out)) - 1], begin=[0], end=[count])
+        return relax.op.strided_slice(
+            out, axes=[axis for axis, _ in kept], begin=[0] * len(kept), end=[count for _, count in kept]
+        )
 
     def _matmul(self, call: Call) -> Expr:
         data, weight = call.args[0], call.args[1].value.numpy()
         if self.dot_product and weight.ndim == 2 and weight.shape[0] % PAIR == 0:
+            blocks = -(-weight.shape[1] // LANES)
             packed = relax.const(_bf16(pack_dense_weight(weight)))
-            out = self.builder_.call_te(bf16_dense, self._cast(data), packed, primfunc_name_hint="bf16_dense")
-            return self._first_outputs(out, weight.shape[1])
+            shape = static_shape(data)
+            rows = shape[-2] if shape and len(shape) >= 2 else None  # none to pad, or known only at run time
+            padded = padded_rows(rows, blocks) if rows else None
+            out = self.builder_.call_te(bf16_dense, self._cast(data), packed, padded, primfunc_name_hint="bf16_dense")
+            return self._computed(out, rows, weight.shape[1])
         return relax.op.matmul(self._cast(data), relax.const(_bf16(weight)), out_dtype=_F32)
 
     def _conv2d(self, call: Call) -> Expr:
@@ -192,15 +223,17 @@ class _Bfloat16Products(PyExprMutator):
         if ours:
             top, left, bottom, right = (int(p) for p in attrs.padding)
             packed = relax.const(_bf16(pack_conv_weight(weight)))
+            out_w = (static_shape(data)[2] + left + right - weight.shape[1]) // strides[0] + 1
             out = self.builder_.call_te(
                 bf16_conv2d_nhwc,
                 self._cast(data),
                 packed,
                 strides[0],
                 (top, left, bottom, right),
+                padded_rows(out_w, -(-weight.shape[3] // LANES)),
                 primfunc_name_hint="bf16_conv2d",
             )
-            return self._first_outputs(out, weight.shape[3])
+            return self._computed(out, out_w, weight.shape[3])
         return conv2d_like(call, self._cast(data), relax.const(_bf16(weight)), out_dtype=_F32)
 
 
