@@ -74,8 +74,7 @@ def test_tile_shapes_keep_the_accumulators_in_registers() -> None:
 def test_rows_without_a_good_divisor_get_a_few_zero_rows_and_the_rest_none() -> None:
     assert padded_rows(197, channel_blocks=24) == 198  # ViT's tokens: 6x4 tiles instead of 1x4
     assert padded_rows(13, channel_blocks=63) == 14  # SqueezeNet's last columns: 7x3 instead of 1x3
-    assert padded_rows(27, channel_blocks=4) == 28
-    for rows in (1, 7, 55, 56, 128, 1500):
+    for rows in (1, 7, 27, 55, 56, 111, 128, 1500):  # 27 and 111 columns: 3x4 tiles, fast enough
         assert padded_rows(rows, channel_blocks=24) == rows
 
 

@@ -27,7 +27,9 @@ MAX_ROWS = 7
 VECTOR_CHOICES = (4, 3, 2, 1)
 MAX_ACCUMULATORS = 24  # of AVX-512's 32 registers; the rest hold a step's weight vectors and activation pair
 MAX_SPACES = 4
-SATURATING_ACCUMULATORS = 16  # enough independent vdpbf16ps chains to hide its latency (4x4 tiles reach 96% of peak)
+# enough independent vdpbf16ps chains to hide its latency: SqueezeNet's 3x4 tiles reach 93-97% of the peak, and
+# padding its 27 columns to 28 for 7x2 tiles made them slower (the slice after a padded product is a pass of its own)
+SATURATING_ACCUMULATORS = 12
 MIN_PADDING_GAIN = 1.15  # what padding rows must win to pay for the copy it adds before and after the product
 
 
@@ -49,7 +51,7 @@ def _tile_efficiency(rows: int, channel_blocks: int) -> float:
 def padded_rows(rows: int, channel_blocks: int) -> int:
     """How many rows a product of ``rows`` rows is best computed over: ``rows``, or a few more (zero rows
     whose outputs are dropped) where no divisor of ``rows`` makes a tile of enough accumulators (197
-    tokens and 13 image columns allow only one-row tiles: a quarter of the peak)."""
+    tokens and 13 image columns allow only one-row tiles: a third of the peak at best)."""
 
     def worth(padded: int) -> float:
         return _tile_efficiency(padded, channel_blocks) * rows / padded
