@@ -423,9 +423,10 @@ class MeasureEngine(Engine):
 
     # -- internals --------------------------------------------------------------------------------
     def _artifact_path(self, item: MeasureInput) -> str:
+        stem = artifact_stem(item)
         with self._name_lock:
             self._artifact_dir.mkdir(parents=True, exist_ok=True)
-            return str(self._artifact_dir / f"{artifact_stem(item)}-{next(self._names)}.so")
+            return str(self._artifact_dir / f"{stem}-{next(self._names)}.so")
 
     def _build_one(
         self, free: queue.Queue, item: MeasureInput, target: tvm.target.Target, keep_layout: bool, timeout: float | None

@@ -20,6 +20,10 @@ from tuner.precision import check_bf16, has_bf16_dot_product, host_has_bf16
 needs_bf16 = pytest.mark.skipif(not host_has_bf16(), reason="this CPU has no AVX512_BF16 (vdpbf16ps)")
 
 
+def _module(tensors: list[te.Tensor]) -> tvm.IRModule:
+    return tvm.IRModule({"main": te.create_prim_func(tensors).with_attr("global_symbol", "main")})
+
+
 def _dense_module(m: int, n: int, k: int) -> tvm.IRModule:
     data = te.placeholder((m, k), "bfloat16", name="data")
     packed = te.placeholder((n // 16, k // 2, 16, 2), "bfloat16", name="packed")
@@ -32,28 +36,39 @@ def _dense_module(m: int, n: int, k: int) -> tvm.IRModule:
         name="gemm",
         attrs={"schedule_rule": BF16_GEMM_RULE},
     )
-    return tvm.IRModule({"main": te.create_prim_func([data, packed, out]).with_attr("global_symbol", "main")})
+    return _module([data, packed, out])
 
 
 def _bf16(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(ml_dtypes.bfloat16)
 
 
+def _built(mod: tvm.IRModule, block: str, rows: int, vectors: int) -> tvm.runtime.Module:
+    """``mod`` with its product ``block`` tiled ``rows`` x ``vectors``, built for this CPU."""
+    sch = tvm.s_tir.Schedule(mod, seed=1)
+    _tile(sch, sch.get_sblock(block), rows, vectors)
+    return tvm.compile(
+        sch.mod, target=tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    )
+
+
+def _run(built: tvm.runtime.Module, arrays: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(out_shape, np.float32), dev)
+    built["main"](*(tvm.runtime.tensor(a, dev) for a in arrays), out)
+    return out.numpy()
+
+
 @needs_bf16
 @pytest.mark.parametrize(("rows", "vectors"), [(1, 1), (1, 2), (3, 1), (4, 2)])
 def test_micro_kernels_compute_the_bf16_product_numpy_computes(rows: int, vectors: int) -> None:
     m, n, k = 12, 64, 34
-    sch = tvm.s_tir.Schedule(_dense_module(m, n, k), seed=1)
-    _tile(sch, sch.get_sblock("gemm"), rows, vectors)
-    target = tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
-    built = tvm.compile(sch.mod, target=target)
+    built = _built(_dense_module(m, n, k), "gemm", rows, vectors)
     assert "vdpbf16ps" in built.mod.inspect_source("asm")
     data, weight = _bf16((m, k), 1), _bf16((k, n), 2)
     expected = data.astype(np.float32) @ weight.astype(np.float32)
-    dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros((m, n), np.float32), dev)
-    built["main"](tvm.runtime.tensor(data, dev), tvm.runtime.tensor(pack_dense_weight(weight), dev), out)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-4)
+    out = _run(built, [data, pack_dense_weight(weight)], (m, n))
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
 
 
 def test_packed_layouts_put_pairs_along_the_reduction_and_sixteen_outputs_together() -> None:
@@ -78,21 +93,6 @@ def test_rows_without_a_good_divisor_get_a_few_zero_rows_and_the_rest_none() -> 
         assert padded_rows(rows, channel_blocks=24) == rows
 
 
-def _built(tensors: list[te.Tensor], rows: int, vectors: int) -> tvm.runtime.Module:
-    sch = tvm.s_tir.Schedule(te.create_prim_func(tensors).with_attr("global_symbol", "main"), seed=1)
-    _tile(sch, sch.get_sblock(tensors[-1].op.name), rows, vectors)
-    return tvm.compile(
-        sch.mod, target=tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
-    )
-
-
-def _run(built: tvm.runtime.Module, arrays: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
-    dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros(out_shape, np.float32), dev)
-    built["main"](*(tvm.runtime.tensor(a, dev) for a in arrays), out)
-    return out.numpy()
-
-
 @needs_bf16
 def test_a_product_computed_over_zero_rows_gives_the_product_in_its_own_rows() -> None:
     tokens, k, n = 13, 34, 32
@@ -100,14 +100,16 @@ def test_a_product_computed_over_zero_rows_gives_the_product_in_its_own_rows() -
     packed = pack_dense_weight(weight)
     data_t = te.placeholder(data.shape, "bfloat16", name="data")
     packed_t = te.placeholder(packed.shape, "bfloat16", name="packed")
-    out = _run(_built([data_t, packed_t, bf16_dense(data_t, packed_t, rows=14)], 7, 2), [data, packed], (14, n))
+    dense = _built(_module([data_t, packed_t, bf16_dense(data_t, packed_t, rows=14)]), "bf16_dense", 7, 2)
+    out = _run(dense, [data, packed], (14, n))
     np.testing.assert_allclose(out[:tokens], data.astype(np.float32) @ weight.astype(np.float32), rtol=1e-5, atol=1e-4)
     assert not out[tokens:].any()
     image, kernel = _bf16((1, 5, 13, 6), 3), _bf16((3, 3, 6, 16), 4)
     image_t = te.placeholder(image.shape, "bfloat16", name="image")
     kernel_t = te.placeholder(pack_conv_weight(kernel).shape, "bfloat16", name="kernel")
     conv = bf16_conv2d_nhwc(image_t, kernel_t, 1, (1, 1, 1, 1), columns=14)
-    got = _run(_built([image_t, kernel_t, conv], 7, 1), [image, pack_conv_weight(kernel)], (1, 5, 14, 16))
+    built = _built(_module([image_t, kernel_t, conv]), "bf16_conv2d", 7, 1)
+    got = _run(built, [image, pack_conv_weight(kernel)], (1, 5, 14, 16))
     expected = torch.nn.functional.conv2d(
         torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
         torch.from_numpy(kernel.astype(np.float32)).permute(3, 2, 0, 1),

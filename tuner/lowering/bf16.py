@@ -96,6 +96,10 @@ def bf16_dense(data: te.Tensor, packed: te.Tensor, rows: int | None = None) -> t
     )
 
 
+def _out_extent(size: int, before: int, after: int, kernel: int, stride: int) -> int:
+    return (size + before + after - kernel) // stride + 1
+
+
 def _phases(data: te.Tensor, channels: int, stride: int, padding: tuple[int, int, int, int]) -> te.Tensor:
     """The activation padded (``channels``: with zero channels up to that count) [N, H', W', C'] as
     [N, H', stride, W'/stride, C']: column x*stride + r at
@@ -127,8 +131,8 @@ def bf16_conv2d_nhwc(
     out_channels = int(packed.shape[2]) * LANES
     packed_channels = int(packed.shape[3]) * PAIR  # an odd channel count gets a zero channel
     top, left, bottom, right = padding
-    out_h = (height + top + bottom - kernel_h) // stride + 1
-    out_w = (width + left + right - kernel_w) // stride + 1
+    out_h = _out_extent(height, top, bottom, kernel_h, stride)
+    out_w = _out_extent(width, left, right, kernel_w, stride)
     flops = 2.0 * batch * out_h * out_w * out_channels * kernel_h * kernel_w * channels
     if columns is not None and columns != out_w:
         right += (columns - out_w) * stride
@@ -198,12 +202,13 @@ class _Bfloat16Products(PyExprMutator):
     def _matmul(self, call: Call) -> Expr:
         data, weight = call.args[0], call.args[1].value.numpy()
         if self.dot_product and weight.ndim == 2 and weight.shape[0] % PAIR == 0:
-            blocks = -(-weight.shape[1] // LANES)
-            packed = relax.const(_bf16(pack_dense_weight(weight)))
+            packed = pack_dense_weight(weight)  # [N/16, K/2, 16, 2]
             shape = static_shape(data)
             rows = shape[-2] if shape and len(shape) >= 2 else None  # none to pad, or known only at run time
-            padded = padded_rows(rows, blocks) if rows else None
-            out = self.builder_.call_te(bf16_dense, self._cast(data), packed, padded, primfunc_name_hint="bf16_dense")
+            padded = padded_rows(rows, packed.shape[0]) if rows else None
+            out = self.builder_.call_te(
+                bf16_dense, self._cast(data), relax.const(_bf16(packed)), padded, primfunc_name_hint="bf16_dense"
+            )
             return self._computed(out, rows, weight.shape[1])
         return relax.op.matmul(self._cast(data), relax.const(_bf16(weight)), out_dtype=_F32)
 
@@ -222,15 +227,15 @@ class _Bfloat16Products(PyExprMutator):
         )
         if ours:
             top, left, bottom, right = (int(p) for p in attrs.padding)
-            packed = relax.const(_bf16(pack_conv_weight(weight)))
-            out_w = (static_shape(data)[2] + left + right - weight.shape[1]) // strides[0] + 1
+            packed = pack_conv_weight(weight)  # [KH, KW, N/16, C/2, 16, 2]
+            out_w = _out_extent(static_shape(data)[2], left, right, weight.shape[1], strides[0])
             out = self.builder_.call_te(
                 bf16_conv2d_nhwc,
                 self._cast(data),
-                packed,
+                relax.const(_bf16(packed)),
                 strides[0],
                 (top, left, bottom, right),
-                padded_rows(out_w, -(-weight.shape[3] // LANES)),
+                padded_rows(out_w, packed.shape[2]),
                 primfunc_name_hint="bf16_conv2d",
             )
             return self._computed(out, out_w, weight.shape[3])
