@@ -24,14 +24,18 @@ import threading
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
+from .amx_dot import amx_micro_kernel_ir
+
 LANES = 16  # fp32 accumulators per vector
 PAIR = 2  # bf16 products summed into each
-_NAME = re.compile(r"tensor_tuner_bf16_r(\d+)_v(\d+)_p(\d+)")
+AVX512 = "bf16"  # the units computing a tile, as intrinsic names spell them
+AMX = "amx"
+_NAME = re.compile(r"tensor_tuner_(bf16|amx)_r(\d+)_v(\d+)_p(\d+)")
 _lock = threading.Lock()
 
 
-def intrinsic_name(rows: int, vectors: int, pairs: int) -> str:
-    return f"tensor_tuner_bf16_r{rows}_v{vectors}_p{pairs}"
+def intrinsic_name(rows: int, vectors: int, pairs: int, unit: str = AVX512) -> str:
+    return f"tensor_tuner_{unit}_r{rows}_v{vectors}_p{pairs}"
 
 
 def _micro_kernel_ir(name: str, rows: int, vectors: int) -> str:
@@ -92,10 +96,12 @@ def _micro_kernel_ir(name: str, rows: int, vectors: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _intrinsic(rows: int, vectors: int, pairs: int):
+def _intrinsic(rows: int, vectors: int, pairs: int, unit: str):
     width = vectors * LANES
-    kernel = intrinsic_name(rows, vectors, pairs).replace("tensor_tuner_", "tensor_tuner_kernel_")
-    ir_text = _micro_kernel_ir(kernel, rows, vectors)
+    kernel = intrinsic_name(rows, vectors, pairs, unit).replace("tensor_tuner_", "tensor_tuner_kernel_")
+    ir_text = (
+        amx_micro_kernel_ir(kernel, rows, vectors, pairs) if unit == AMX else _micro_kernel_ir(kernel, rows, vectors)
+    )
 
     @T.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -161,12 +167,12 @@ def _intrinsic(rows: int, vectors: int, pairs: int):
     return (description if rows > 1 else one_row_description), implementation
 
 
-def register_bf16_tile(rows: int, vectors: int, pairs: int) -> str:
-    """Register the intrinsic of one tile shape in this process (idempotent); returns its name."""
-    name = intrinsic_name(rows, vectors, pairs)
+def register_bf16_tile(rows: int, vectors: int, pairs: int, unit: str = AVX512) -> str:
+    """Register the intrinsic of one tile shape on ``unit`` in this process (idempotent); returns its name."""
+    name = intrinsic_name(rows, vectors, pairs, unit)
     with _lock:
         if TensorIntrin.get(name, allow_missing=True) is None:
-            TensorIntrin.register(name, *_intrinsic(rows, vectors, pairs))
+            TensorIntrin.register(name, *_intrinsic(rows, vectors, pairs, unit))
     return name
 
 
@@ -175,5 +181,6 @@ def register_if_ours(name: str) -> bool:
     whether it was."""
     match = _NAME.fullmatch(name)
     if match:
-        register_bf16_tile(*(int(group) for group in match.groups()))
+        unit, rows, vectors, pairs = match.groups()
+        register_bf16_tile(int(rows), int(vectors), int(pairs), unit)
     return match is not None

@@ -13,11 +13,15 @@ from tvm import te
 
 import tuner
 from tuner.bf16_rule import BF16_GEMM_RULE, _tile, padded_rows, tile_shapes
+from measure.amx_dot import fits
+from measure.bf16_dot import AMX, AVX512
 from tuner.errors import TargetError
 from tuner.lowering.bf16 import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
-from tuner.precision import check_bf16, has_bf16_dot_product, host_has_bf16
+from tuner.precision import bf16_unit, check_bf16, has_bf16_dot_product, host_has_amx, host_has_bf16
+from tuner.targets import host_features_missing, resolve_target
 
 needs_bf16 = pytest.mark.skipif(not host_has_bf16(), reason="this CPU has no AVX512_BF16 (vdpbf16ps)")
+needs_amx = pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX (tdpbf16ps)")
 
 
 def _module(tensors: list[te.Tensor]) -> tvm.IRModule:
@@ -43,13 +47,11 @@ def _bf16(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(ml_dtypes.bfloat16)
 
 
-def _built(mod: tvm.IRModule, block: str, rows: int, vectors: int) -> tvm.runtime.Module:
-    """``mod`` with its product ``block`` tiled ``rows`` x ``vectors``, built for this CPU."""
+def _built(mod: tvm.IRModule, block: str, rows: int, vectors: int, unit: str = AVX512) -> tvm.runtime.Module:
+    """``mod`` with its product ``block`` tiled ``rows`` x ``vectors`` on ``unit``, built for this CPU."""
     sch = tvm.s_tir.Schedule(mod, seed=1)
-    _tile(sch, sch.get_sblock(block), rows, vectors)
-    return tvm.compile(
-        sch.mod, target=tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
-    )
+    _tile(sch, sch.get_sblock(block), rows, vectors, unit)
+    return tvm.compile(sch.mod, target=resolve_target("llvm"))
 
 
 def _run(built: tvm.runtime.Module, arrays: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
@@ -69,6 +71,46 @@ def test_micro_kernels_compute_the_bf16_product_numpy_computes(rows: int, vector
     expected = data.astype(np.float32) @ weight.astype(np.float32)
     out = _run(built, [data, pack_dense_weight(weight)], (m, n))
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+
+
+@needs_amx
+@pytest.mark.parametrize(
+    ("m", "k", "rows", "vectors"),
+    [(32, 64, 32, 2), (32, 40, 16, 3), (14, 34, 14, 3), (28, 96, 28, 1), (6, 6, 3, 2)],
+)
+def test_amx_micro_kernels_compute_the_bf16_product_numpy_computes(m: int, k: int, rows: int, vectors: int) -> None:
+    # reductions of whole 32-wide steps, steps and a rest (40, 34, 96 = 3 steps) and a rest alone (6);
+    # tiles of two activation tiles (28 = 16 + 12 rows) and of one
+    n = 96
+    built = _built(_dense_module(m, n, k), "gemm", rows, vectors, AMX)
+    assert "tdpbf16ps" in built.mod.inspect_source("asm")
+    data, weight = _bf16((m, k), 1), _bf16((k, n), 2)
+    expected = data.astype(np.float32) @ weight.astype(np.float32)
+    out = _run(built, [data, pack_dense_weight(weight)], (m, n))
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_amx_tiles_fit_its_eight_tile_registers_and_prefer_four_full_blocks() -> None:
+    assert fits(32, 2) and fits(16, 3) and fits(48 // 2, 2) and not fits(32, 3) and not fits(48, 2)
+    assert tile_shapes(64, 4, AMX)[0] == (32, 2)
+    assert tile_shapes(56, 6, AMX)[0] == (28, 2)  # 56 image columns: two tiles of 14 rows
+    assert tile_shapes(7, 6, AMX)[0] == (7, 3)
+    assert padded_rows(197, 48, AMX) == 203  # 7 tiles of 29 rows (16 + 13), not 197 of one
+    assert padded_rows(56, 4, AMX) == 56
+
+
+def test_the_host_target_adds_the_features_its_cpu_has_and_llvm_s_name_for_it_lacks() -> None:
+    # a hypervisor that reports a Sapphire Rapids as model 167 makes LLVM call it a Rocket Lake
+    flags = {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
+    assert host_features_missing("rocketlake", flags) == ["+avx512bf16", "+amx-tile", "+amx-bf16"]
+    assert host_features_missing("sapphirerapids", flags) == []
+    assert host_features_missing("znver4", {"avx512_bf16"}) == []
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "rocketlake", "mattr": ["+avx512bf16", "+amx-tile", "+amx-bf16"]}
+    )
+    assert bf16_unit(target) == AMX
+    assert bf16_unit(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})) == AVX512
+    assert bf16_unit(tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake"})) is None
 
 
 def test_packed_layouts_put_pairs_along_the_reduction_and_sixteen_outputs_together() -> None:
@@ -130,7 +172,7 @@ def test_a_linear_layer_over_197_tokens_is_computed_over_198_and_sliced_back() -
         with builder.dataflow():
             out = builder.emit_output(builder.emit(relax.op.matmul(x, relax.const(weight))))
         builder.emit_func_output(out)
-    lowered = Bfloat16Products(dot_product=True)(builder.get())
+    lowered = Bfloat16Products(unit=AVX512)(builder.get())
     text = lowered.script()
     assert "(1, 198, 48)" in text and "R.strided_slice" in text, text
     data = np.random.default_rng(1).standard_normal((1, 197, 64)).astype(np.float32)

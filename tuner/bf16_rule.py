@@ -20,9 +20,11 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.tirx import IterVar
 
-from measure.bf16_dot import LANES, PAIR, register_bf16_tile
+from measure import amx_dot
+from measure.bf16_dot import AMX, AVX512, LANES, PAIR, register_bf16_tile
 
 BF16_GEMM_RULE = "tuner_bf16_gemm"
+UNIT_ANNOTATION = "tensor_tuner_bf16_unit"  # on the GEMM's block: the unit its micro-kernels run on
 MAX_ROWS = 7
 VECTOR_CHOICES = (4, 3, 2, 1)
 MAX_ACCUMULATORS = 24  # of AVX-512's 32 registers; the rest hold a step's weight vectors and activation pair
@@ -33,30 +35,40 @@ SATURATING_ACCUMULATORS = 12
 MIN_PADDING_GAIN = 1.15  # what padding rows must win to pay for the copy it adds before and after the product
 
 
-def tile_shapes(rows: int, channel_blocks: int) -> list[tuple[int, int]]:
-    """The (rows, vectors) register tiles worth a design space, most accumulators first."""
-    row_choices = [r for r in range(MAX_ROWS, 0, -1) if rows % r == 0]
-    shapes = [
-        (r, v) for r in row_choices for v in VECTOR_CHOICES if channel_blocks % v == 0 and r * v <= MAX_ACCUMULATORS
-    ]
+# AMX: accumulator blocks of 16 rows; four of them (2x2, with two activation and two weight tiles) fill
+# the eight tile registers
+AMX_MAX_ROWS = 2 * amx_dot.TILE_ROWS
+AMX_SATURATING = 4 * amx_dot.TILE_ROWS
+
+
+def tile_shapes(rows: int, channel_blocks: int, unit: str = AVX512) -> list[tuple[int, int]]:
+    """The (rows, vectors) tiles of the micro-kernel on ``unit`` worth a design space, most accumulators
+    first."""
+    if unit == AMX:
+        candidates = [(r, v) for r in range(AMX_MAX_ROWS, 0, -1) for v in (3, 2, 1) if amx_dot.fits(r, v)]
+    else:
+        candidates = [(r, v) for r in range(MAX_ROWS, 0, -1) for v in VECTOR_CHOICES if r * v <= MAX_ACCUMULATORS]
+    shapes = [(r, v) for r, v in candidates if rows % r == 0 and channel_blocks % v == 0]
     shapes.sort(key=lambda shape: (-shape[0] * shape[1], -shape[1]))
     return shapes[:MAX_SPACES]
 
 
-def _tile_efficiency(rows: int, channel_blocks: int) -> float:
-    shapes = tile_shapes(rows, channel_blocks)
-    return min(max((r * v for r, v in shapes), default=0), SATURATING_ACCUMULATORS) / SATURATING_ACCUMULATORS
+def _tile_efficiency(rows: int, channel_blocks: int, unit: str) -> float:
+    saturating = AMX_SATURATING if unit == AMX else SATURATING_ACCUMULATORS
+    shapes = tile_shapes(rows, channel_blocks, unit)
+    return min(max((r * v for r, v in shapes), default=0), saturating) / saturating
 
 
-def padded_rows(rows: int, channel_blocks: int) -> int:
+def padded_rows(rows: int, channel_blocks: int, unit: str = AVX512) -> int:
     """How many rows a product of ``rows`` rows is best computed over: ``rows``, or a few more (zero rows
     whose outputs are dropped) where no divisor of ``rows`` makes a tile of enough accumulators (197
     tokens and 13 image columns allow only one-row tiles: a third of the peak at best)."""
 
     def worth(padded: int) -> float:
-        return _tile_efficiency(padded, channel_blocks) * rows / padded
+        return _tile_efficiency(padded, channel_blocks, unit) * rows / padded
 
-    best = max(range(rows, rows + MAX_ROWS + 1), key=lambda padded: (worth(padded), -padded))
+    most = AMX_MAX_ROWS if unit == AMX else MAX_ROWS
+    best = max(range(rows, rows + most + 1), key=lambda padded: (worth(padded), -padded))
     return best if worth(best) >= MIN_PADDING_GAIN * worth(rows) else rows
 
 
@@ -123,7 +135,7 @@ def _spatial_and_reduction(sch: Schedule, gemm: SBlockRV) -> tuple[list[LoopRV],
     return spatial, [loop for loop, kind in zip(loops, kinds, strict=True) if kind != IterVar.DataPar]
 
 
-def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int) -> None:
+def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int, unit: str = AVX512) -> None:
     _inline_prologue(sch, gemm)
     for producer in _around(sch, gemm, sch.get_producers):
         _parallel_loop_nest(sch, producer)
@@ -153,7 +165,7 @@ def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int
     sch.vectorize(sch.split(sch.get_loops(writeback)[-1], [None, LANES])[1])
     init = sch.decompose_reduction(gemm, window[0] if window else tile_rows)
     sch.vectorize(sch.split(sch.get_loops(init)[-1], [None, LANES])[1])
-    name = register_bf16_tile(tile_rows_count, vector_count, pairs_extent)
+    name = register_bf16_tile(tile_rows_count, vector_count, pairs_extent, unit)
     sch.tensorize(sch.blockize(tile_rows if tile_rows_count > 1 else vectors, preserve_unit_iters=False), name)
     # keeps MetaSchedule's generic rules (parallelising, vectorising, unrolling) off the loops above
     sch.annotate(sch.get_sblock("root"), "schedule_rule", "None")
@@ -162,9 +174,10 @@ def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int
 def schedule_bf16_gemm(sch: Schedule, gemm: SBlockRV) -> list[Schedule]:
     *_, rows_loop, channels_loop = _spatial_and_reduction(sch, gemm)[0]
     rows_extent, channels_extent = (int(sch.get(loop).extent) for loop in (rows_loop, channels_loop))
+    unit = str(sch.get(gemm).annotations.get(UNIT_ANNOTATION, AVX512))
     spaces = []
-    for rows, vectors in tile_shapes(rows_extent, channels_extent // LANES):
+    for rows, vectors in tile_shapes(rows_extent, channels_extent // LANES, unit):
         space = sch.copy()
-        _tile(space, gemm, rows, vectors)
+        _tile(space, gemm, rows, vectors, unit)
         spaces.append(space)
     return spaces

@@ -190,8 +190,13 @@ def check_cpu() -> list[Check]:
 
     from measure.host import cpu_model, physical_cores
 
+    from .targets import host_features_missing
+
     mcpu = tvm.target.codegen.llvm_get_system_cpu()
-    text = f"{cpu_model()}, {physical_cores()} physical cores, mcpu={mcpu}"
+    added = host_features_missing(mcpu)
+    text = f"{cpu_model()}, {physical_cores()} physical cores, mcpu={mcpu}" + (
+        f" (with {','.join(added)}: this CPU has them, LLVM's name for it does not)" if added else ""
+    )
     if mcpu in ("", "generic"):
         return [
             _warn(
@@ -205,11 +210,13 @@ def check_cpu() -> list[Check]:
 
 def check_bf16_cpu() -> Check:
     """Whether ``dtype="bfloat16"`` runs fast here (the CPU's bf16 dot product, AVX512_BF16)."""
-    from .precision import host_has_bf16
+    from .precision import host_has_amx, host_has_bf16
 
     has = host_has_bf16()
     if has is None:
         return _warn("bfloat16", "cannot read /proc/cpuinfo: whether this CPU has AVX512_BF16 is unknown")
+    if has and host_has_amx():
+        return _ok("bfloat16", "AMX: dtype bfloat16 computes its products on the CPU's tile unit (tdpbf16ps)")
     if has:
         return _ok("bfloat16", "AVX512_BF16: dtype bfloat16 computes with the CPU's bf16 dot product (vdpbf16ps)")
     return _warn(

@@ -12,12 +12,14 @@ from typing import Any
 import tvm
 from tvm.target import codegen
 
+from measure.bf16_dot import AMX, AVX512
 from measure.host import cpu_flags
 
 from .errors import TargetError
 from .targets import requested_config
 
 BF16_FEATURE = "avx512bf16"  # LLVM's name; /proc/cpuinfo says avx512_bf16
+AMX_FEATURES = ("amx-tile", "amx-bf16")  # /proc/cpuinfo: amx_tile, amx_bf16
 BF16_MIN_CUDA_ARCH = 80
 
 
@@ -26,6 +28,20 @@ def has_bf16_dot_product(target: tvm.target.Target | None) -> bool:
     if target is None or target.kind.name != "llvm":
         return False
     return bool(codegen.target_has_features(BF16_FEATURE, target))
+
+
+def bf16_unit(target: tvm.target.Target | None) -> str | None:
+    """The unit bf16 products run on for ``target``: AMX's tiles where its -mcpu (or -mattr) has them
+    (``tdpbf16ps``: 16 times the work of a ``vdpbf16ps``), AVX512_BF16, or None (fp32 arithmetic)."""
+    if not has_bf16_dot_product(target):
+        return None
+    return AMX if all(codegen.target_has_features(feature, target) for feature in AMX_FEATURES) else AVX512
+
+
+def host_has_amx() -> bool:
+    """Whether this machine's CPU has AMX's bf16 tiles and Linux offers them."""
+    flags = cpu_flags() or set()
+    return {"amx_tile", "amx_bf16"} <= flags
 
 
 def host_has_bf16() -> bool | None:

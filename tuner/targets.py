@@ -17,7 +17,7 @@ from tvm.target import Target
 
 from measure.cuda_runtime import no_gpu_reason, runtime_problem
 from measure.error_text import error_line
-from measure.host import physical_cores
+from measure.host import cpu_flags, physical_cores
 
 from .errors import TargetError
 
@@ -27,6 +27,16 @@ _EXAMPLES = (
     "'llvm', 'llvm -mcpu=skylake-avx512 -num-cores=4', 'cuda', 'cuda -arch=sm_90', or a dict like {'kind': 'cuda', "
     "'arch': 'sm_90'}"
 )
+# Features kernels use, as /proc/cpuinfo names them and as LLVM does: LLVM names the host CPU by its model
+# number, which a hypervisor may report for an older CPU (a Sapphire Rapids seen as a Rocket Lake, without
+# its bf16 dot product and AMX), so the host's target adds those its CPU name lacks.
+_HOST_FEATURES = {
+    "avx512_bf16": "avx512bf16",
+    "amx_tile": "amx-tile",
+    "amx_bf16": "amx-bf16",
+    "avx512_fp16": "avx512fp16",
+    "avx512_vnni": "avx512vnni",
+}
 # Limits of every CUDA GPU since Volta, used where the device cannot be asked (a build host without a GPU).
 _CUDA_DEFAULT_LIMITS = {
     "max_shared_memory_per_block": 49152,
@@ -161,9 +171,24 @@ def _complete_llvm(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config)
     if "mtriple" not in config and "mcpu" not in config:
         config["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
+        missing = host_features_missing(config["mcpu"])
+        if missing:
+            config["mattr"] = [*config.get("mattr", []), *missing]
     _check_mcpu(config)
     config.setdefault("num-cores", physical_cores())
     return config
+
+
+def host_features_missing(mcpu: str, flags: set[str] | None = None) -> list[str]:
+    """LLVM attributes (``+amx-bf16``, ...) of features this CPU has (or ``flags``, as /proc/cpuinfo
+    names them) and LLVM's CPU ``mcpu`` lacks."""
+    flags = cpu_flags() or set() if flags is None else flags
+    named = Target({"kind": "llvm", "mcpu": mcpu})
+    return [
+        f"+{feature}"
+        for flag, feature in _HOST_FEATURES.items()
+        if flag in flags and not tvm.target.codegen.target_has_features(feature, named)
+    ]
 
 
 def _complete_cuda(config: dict[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import tvm
 from tvm import relax
 from tvm.relax import pipeline as relax_pipeline
 
-from ..precision import has_bf16_dot_product
+from ..precision import bf16_unit
 from .attention_blocks import AttentionInQueryBlocks
 from .bf16 import Bfloat16Products
 from .channels_last import ChannelsLastConvolutions
@@ -121,7 +121,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     if _on_cpus_by_default(options.strassen, target):
         passes += [relax.transform.FoldConstant(), StrassenMatmuls()]  # the weights, transposed, as constants
     if options.bfloat16:
-        passes += [relax.transform.FoldConstant(), Bfloat16Products(dot_product=has_bf16_dot_product(target))]
+        passes += [relax.transform.FoldConstant(), Bfloat16Products(unit=bf16_unit(target))]
     if options.fast_math:
         passes.append(relax.transform.FastMathTransform())
     return [

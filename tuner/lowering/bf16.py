@@ -5,8 +5,9 @@ Each such operator reads its activation cast to bf16 (the cast fuses into the ke
 the activation, so activations travel between kernels in bf16 where a product reads them) and its
 weight converted once, here. On a CPU with AVX512_BF16 the weight is packed [N/16, K/2, 16, 2]
 (convolutions [KH, KW, N/16, C/2, 16, 2]) and the product is a kernel of ours whose schedule uses
-the ``vdpbf16ps`` micro-kernels (``tuner.bf16_rule``; an odd channel count gets a zero channel, the
-outputs zero ones up to a multiple of 16, sliced off after). Elsewhere, and for the products those
+the micro-kernels of ``vdpbf16ps``, or of AMX's ``tdpbf16ps`` where the CPU has it (``tuner.bf16_rule``;
+an odd channel count gets a zero channel, the outputs zero ones up to a multiple of 16, sliced off
+after). Elsewhere, and for the products those
 kernels do not take (grouped and dilated convolutions, an odd reduction in a matmul), Relax's own
 operator with bf16 operands and a float32 result: bf16 storage, fp32 arithmetic, as PyTorch computes
 bf16 on such CPUs. Matmuls of two activations (attention's) stay float32.
@@ -22,10 +23,10 @@ from tvm.ir.expr import Constant
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
-from measure.bf16_dot import LANES, PAIR
+from measure.bf16_dot import AVX512, LANES, PAIR
 from workloads.relax_functions import rewrite_functions
 
-from ..bf16_rule import BF16_GEMM_RULE, padded_rows
+from ..bf16_rule import BF16_GEMM_RULE, UNIT_ANNOTATION, padded_rows
 from ..metaschedule import FLOPS_ANNOTATION
 from .rewrites import conv2d_like, op_name, static_shape
 
@@ -62,8 +63,8 @@ def pack_conv_weight(weight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(weight.reshape(kh, kw, c // PAIR, PAIR, n // LANES, LANES).transpose(0, 1, 4, 2, 5, 3))
 
 
-def _gemm_attrs(flops: float) -> dict:
-    return {"schedule_rule": BF16_GEMM_RULE, FLOPS_ANNOTATION: flops}
+def _gemm_attrs(flops: float, unit: str) -> dict:
+    return {"schedule_rule": BF16_GEMM_RULE, UNIT_ANNOTATION: unit, FLOPS_ANNOTATION: flops}
 
 
 def _rows_padded(data: te.Tensor, rows: int) -> te.Tensor:
@@ -76,9 +77,9 @@ def _rows_padded(data: te.Tensor, rows: int) -> te.Tensor:
     )
 
 
-def bf16_dense(data: te.Tensor, packed: te.Tensor, rows: int | None = None) -> te.Tensor:
+def bf16_dense(data: te.Tensor, packed: te.Tensor, rows: int | None = None, unit: str = AVX512) -> te.Tensor:
     """data [..., R, K] (bf16) times the packed weight [N/16, K/2, 16, 2]: [..., R, N] in fp32, or
-    [..., ``rows``, N] with zero rows added (``padded_rows``)."""
+    [..., ``rows``, N] with zero rows added (``padded_rows``); computed on ``unit``."""
     *lead, k_extent = (int(d) for d in data.shape)
     n_extent = int(packed.shape[0]) * LANES
     k = te.reduce_axis((0, k_extent), "k")
@@ -92,7 +93,7 @@ def bf16_dense(data: te.Tensor, packed: te.Tensor, rows: int | None = None) -> t
             axis=k,
         ),
         name="bf16_dense",
-        attrs=_gemm_attrs(flops),
+        attrs=_gemm_attrs(flops, unit),
     )
 
 
@@ -122,10 +123,15 @@ def _phases(data: te.Tensor, channels: int, stride: int, padding: tuple[int, int
 
 
 def bf16_conv2d_nhwc(
-    data: te.Tensor, packed: te.Tensor, stride: int, padding: tuple[int, int, int, int], columns: int | None = None
+    data: te.Tensor,
+    packed: te.Tensor,
+    stride: int,
+    padding: tuple[int, int, int, int],
+    columns: int | None = None,
+    unit: str = AVX512,
 ) -> te.Tensor:
     """NHWC data (bf16) convolved with the packed HWIO weight: NHWC fp32; ``columns``: output columns
-    computed, past the image's (zero columns added on the right, ``padded_rows``)."""
+    computed, past the image's (zero columns added on the right, ``padded_rows``); computed on ``unit``."""
     batch, height, width, channels = (int(d) for d in data.shape)
     kernel_h, kernel_w = int(packed.shape[0]), int(packed.shape[1])
     out_channels = int(packed.shape[2]) * LANES
@@ -158,7 +164,7 @@ def bf16_conv2d_nhwc(
             axis=[ry, rx, rc],
         ),
         name="bf16_conv2d",
-        attrs=_gemm_attrs(flops),
+        attrs=_gemm_attrs(flops, unit),
     )
 
 
@@ -168,9 +174,9 @@ def _is_fp32(expr: Expr) -> bool:
 
 @expr_functor.mutator
 class _Bfloat16Products(PyExprMutator):
-    def __init__(self, mod: IRModule, dot_product: bool) -> None:
+    def __init__(self, mod: IRModule, unit: str | None) -> None:
         super().__init__(mod)
-        self.dot_product = dot_product  # the CPU has AVX512_BF16: our kernels, packed weights
+        self.unit = unit  # the CPU's bf16 dot product (AVX512_BF16, AMX): our kernels, packed weights
 
     def _cast(self, expr: Expr) -> Expr:
         return self.builder_.emit(relax.op.astype(expr, BF16))
@@ -201,13 +207,18 @@ class _Bfloat16Products(PyExprMutator):
 
     def _matmul(self, call: Call) -> Expr:
         data, weight = call.args[0], call.args[1].value.numpy()
-        if self.dot_product and weight.ndim == 2 and weight.shape[0] % PAIR == 0:
+        if self.unit and weight.ndim == 2 and weight.shape[0] % PAIR == 0:
             packed = pack_dense_weight(weight)  # [N/16, K/2, 16, 2]
             shape = static_shape(data)
             rows = shape[-2] if shape and len(shape) >= 2 else None  # none to pad, or known only at run time
-            padded = padded_rows(rows, packed.shape[0]) if rows else None
+            padded = padded_rows(rows, packed.shape[0], self.unit) if rows else None
             out = self.builder_.call_te(
-                bf16_dense, self._cast(data), relax.const(_bf16(packed)), padded, primfunc_name_hint="bf16_dense"
+                bf16_dense,
+                self._cast(data),
+                relax.const(_bf16(packed)),
+                padded,
+                self.unit,
+                primfunc_name_hint="bf16_dense",
             )
             return self._computed(out, rows, weight.shape[1])
         return relax.op.matmul(self._cast(data), relax.const(_bf16(weight)), out_dtype=_F32)
@@ -218,7 +229,7 @@ class _Bfloat16Products(PyExprMutator):
         layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
         strides = [int(s) for s in attrs.strides]
         ours = (
-            self.dot_product
+            self.unit is not None
             and layouts == ("NHWC", "HWIO", "NHWC")
             and int(attrs.groups) == 1
             and [int(d) for d in attrs.dilation] == [1, 1]
@@ -235,7 +246,8 @@ class _Bfloat16Products(PyExprMutator):
                 relax.const(_bf16(packed)),
                 strides[0],
                 (top, left, bottom, right),
-                padded_rows(out_w, packed.shape[2]),
+                padded_rows(out_w, packed.shape[2], self.unit),
+                self.unit,
                 primfunc_name_hint="bf16_conv2d",
             )
             return self._computed(out, out_w, weight.shape[3])
@@ -245,10 +257,10 @@ class _Bfloat16Products(PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="Bfloat16Products")
 class Bfloat16Products:
     """Convolutions and matmuls by constant weights from bf16 operands into fp32 (module docstring);
-    ``dot_product``: the target CPU has AVX512_BF16."""
+    ``unit``: the target CPU's bf16 dot product (``tuner.precision.bf16_unit``), None where it has none."""
 
-    def __init__(self, dot_product: bool) -> None:
-        self.dot_product = dot_product
+    def __init__(self, unit: str | None) -> None:
+        self.unit = unit
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
-        return rewrite_functions(_Bfloat16Products(mod, self.dot_product), mod)
+        return rewrite_functions(_Bfloat16Products(mod, self.unit), mod)

@@ -1,0 +1,148 @@
+"""The bf16 GEMM micro-kernel on Intel's AMX (Sapphire Rapids and later): one call computes a tile of
+up to 32 rows x up to 48 outputs over the whole reduction with ``tdpbf16ps``, each instruction a
+16x16 fp32 block's 16x32 by 32x16 bf16 product (8,192 multiply-adds, 16 times a ``vdpbf16ps``).
+
+It has the same operands as the AVX512_BF16 micro-kernel of ``measure.bf16_dot``: the activation's
+rows (bf16, ``lda`` apart), the weight packed [N/16, K/2, 16, 2] (a channel block's 16 pairs of
+the reduction are one 16-row by 64-byte tile of AMX's pair-interleaved layout, as they are), the
+accumulators as fp32 rows (``ldc`` apart). Eight tile registers: the accumulators' blocks, one
+activation tile per 16 rows and one weight tile per channel block. A reduction that is not a
+multiple of 32 ends with a step over tiles configured to the rest.
+
+Linux lets a process use AMX's tile data only once it asks (``arch_prctl(ARCH_REQ_XCOMP_PERM)``),
+so each micro-kernel asks on its first call in a process: a built model runs wherever it is
+loaded, by whatever loads it.
+"""
+
+from __future__ import annotations
+
+TILE_ROWS = 16  # of an activation tile and an accumulator block
+TILE_PAIRS = 16  # pairs of the reduction per step (64 bytes of an activation row)
+TILE_REGISTERS = 8
+_SYS_ARCH_PRCTL = 158
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+
+def row_tiles(rows: int) -> list[int]:
+    """The rows of each activation tile of a micro-kernel tile of ``rows`` rows."""
+    return [min(TILE_ROWS, rows - start) for start in range(0, rows, TILE_ROWS)]
+
+
+def fits(rows: int, vectors: int) -> bool:
+    """Whether a tile of ``rows`` x ``vectors`` channel blocks fits AMX's eight tile registers."""
+    tiles = len(row_tiles(rows))
+    return rows > 0 and vectors > 0 and tiles * vectors + tiles + vectors <= TILE_REGISTERS
+
+
+def _config(row_counts: list[int], vectors: int, pairs: int) -> str:
+    """LLVM's constant of a 64-byte tile configuration (palette 1): accumulator blocks first, then the
+    activation tiles, then the weight tiles, over ``pairs`` pairs of the reduction."""
+    colsb, rows = [0] * 16, [0] * 16
+    tile = 0
+    for count in row_counts:
+        for _ in range(vectors):
+            colsb[tile], rows[tile] = 4 * 16, count
+            tile += 1
+    for count in row_counts:
+        colsb[tile], rows[tile] = 4 * pairs, count
+        tile += 1
+    for _ in range(vectors):
+        colsb[tile], rows[tile] = 4 * 16, pairs
+        tile += 1
+    data = [1] + [0] * 15 + [byte for width in colsb for byte in width.to_bytes(2, "little")] + rows
+    return "[64 x i8] [" + ", ".join(f"i8 {byte}" for byte in data) + "]"
+
+
+def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int) -> str:
+    """LLVM IR of ``name``(C, ldc, A, lda, B, ldb, pairs), as ``measure.bf16_dot``'s micro-kernels:
+    C[r, 16v + l] += sum_p A[r, 2p:2p+2] . B[v, p, l, :], for a reduction of ``pairs`` pairs."""
+    if not fits(rows, vectors):
+        raise ValueError(f"an AMX tile of {rows} rows x {vectors} channel blocks needs more than 8 tile registers")
+    counts = row_tiles(rows)
+    steps, rest = divmod(pairs, TILE_PAIRS)
+    blocks = [(i, v, i * vectors + v) for i in range(len(counts)) for v in range(vectors)]
+    a_tile = {i: len(blocks) + i for i in range(len(counts))}
+    b_tile = {v: len(blocks) + len(counts) + v for v in range(vectors)}
+    lines = [
+        f"@{name}_ready = internal global i8 0",
+        f"@{name}_steps = private constant {_config(counts, vectors, TILE_PAIRS)}",
+        f"@{name}_rest = private constant {_config(counts, vectors, max(rest, 1))}",
+        f"define void @{name}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %pairs) #0 {{",
+        "entry:",
+        f"  %ready = load i8, ptr @{name}_ready",
+        "  %asked = icmp ne i8 %ready, 0",
+        "  br i1 %asked, label %start, label %ask",
+        "ask:",
+        '  %granted = call i64 asm sideeffect "syscall", "={rax},{rax},{rdi},{rsi},~{rcx},~{r11},~{memory}"'
+        f"(i64 {_SYS_ARCH_PRCTL}, i64 {_ARCH_REQ_XCOMP_PERM}, i64 {_XFEATURE_XTILEDATA})",
+        f"  store i8 1, ptr @{name}_ready",
+        "  br label %start",
+        "start:",
+        "  %cs = shl i64 %ldc, 2",
+        "  %as = shl i64 %lda, 1",
+    ]
+
+    def c_blocks(load: bool, tag: str) -> list[str]:
+        out = []
+        for i, v, tile in blocks:
+            pointer = f"%cp{tag}{tile}"
+            call = (
+                f"tileloadd64(i8 {tile}, ptr {pointer}, i64 %cs)"
+                if load
+                else f"tilestored64(i8 {tile}, ptr {pointer}, i64 %cs)"
+            )
+            out += [
+                f"  %co{tag}{tile} = mul i64 %ldc, {i * TILE_ROWS}",
+                f"  %ci{tag}{tile} = add i64 %co{tag}{tile}, {v * 16}",
+                f"  {pointer} = getelementptr float, ptr %c, i64 %ci{tag}{tile}",
+                f"  call void @llvm.x86.{call}",
+            ]
+        return out
+
+    def step(label: str, pair_offset: str) -> list[str]:
+        out = [f"  %k{label} = shl i64 {pair_offset}, 1"]
+        for i, tile in a_tile.items():
+            out += [
+                f"  %ao{label}{i} = mul i64 %lda, {i * TILE_ROWS}",
+                f"  %ai{label}{i} = add i64 %ao{label}{i}, %k{label}",
+                f"  %ap{label}{i} = getelementptr i16, ptr %a, i64 %ai{label}{i}",
+                f"  call void @llvm.x86.tileloadd64(i8 {tile}, ptr %ap{label}{i}, i64 %as)",
+            ]
+        for v, tile in b_tile.items():
+            out += [
+                f"  %bo{label}{v} = mul i64 %ldb, {v}",
+                f"  %bk{label}{v} = shl i64 {pair_offset}, 5",
+                f"  %bi{label}{v} = add i64 %bo{label}{v}, %bk{label}{v}",
+                f"  %bp{label}{v} = getelementptr i16, ptr %b, i64 %bi{label}{v}",
+                f"  call void @llvm.x86.tileloadd64(i8 {tile}, ptr %bp{label}{v}, i64 64)",
+            ]
+        out += [f"  call void @llvm.x86.tdpbf16ps(i8 {t}, i8 {a_tile[i]}, i8 {b_tile[v]})" for i, v, t in blocks]
+        return out
+
+    if steps:
+        lines += [f"  call void @llvm.x86.ldtilecfg(ptr @{name}_steps)", *c_blocks(True, "l")]
+        lines += ["  br label %step", "step:", "  %s = phi i64 [ 0, %start ], [ %next, %step ]"]
+        lines += ["  %p = shl i64 %s, 4", *step("s", "%p")]
+        lines += [
+            "  %next = add i64 %s, 1",
+            f"  %more = icmp ult i64 %next, {steps}",
+            "  br i1 %more, label %step, label %steps_done",
+            "steps_done:",
+        ]
+        if rest:  # loading another configuration clears the tiles: the accumulators go through memory
+            lines += c_blocks(False, "m")
+    if rest:
+        lines += [f"  call void @llvm.x86.ldtilecfg(ptr @{name}_rest)", *c_blocks(True, "r")]
+        lines += step("r", f"{steps * TILE_PAIRS}")
+    lines += c_blocks(False, "s")
+    lines += [
+        "  ret void",
+        "}",
+        "declare void @llvm.x86.ldtilecfg(ptr)",
+        "declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)",
+        "declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)",
+        "declare void @llvm.x86.tdpbf16ps(i8 immarg, i8 immarg, i8 immarg)",
+        'attributes #0 = { alwaysinline "target-features"="+amx-tile,+amx-bf16" }',
+    ]
+    return "\n".join(lines) + "\n"
