@@ -18,12 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.machine_limits import bf16_dot_gflops, fma_gflops  # noqa: E402
+from experiments.machine_limits import bf16_peak, fma_gflops  # noqa: E402
 from measure.host import cpu_flags, cpu_model  # noqa: E402
 
 
 def _peaks(threads: int) -> dict[str, float | None]:
-    bf16, _ = bf16_dot_gflops(threads)
+    bf16, _, _ = bf16_peak(threads)
     return {"float32": fma_gflops(threads), "bfloat16": bf16}
 
 

@@ -1,6 +1,6 @@
 """This machine's limits, measured: the fp32 FMA peak (a C kernel of independent vector FMAs on
-every core), the bf16 dot-product peak where the CPU has AVX512_BF16 (the same with
-``vdpbf16ps``), BLAS sgemm (numpy's and torch's), and memory bandwidth (a parallel copy of arrays far
+every core), the bf16 peak of the unit bf16 products run on (AMX's ``tdpbf16ps`` on independent
+tiles where the CPU has AMX, else the FMA kernel's twin with ``vdpbf16ps`` where it has AVX512_BF16), BLAS sgemm (numpy's and torch's), and memory bandwidth (a parallel copy of arrays far
 larger than the last-level cache); with ``--gpu``, a GPU's (cuBLAS GEMM in fp16, a device copy).
 A kernel's roofline bound is max(FLOPs / peak, bytes / bandwidth).
 
@@ -98,6 +98,35 @@ double bf16_dot_flops(long iterations, int threads) {
 """
 
 
+# tdpbf16ps: a 16x16 fp32 block += 16x32 by 32x16 bf16, 16,384 FLOPs. Four independent accumulator
+# blocks (of the eight tiles) keep the tile unit busy.
+_AMX_KERNEL = r"""
+#include <immintrin.h>
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+struct tile_config { unsigned char palette, start_row, reserved[14]; unsigned short colsb[16]; unsigned char rows[16]; };
+/* static: gcc drops the stores of a configuration built on the stack, not seeing ldtilecfg read them */
+static const struct tile_config config = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+double amx_bf16_flops(long iterations, int threads) {
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return -1;
+    double start = omp_get_wtime();
+    #pragma omp parallel num_threads(threads)
+    {
+        _tile_loadconfig(&config);
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
+        for (long n = 0; n < iterations; n++) {
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_release();
+    }
+    double seconds = omp_get_wtime() - start;
+    return (double)threads * iterations * 4 * 16384 / seconds;
+}
+"""
+
+
 class _Roofline:
     peak_gflops: float
     copy_gbs: float
@@ -117,8 +146,9 @@ class MachineLimits(_Roofline):
     numpy_sgemm_gflops: float
     torch_sgemm_gflops: float | None
     copy_gbs: float
-    bf16_peak_gflops: float | None = None  # the bf16 dot-product kernel's; None where it cannot run
+    bf16_peak_gflops: float | None = None  # the bf16 unit's peak kernel's; None where it cannot run
     bf16_absent: str = ""  # why it cannot
+    bf16_unit: str = "vdpbf16ps"  # the instruction of that kernel: tdpbf16ps (AMX) or vdpbf16ps
 
     @property
     def peak_gflops(self) -> float:
@@ -135,7 +165,7 @@ class MachineLimits(_Roofline):
     def _bf16_text(self) -> str:
         if self.bf16_peak_gflops is None:
             return f"bf16 dot-product peak absent ({self.bf16_absent or 'not measured'})"
-        return f"bf16 dot-product peak {self.bf16_peak_gflops:.0f} GFLOP/s"
+        return f"bf16 peak ({self.bf16_unit}) {self.bf16_peak_gflops:.0f} GFLOP/s"
 
 
 @dataclass
@@ -181,9 +211,26 @@ def _compile_kernels(directory: Path) -> ctypes.CDLL:
     return lib
 
 
+def bf16_peak(threads: int, iterations: int = 20_000_000) -> tuple[float | None, str, str]:
+    """(GFLOP/s, why absent, instruction) of the unit bf16 products run on here: AMX's where the CPU has
+    it, else AVX512_BF16's (``bf16_dot_gflops``)."""
+    if {"amx_tile", "amx_bf16"} <= (cpu_flags() or set()):
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                lib = _compile(Path(tmp), "amx", _AMX_KERNEL, ["-mamx-tile", "-mamx-bf16"])
+            except (RuntimeError, OSError) as err:
+                return None, str(err), "tdpbf16ps"
+            lib.amx_bf16_flops.restype = ctypes.c_double
+            lib.amx_bf16_flops.argtypes = [ctypes.c_long, ctypes.c_int]
+            if lib.amx_bf16_flops(1, 1) < 0:
+                return None, "Linux refused this process AMX's tile data (arch_prctl)", "tdpbf16ps"
+            return _best_gflops(lib.amx_bf16_flops, threads, max(iterations // 16, 1)), "", "tdpbf16ps"
+    return (*bf16_dot_gflops(threads, iterations), "vdpbf16ps")
+
+
 def bf16_dot_gflops(threads: int, iterations: int = 20_000_000) -> tuple[float | None, str]:
-    """(GFLOP/s of the bf16 dot-product kernel on ``threads`` threads, best of three; '') or, where
-    it cannot run, (None, why)."""
+    """(GFLOP/s of the AVX512_BF16 dot-product kernel on ``threads`` threads, best of three; '') or,
+    where it cannot run, (None, why)."""
     if "avx512_bf16" not in (cpu_flags() or set()):
         return None, "this CPU has no avx512_bf16 in /proc/cpuinfo's flags"
     with tempfile.TemporaryDirectory() as tmp:
@@ -245,7 +292,7 @@ def measure(threads: int | None = None) -> MachineLimits:
         lib = _compile_kernels(Path(tmp))
         fma = _fma_gflops(lib, threads, 20_000_000)
         copy = lib.copy_bytes(64 * 2**20, threads, 5)  # 2 x 256 MB, far beyond the caches
-    bf16, bf16_absent = bf16_dot_gflops(threads)
+    bf16, bf16_absent, bf16_unit = bf16_peak(threads)
     try:
         import torch
 
@@ -254,7 +301,7 @@ def measure(threads: int | None = None) -> MachineLimits:
     except ImportError:
         torch_sgemm = None
     numpy_sgemm = _sgemm_gflops(_NumpyMatmul())
-    return MachineLimits(threads, fma, numpy_sgemm, torch_sgemm, copy / 1e9, bf16, bf16_absent)
+    return MachineLimits(threads, fma, numpy_sgemm, torch_sgemm, copy / 1e9, bf16, bf16_absent, bf16_unit)
 
 
 def torch_cuda_matmul_seconds(size: int, dtype: str) -> float:
