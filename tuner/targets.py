@@ -264,11 +264,15 @@ def cuda_arch_number(target: Target) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _option_text(value: Any) -> str:
+    return ",".join(str(item) for item in value) if isinstance(value, list | tuple) else str(value)
+
+
 def describe_target(target: Target | str) -> str:
     """A short human-readable form, e.g. ``llvm -mcpu=znver5 -num-cores=2`` or ``cuda -arch=sm_90``."""
     import json
 
     config = json.loads(str(target)) if not isinstance(target, dict) else target
-    shown = {"llvm": ("mcpu", "mtriple", "num-cores"), "cuda": ("arch",)}.get(config.get("kind"), ())
-    options = " ".join(f"-{k}={config[k]}" for k in shown if k in config)
+    shown = {"llvm": ("mcpu", "mattr", "mtriple", "num-cores"), "cuda": ("arch",)}.get(config.get("kind"), ())
+    options = " ".join(f"-{k}={_option_text(config[k])}" for k in shown if k in config)
     return f"{config.get('kind')} {options}".strip()
