@@ -1,6 +1,7 @@
 """This machine's limits, measured: the fp32 FMA peak (a C kernel of independent vector FMAs on
 every core), the bf16 peak of the unit bf16 products run on (AMX's ``tdpbf16ps`` on independent
-tiles where the CPU has AMX, else the FMA kernel's twin with ``vdpbf16ps`` where it has AVX512_BF16), BLAS sgemm (numpy's and torch's), and memory bandwidth (a parallel copy of arrays far
+tiles where the CPU has AMX, else the FMA kernel's twin with ``vdpbf16ps`` where it has
+AVX512_BF16), BLAS sgemm (numpy's and torch's), and memory bandwidth (a parallel copy of arrays far
 larger than the last-level cache); with ``--gpu``, a GPU's (cuBLAS GEMM in fp16, a device copy).
 A kernel's roofline bound is max(FLOPs / peak, bytes / bandwidth).
 
@@ -105,9 +106,14 @@ _AMX_KERNEL = r"""
 #include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-struct tile_config { unsigned char palette, start_row, reserved[14]; unsigned short colsb[16]; unsigned char rows[16]; };
+struct tile_config {
+    unsigned char palette, start_row, reserved[14];
+    unsigned short colsb[16];
+    unsigned char rows[16];
+};
 /* static: gcc drops the stores of a configuration built on the stack, not seeing ldtilecfg read them */
-static const struct tile_config config = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+static const struct tile_config config = {
+    1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 double amx_bf16_flops(long iterations, int threads) {
     if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return -1;
     double start = omp_get_wtime();

@@ -12,9 +12,9 @@ import tvm
 from tvm import te
 
 import tuner
-from tuner.bf16_rule import BF16_GEMM_RULE, _tile, padded_rows, tile_shapes
 from measure.amx_dot import fits
 from measure.bf16_dot import AMX, AVX512
+from tuner.bf16_rule import BF16_GEMM_RULE, _tile, padded_rows, tile_shapes
 from tuner.errors import TargetError
 from tuner.lowering.bf16 import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
 from tuner.precision import bf16_unit, check_bf16, has_bf16_dot_product, host_has_amx, host_has_bf16

@@ -23,7 +23,8 @@ from tvm.ir.expr import Constant
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
-from measure.bf16_dot import AVX512, LANES, PAIR
+from measure.amx_dot import TILE_PAIRS
+from measure.bf16_dot import AMX, AVX512, LANES, PAIR
 from workloads.relax_functions import rewrite_functions
 
 from ..bf16_rule import BF16_GEMM_RULE, UNIT_ANNOTATION, padded_rows
@@ -32,6 +33,7 @@ from .rewrites import conv2d_like, op_name, static_shape
 
 BF16 = "bfloat16"
 _F32 = "float32"
+AMX_MIN_REDUCTION = PAIR * TILE_PAIRS  # one whole step of AMX's micro-kernel
 
 
 def _bf16(array: np.ndarray) -> np.ndarray:
@@ -190,6 +192,12 @@ class _Bfloat16Products(PyExprMutator):
             return call
         return self._matmul(call) if name == "relax.matmul" else self._conv2d(call)
 
+    def _unit_for(self, reduction: int) -> str:
+        """The unit of a product over ``reduction`` input channels: AMX's tiles pay for their set-up
+        (a tile configuration, the accumulators loaded and stored) over a reduction of a few steps,
+        not over a network's first convolution's 3 channels."""
+        return self.unit if self.unit != AMX or reduction >= AMX_MIN_REDUCTION else AVX512
+
     def _computed(self, out: Expr, rows: int | None, outputs: int) -> Expr:
         """``out`` without the zero rows (its second to last axis: a matmul's rows, a convolution's
         columns) and zero outputs (up to a multiple of 16) it was computed with."""
@@ -211,13 +219,14 @@ class _Bfloat16Products(PyExprMutator):
             packed = pack_dense_weight(weight)  # [N/16, K/2, 16, 2]
             shape = static_shape(data)
             rows = shape[-2] if shape and len(shape) >= 2 else None  # none to pad, or known only at run time
-            padded = padded_rows(rows, packed.shape[0], self.unit) if rows else None
+            unit = self._unit_for(weight.shape[0])
+            padded = padded_rows(rows, packed.shape[0], unit) if rows else None
             out = self.builder_.call_te(
                 bf16_dense,
                 self._cast(data),
                 relax.const(_bf16(packed)),
                 padded,
-                self.unit,
+                unit,
                 primfunc_name_hint="bf16_dense",
             )
             return self._computed(out, rows, weight.shape[1])
@@ -239,6 +248,7 @@ class _Bfloat16Products(PyExprMutator):
         if ours:
             top, left, bottom, right = (int(p) for p in attrs.padding)
             packed = pack_conv_weight(weight)  # [KH, KW, N/16, C/2, 16, 2]
+            unit = self._unit_for(packed.shape[3] * PAIR)
             out_w = _out_extent(static_shape(data)[2], left, right, weight.shape[1], strides[0])
             out = self.builder_.call_te(
                 bf16_conv2d_nhwc,
@@ -246,8 +256,8 @@ class _Bfloat16Products(PyExprMutator):
                 relax.const(_bf16(packed)),
                 strides[0],
                 (top, left, bottom, right),
-                padded_rows(out_w, packed.shape[2], self.unit),
-                self.unit,
+                padded_rows(out_w, packed.shape[2], unit),
+                unit,
                 primfunc_name_hint="bf16_conv2d",
             )
             return self._computed(out, out_w, weight.shape[3])
