@@ -252,3 +252,29 @@ def test_tune_refuses_bf16_on_a_named_cpu_without_it_before_anything_starts(tmp_
             work_dir=tmp_path / "wd",
         )
     assert not (tmp_path / "wd" / "tuning.db").exists()
+
+
+def test_amx_takes_the_products_over_a_whole_step_of_the_reduction_and_avx512_the_rest() -> None:
+    from tvm import relax
+
+    from tuner.bf16_rule import UNIT_ANNOTATION
+    from tuner.lowering.bf16 import Bfloat16Products
+
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 16, 3), "float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            stem = relax.op.nn.conv2d(
+                x, relax.const(np.ones((3, 3, 3, 32), np.float32)), padding=1, data_layout="NHWC", kernel_layout="HWIO"
+            )
+            out = relax.op.nn.conv2d(
+                builder.emit(stem),
+                relax.const(np.ones((1, 1, 32, 32), np.float32)),
+                data_layout="NHWC",
+                kernel_layout="HWIO",
+            )
+            out = builder.emit_output(builder.emit(out))
+        builder.emit_func_output(out)
+    text = Bfloat16Products(unit=AMX)(builder.get()).script()
+    # 32 channels: one step; 3 (4 packed): not one
+    assert text.count(f'"{UNIT_ANNOTATION}": "{AMX}"') == 1 and text.count(f'"{UNIT_ANNOTATION}": "{AVX512}"') == 1
