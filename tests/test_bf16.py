@@ -16,7 +16,7 @@ from measure.amx_dot import fits
 from measure.bf16_dot import AMX, AVX512
 from tuner.bf16_rule import BF16_GEMM_RULE, _tile, padded_rows, tile_shapes
 from tuner.errors import TargetError
-from tuner.lowering.bf16 import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
+from tuner.lowering.bf16_kernels import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
 from tuner.precision import bf16_unit, check_bf16, has_bf16_dot_product, host_has_amx, host_has_bf16
 from tuner.targets import host_features_missing, resolve_target
 
@@ -278,3 +278,28 @@ def test_amx_takes_the_products_over_a_whole_step_of_the_reduction_and_avx512_th
     text = Bfloat16Products(unit=AMX)(builder.get()).script()
     # 32 channels: one step; 3 (4 packed): not one
     assert text.count(f'"{UNIT_ANNOTATION}": "{AMX}"') == 1 and text.count(f'"{UNIT_ANNOTATION}": "{AVX512}"') == 1
+
+
+@needs_amx
+@pytest.mark.parametrize(("size", "kernel", "stride", "pad"), [(7, 3, 1, 1), (8, 1, 2, 0), (14, 3, 2, 1), (7, 1, 1, 0)])
+def test_a_convolution_over_the_image_rows_end_to_end_is_the_convolution(size, kernel, stride, pad) -> None:
+    from tuner.lowering.bf16_flat import bf16_conv2d_flat, flat_rows
+
+    channels, outputs = 32, 40  # 40 outputs: 48 computed, 40 gathered back
+    image, weight = _bf16((1, size, size, channels), 1), _bf16((kernel, kernel, channels, outputs), 2)
+    packed = pack_conv_weight(weight)
+    rows = flat_rows((size, size), (kernel, kernel), stride, (pad,) * 4, packed.shape[2], AMX)
+    assert rows is not None
+    image_t = te.placeholder(image.shape, "bfloat16", name="image")
+    kernel_t = te.placeholder(packed.shape, "bfloat16", name="kernel")
+    conv = bf16_conv2d_flat(image_t, kernel_t, stride, (pad,) * 4, rows, outputs, AMX)
+    shapes = tile_shapes(rows, packed.shape[2], AMX)
+    built = _built(_module([image_t, kernel_t, conv]), "bf16_conv2d", *shapes[0], AMX)
+    got = _run(built, [image, packed], tuple(int(d) for d in conv.shape))
+    expected = torch.nn.functional.conv2d(
+        torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
+        torch.from_numpy(weight.astype(np.float32)).permute(3, 2, 0, 1),
+        stride=stride,
+        padding=pad,
+    ).permute(0, 2, 3, 1)
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)

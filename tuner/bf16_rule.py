@@ -53,7 +53,7 @@ def tile_shapes(rows: int, channel_blocks: int, unit: str = AVX512) -> list[tupl
     return shapes[:MAX_SPACES]
 
 
-def _tile_efficiency(rows: int, channel_blocks: int, unit: str) -> float:
+def tile_efficiency(rows: int, channel_blocks: int, unit: str) -> float:
     saturating = AMX_SATURATING if unit == AMX else SATURATING_ACCUMULATORS
     shapes = tile_shapes(rows, channel_blocks, unit)
     return min(max((r * v for r, v in shapes), default=0), saturating) / saturating
@@ -65,7 +65,7 @@ def padded_rows(rows: int, channel_blocks: int, unit: str = AVX512) -> int:
     tokens and 13 image columns allow only one-row tiles: a third of the peak at best)."""
 
     def worth(padded: int) -> float:
-        return _tile_efficiency(padded, channel_blocks, unit) * rows / padded
+        return tile_efficiency(padded, channel_blocks, unit) * rows / padded
 
     most = AMX_MAX_ROWS if unit == AMX else MAX_ROWS
     best = max(range(rows, rows + most + 1), key=lambda padded: (worth(padded), -padded))
@@ -142,6 +142,8 @@ def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int
     sch.cache_write(gemm, 0, "global")
     writeback = sch.get_consumers(gemm)[0]
     _inline_epilogue(sch, writeback)
+    for kept in sch.get_consumers(writeback):  # of another shape: the outputs kept, sliced or gathered
+        _inline_epilogue(sch, kept)
     for consumer in _around(sch, writeback, sch.get_consumers):
         _parallel_loop_nest(sch, consumer)
 

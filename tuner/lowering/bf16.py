@@ -15,10 +15,9 @@ bf16 on such CPUs. Matmuls of two activations (attention's) stay float32.
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import tvm
-from tvm import relax, te
+from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
@@ -27,151 +26,25 @@ from measure.amx_dot import TILE_PAIRS
 from measure.bf16_dot import AMX, AVX512, LANES, PAIR
 from workloads.relax_functions import rewrite_functions
 
-from ..bf16_rule import BF16_GEMM_RULE, UNIT_ANNOTATION, padded_rows
-from ..metaschedule import FLOPS_ANNOTATION
+from ..bf16_rule import padded_rows
+from .bf16_flat import bf16_conv2d_flat, flat_rows
+from .bf16_kernels import (
+    BF16,
+    F32,
+    bf16_conv2d_nhwc,
+    bf16_dense,
+    out_extent,
+    pack_conv_weight,
+    pack_dense_weight,
+    to_bf16,
+)
 from .rewrites import conv2d_like, op_name, static_shape
 
-BF16 = "bfloat16"
-_F32 = "float32"
 AMX_MIN_REDUCTION = PAIR * TILE_PAIRS  # one whole step of AMX's micro-kernel
 
 
-def _bf16(array: np.ndarray) -> np.ndarray:
-    return array.astype(np.float32).astype(ml_dtypes.bfloat16)
-
-
-def _padded(weight: np.ndarray, axis: int, multiple: int) -> np.ndarray:
-    """``weight`` with zeros appended along ``axis`` up to a multiple of ``multiple``."""
-    missing = -weight.shape[axis] % multiple
-    if not missing:
-        return weight
-    widths = [(0, 0)] * weight.ndim
-    widths[axis] = (0, missing)
-    return np.pad(weight, widths)
-
-
-def pack_dense_weight(weight: np.ndarray) -> np.ndarray:
-    """[K, N] -> [N/16, K/2, 16, 2] (N padded with zero outputs to a multiple of 16)."""
-    weight = _padded(weight, 1, LANES)
-    k, n = weight.shape
-    return np.ascontiguousarray(weight.reshape(k // PAIR, PAIR, n // LANES, LANES).transpose(2, 0, 3, 1))
-
-
-def pack_conv_weight(weight: np.ndarray) -> np.ndarray:
-    """HWIO [KH, KW, C, N] -> [KH, KW, N/16, C/2, 16, 2] (C padded with a zero channel to an even count,
-    N with zero outputs to a multiple of 16)."""
-    weight = _padded(_padded(weight, 2, PAIR), 3, LANES)
-    kh, kw, c, n = weight.shape
-    return np.ascontiguousarray(weight.reshape(kh, kw, c // PAIR, PAIR, n // LANES, LANES).transpose(0, 1, 4, 2, 5, 3))
-
-
-def _gemm_attrs(flops: float, unit: str) -> dict:
-    return {"schedule_rule": BF16_GEMM_RULE, UNIT_ANNOTATION: unit, FLOPS_ANNOTATION: flops}
-
-
-def _rows_padded(data: te.Tensor, rows: int) -> te.Tensor:
-    """``data`` [..., R, K] with zero rows up to ``rows``."""
-    given = int(data.shape[-2])
-    return te.compute(
-        (*data.shape[:-2], rows, data.shape[-1]),
-        lambda *i: tvm.tirx.if_then_else(i[-2] < given, data[i], tvm.tirx.const(0, BF16)),
-        name="bf16_pad",
-    )
-
-
-def bf16_dense(data: te.Tensor, packed: te.Tensor, rows: int | None = None, unit: str = AVX512) -> te.Tensor:
-    """data [..., R, K] (bf16) times the packed weight [N/16, K/2, 16, 2]: [..., R, N] in fp32, or
-    [..., ``rows``, N] with zero rows added (``padded_rows``); computed on ``unit``."""
-    *lead, k_extent = (int(d) for d in data.shape)
-    n_extent = int(packed.shape[0]) * LANES
-    k = te.reduce_axis((0, k_extent), "k")
-    flops = 2.0 * float(np.prod(lead, dtype=np.float64)) * n_extent * k_extent
-    if rows is not None and rows != lead[-1]:
-        data, lead[-1] = _rows_padded(data, rows), rows
-    return te.compute(
-        (*lead, n_extent),
-        lambda *i: te.sum(
-            data[(*i[:-1], k)].astype(_F32) * packed[i[-1] // LANES, k // PAIR, i[-1] % LANES, k % PAIR].astype(_F32),
-            axis=k,
-        ),
-        name="bf16_dense",
-        attrs=_gemm_attrs(flops, unit),
-    )
-
-
-def _out_extent(size: int, before: int, after: int, kernel: int, stride: int) -> int:
-    return (size + before + after - kernel) // stride + 1
-
-
-def _phases(data: te.Tensor, channels: int, stride: int, padding: tuple[int, int, int, int]) -> te.Tensor:
-    """The activation padded (``channels``: with zero channels up to that count) [N, H', W', C'] as
-    [N, H', stride, W'/stride, C']: column x*stride + r at
-    [.., r, x, ..]. A strided convolution's output columns then read consecutive columns of one phase,
-    so that a register tile's rows are evenly spaced in memory, as the micro-kernel reads them."""
-    batch, height, width, given = (int(d) for d in data.shape)
-    top, left, bottom, right = padding
-    columns = -(-(width + left + right) // stride)
-    return te.compute(
-        (batch, height + top + bottom, stride, columns, channels),
-        lambda n, y, phase, x, c: tvm.tirx.if_then_else(
-            tvm.tirx.all(
-                y >= top, y < top + height, x * stride + phase >= left, x * stride + phase < left + width, c < given
-            ),
-            data[n, y - top, x * stride + phase - left, c],
-            tvm.tirx.const(0, BF16),
-        ),
-        name="bf16_pad",
-    )
-
-
-def bf16_conv2d_nhwc(
-    data: te.Tensor,
-    packed: te.Tensor,
-    stride: int,
-    padding: tuple[int, int, int, int],
-    columns: int | None = None,
-    unit: str = AVX512,
-) -> te.Tensor:
-    """NHWC data (bf16) convolved with the packed HWIO weight: NHWC fp32; ``columns``: output columns
-    computed, past the image's (zero columns added on the right, ``padded_rows``); computed on ``unit``."""
-    batch, height, width, channels = (int(d) for d in data.shape)
-    kernel_h, kernel_w = int(packed.shape[0]), int(packed.shape[1])
-    out_channels = int(packed.shape[2]) * LANES
-    packed_channels = int(packed.shape[3]) * PAIR  # an odd channel count gets a zero channel
-    top, left, bottom, right = padding
-    out_h = _out_extent(height, top, bottom, kernel_h, stride)
-    out_w = _out_extent(width, left, right, kernel_w, stride)
-    flops = 2.0 * batch * out_h * out_w * out_channels * kernel_h * kernel_w * channels
-    if columns is not None and columns != out_w:
-        right += (columns - out_w) * stride
-        padding, out_w = (top, left, bottom, right), columns
-    ry = te.reduce_axis((0, kernel_h), "ry")
-    rx = te.reduce_axis((0, kernel_w), "rx")
-    rc = te.reduce_axis((0, packed_channels), "rc")
-    if stride > 1 or any(padding) or packed_channels != channels:
-        phases = _phases(data, packed_channels, stride, padding)
-
-        def activation(n, y, x):
-            return phases[n, y * stride + ry, rx % stride, x + rx // stride, rc]
-    else:
-
-        def activation(n, y, x):
-            return data[n, y + ry, x + rx, rc]
-
-    return te.compute(
-        (batch, out_h, out_w, out_channels),
-        lambda n, y, x, o: te.sum(
-            activation(n, y, x).astype(_F32)
-            * packed[ry, rx, o // LANES, rc // PAIR, o % LANES, rc % PAIR].astype(_F32),
-            axis=[ry, rx, rc],
-        ),
-        name="bf16_conv2d",
-        attrs=_gemm_attrs(flops, unit),
-    )
-
-
 def _is_fp32(expr: Expr) -> bool:
-    return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == _F32
+    return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == F32
 
 
 @expr_functor.mutator
@@ -224,13 +97,13 @@ class _Bfloat16Products(PyExprMutator):
             out = self.builder_.call_te(
                 bf16_dense,
                 self._cast(data),
-                relax.const(_bf16(packed)),
+                relax.const(to_bf16(packed)),
                 padded,
                 unit,
                 primfunc_name_hint="bf16_dense",
             )
             return self._computed(out, rows, weight.shape[1])
-        return relax.op.matmul(self._cast(data), relax.const(_bf16(weight)), out_dtype=_F32)
+        return relax.op.matmul(self._cast(data), relax.const(to_bf16(weight)), out_dtype=F32)
 
     def _conv2d(self, call: Call) -> Expr:
         attrs = call.attrs
@@ -246,22 +119,38 @@ class _Bfloat16Products(PyExprMutator):
             and static_shape(data) is not None
         )
         if ours:
-            top, left, bottom, right = (int(p) for p in attrs.padding)
-            packed = pack_conv_weight(weight)  # [KH, KW, N/16, C/2, 16, 2]
-            unit = self._unit_for(packed.shape[3] * PAIR)
-            out_w = _out_extent(static_shape(data)[2], left, right, weight.shape[1], strides[0])
-            out = self.builder_.call_te(
-                bf16_conv2d_nhwc,
+            return self._packed_conv2d(data, weight, strides[0], tuple(int(p) for p in attrs.padding))
+        return conv2d_like(call, self._cast(data), relax.const(to_bf16(weight)), out_dtype=F32)
+
+    def _packed_conv2d(self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]) -> Expr:
+        packed = pack_conv_weight(weight)  # [KH, KW, N/16, C/2, 16, 2]
+        unit = self._unit_for(packed.shape[3] * PAIR)
+        image, kernel = static_shape(data)[1:3], weight.shape[:2]
+        flat = flat_rows(image, kernel, stride, padding, packed.shape[2], unit) if unit == AMX else None
+        if flat is not None:
+            return self.builder_.call_te(
+                bf16_conv2d_flat,
                 self._cast(data),
-                relax.const(_bf16(packed)),
-                strides[0],
-                (top, left, bottom, right),
-                padded_rows(out_w, packed.shape[2], unit),
+                relax.const(to_bf16(packed)),
+                stride,
+                padding,
+                flat,
+                weight.shape[3],
                 unit,
                 primfunc_name_hint="bf16_conv2d",
             )
-            return self._computed(out, out_w, weight.shape[3])
-        return conv2d_like(call, self._cast(data), relax.const(_bf16(weight)), out_dtype=_F32)
+        out_w = out_extent(image[1], padding[1], padding[3], kernel[1], stride)
+        out = self.builder_.call_te(
+            bf16_conv2d_nhwc,
+            self._cast(data),
+            relax.const(to_bf16(packed)),
+            stride,
+            padding,
+            padded_rows(out_w, packed.shape[2], unit),
+            unit,
+            primfunc_name_hint="bf16_conv2d",
+        )
+        return self._computed(out, out_w, weight.shape[3])
 
 
 @tvm.transform.module_pass(opt_level=0, name="Bfloat16Products")

@@ -1,0 +1,90 @@
+"""A bf16 convolution as one GEMM over the image's rows laid end to end, for AMX's tiles of 16 rows:
+a 7x7 image's convolution has tiles of 7 rows along one image row, and of 32 along its 63 (7 x 9
+padded) positions.
+
+The activation, padded, is laid out per phase of the stride ([N, s, s, Y*X + extra, C'], where
+position f of phase (py, px) holds the padded image's pixel (Y*s + py, X*s + px), Y = f // X,
+X = f % X), so that output position q = y*X + x of window (ry, rx) reads position
+q + (ry // s) * X + rx // s of phase (ry % s, rx % s): consecutive outputs read consecutive
+positions, across image rows too. Each image row computes X - out_w outputs past its end
+(the padding's), dropped when the result is gathered back to [N, OH, OW, O]: 2 of 9 on a 7x7
+image with a 3x3 window, none for a 1x1 convolution.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import te
+
+from measure.bf16_dot import LANES, PAIR
+
+from ..bf16_rule import padded_rows, tile_efficiency
+from .bf16_kernels import BF16, F32, gemm_attrs, out_extent
+
+MIN_GAIN = 1.1  # what the flat form must win over tiles along one image row to pay for its gather
+
+
+def _positions(size: int, before: int, after: int, stride: int) -> int:
+    return -(-(size + before + after) // stride)
+
+
+def flat_rows(
+    image: tuple[int, int],
+    kernel: tuple[int, int],
+    stride: int,
+    padding: tuple[int, int, int, int],
+    blocks: int,
+    unit: str,
+) -> int | None:
+    """The rows of the flat GEMM for this convolution where it beats tiles along image rows, else None."""
+    (height, width), (kernel_h, kernel_w) = image, kernel
+    top, left, bottom, right = padding
+    out_h, out_w = out_extent(height, top, bottom, kernel_h, stride), out_extent(width, left, right, kernel_w, stride)
+    columns = _positions(width, left, right, stride)
+    by_row = padded_rows(out_w, blocks, unit)
+    row_worth = tile_efficiency(by_row, blocks, unit) * out_w / by_row
+    flat = padded_rows(out_h * columns, blocks, unit)
+    flat_worth = tile_efficiency(flat, blocks, unit) * out_h * out_w / flat
+    return flat if flat_worth >= MIN_GAIN * row_worth else None
+
+
+def bf16_conv2d_flat(
+    data: te.Tensor,
+    packed: te.Tensor,
+    stride: int,
+    padding: tuple[int, int, int, int],
+    rows: int,
+    outputs: int,
+    unit: str,
+) -> te.Tensor:
+    """NHWC data (bf16) convolved with the packed HWIO weight as a GEMM over ``rows`` flat positions
+    (``flat_rows``): NHWC fp32 with ``outputs`` channels."""
+    batch, height, width, channels = (int(d) for d in data.shape)
+    kernel_h, kernel_w = int(packed.shape[0]), int(packed.shape[1])
+    packed_channels = int(packed.shape[3]) * PAIR
+    top, left, bottom, right = padding
+    out_h, out_w = out_extent(height, top, bottom, kernel_h, stride), out_extent(width, left, right, kernel_w, stride)
+    columns = _positions(width, left, right, stride)
+    positions = rows + (kernel_h - 1) // stride * columns + (kernel_w - 1) // stride
+
+    def pixel(n, py, px, f, c):
+        y, x = (f // columns) * stride + py - top, (f % columns) * stride + px - left
+        inside = tvm.tirx.all(y >= 0, y < height, x >= 0, x < width, c < channels)
+        return tvm.tirx.if_then_else(inside, data[n, y, x, c], tvm.tirx.const(0, BF16))
+
+    phases = te.compute((batch, stride, stride, positions, packed_channels), pixel, name="bf16_pad")
+    ry = te.reduce_axis((0, kernel_h), "ry")
+    rx = te.reduce_axis((0, kernel_w), "rx")
+    rc = te.reduce_axis((0, packed_channels), "rc")
+    flops = 2.0 * batch * out_h * out_w * outputs * kernel_h * kernel_w * channels
+    gemm = te.compute(
+        (batch, rows, int(packed.shape[2]) * LANES),
+        lambda n, q, o: te.sum(
+            phases[n, ry % stride, rx % stride, q + ry // stride * columns + rx // stride, rc].astype(F32)
+            * packed[ry, rx, o // LANES, rc // PAIR, o % LANES, rc % PAIR].astype(F32),
+            axis=[ry, rx, rc],
+        ),
+        name="bf16_conv2d",
+        attrs=gemm_attrs(flops, unit),
+    )
+    return te.compute((batch, out_h, out_w, outputs), lambda n, y, x, o: gemm[n, y * columns + x, o], name="bf16_rows")
