@@ -52,7 +52,9 @@ def test_the_bf16_peak_is_described_or_its_absence_explained():
     limits = MachineLimits(2, 500.0, 450.0, None, 20.0, bf16_peak_gflops=None, bf16_absent="no avx512_bf16")
     assert "bf16 dot-product peak absent (no avx512_bf16)" in limits.describe()
     assert limits.as_dict()["bf16_peak_gflops"] is None
-    assert "bf16 dot-product peak 1050 GFLOP/s" in MachineLimits(2, 526.0, 450.0, None, 20.0, 1050.0).describe()
+    assert "bf16 peak (vdpbf16ps) 1050 GFLOP/s" in MachineLimits(2, 526.0, 450.0, None, 20.0, 1050.0).describe()
+    amx = MachineLimits(2, 300.0, 350.0, None, 20.0, 6900.0, bf16_unit="tdpbf16ps")
+    assert "bf16 peak (tdpbf16ps) 6900 GFLOP/s" in amx.describe()
 
 
 def test_openvino_forced_to_fp32_matches_pytorch_and_its_default_states_its_precision():

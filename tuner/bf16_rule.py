@@ -110,6 +110,8 @@ def _parallel_loop_nest(sch: Schedule, block: SBlockRV) -> None:
     over its outer axes and vectorised along the channels, and kept from MetaSchedule's generic rules
     (which would move it into the GEMM's loops)."""
     *outer, inner = sch.get_loops(block)
+    while outer and int(sch.get(inner).extent) < LANES:  # a packed operand's 16 x 2: one vector
+        inner = sch.fuse(outer.pop(), inner)
     if outer:
         sch.parallel(sch.fuse(*outer[:2]))
     sch.vectorize(sch.split(inner, [None, LANES])[1])

@@ -27,10 +27,11 @@ from measure.bf16_dot import AMX, AVX512, LANES, PAIR
 from workloads.relax_functions import rewrite_functions
 
 from ..bf16_rule import padded_rows
-from .bf16_flat import bf16_conv2d_flat, flat_rows
+from .bf16_flat import bf16_conv2d_flat, bf16_conv2d_patches, flat_rows, patch_weight
 from .bf16_kernels import (
     BF16,
     F32,
+    bf16_batch_matmul,
     bf16_conv2d_nhwc,
     bf16_dense,
     out_extent,
@@ -41,6 +42,7 @@ from .bf16_kernels import (
 from .rewrites import conv2d_like, op_name, static_shape
 
 AMX_MIN_REDUCTION = PAIR * TILE_PAIRS  # one whole step of AMX's micro-kernel
+PATCHES_BELOW_CHANNELS = 8  # a first convolution's (RGB): its products over its window's patches
 
 
 def _is_fp32(expr: Expr) -> bool:
@@ -61,8 +63,8 @@ class _Bfloat16Products(PyExprMutator):
         name = op_name(call)
         if name not in ("relax.matmul", "relax.nn.conv2d") or not _is_fp32(call.args[0]):
             return call
-        if not isinstance(call.args[1], Constant):  # a product of two activations stays fp32
-            return call
+        if not isinstance(call.args[1], Constant):  # a product of two activations (attention's)
+            return self._batch_matmul(call)
         return self._matmul(call) if name == "relax.matmul" else self._conv2d(call)
 
     def _unit_for(self, reduction: int) -> str:
@@ -105,6 +107,18 @@ class _Bfloat16Products(PyExprMutator):
             return self._computed(out, rows, weight.shape[1])
         return relax.op.matmul(self._cast(data), relax.const(to_bf16(weight)), out_dtype=F32)
 
+    def _batch_matmul(self, call: Call) -> Expr:
+        """bf16 on AMX, where both operands' shapes are known and their batch axes alike; else fp32."""
+        a, b = (static_shape(arg) for arg in call.args)
+        if self.unit != AMX or not a or not b or len(a) != len(b) or len(a) < 3 or a[:-2] != b[:-2]:
+            return call
+        if not _is_fp32(call.args[1]) or a[-1] + a[-1] % PAIR < AMX_MIN_REDUCTION:
+            return call
+        rows = padded_rows(a[-2], -(-b[-1] // LANES), AMX)
+        return self.builder_.call_te(
+            bf16_batch_matmul, call.args[0], call.args[1], rows, AMX, primfunc_name_hint="bf16_batch_matmul"
+        )
+
     def _conv2d(self, call: Call) -> Expr:
         attrs = call.attrs
         data, weight = call.args[0], call.args[1].value.numpy()
@@ -123,9 +137,11 @@ class _Bfloat16Products(PyExprMutator):
         return conv2d_like(call, self._cast(data), relax.const(to_bf16(weight)), out_dtype=F32)
 
     def _packed_conv2d(self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]) -> Expr:
+        image, kernel = static_shape(data)[1:3], weight.shape[:2]
+        if weight.shape[2] < PATCHES_BELOW_CHANNELS and kernel[0] * kernel[1] > 1:
+            return self._patches_conv2d(data, weight, stride, padding)
         packed = pack_conv_weight(weight)  # [KH, KW, N/16, C/2, 16, 2]
         unit = self._unit_for(packed.shape[3] * PAIR)
-        image, kernel = static_shape(data)[1:3], weight.shape[:2]
         flat = flat_rows(image, kernel, stride, padding, packed.shape[2], unit) if unit == AMX else None
         if flat is not None:
             return self.builder_.call_te(
@@ -151,6 +167,27 @@ class _Bfloat16Products(PyExprMutator):
             primfunc_name_hint="bf16_conv2d",
         )
         return self._computed(out, out_w, weight.shape[3])
+
+    def _patches_conv2d(self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]) -> Expr:
+        kernel, image = weight.shape[:2], static_shape(data)[1:3]
+        dense_weight = patch_weight(weight)
+        packed = pack_dense_weight(dense_weight)  # [N/16, KH*KW*C/2, 16, 2]
+        unit = self._unit_for(dense_weight.shape[0])
+        positions = out_extent(image[0], padding[0], padding[2], kernel[0], stride) * out_extent(
+            image[1], padding[1], padding[3], kernel[1], stride
+        )
+        return self.builder_.call_te(
+            bf16_conv2d_patches,
+            self._cast(data),
+            relax.const(to_bf16(packed)),
+            tuple(kernel),
+            stride,
+            padding,
+            padded_rows(positions, packed.shape[0], unit),
+            weight.shape[3],
+            unit,
+            primfunc_name_hint="bf16_conv2d",
+        )
 
 
 @tvm.transform.module_pass(opt_level=0, name="Bfloat16Products")

@@ -1,6 +1,7 @@
-"""A bf16 convolution as one GEMM over the image's rows laid end to end, for AMX's tiles of 16 rows:
-a 7x7 image's convolution has tiles of 7 rows along one image row, and of 32 along its 63 (7 x 9
-padded) positions.
+"""bf16 convolutions as one GEMM whose rows run across the image's rows.
+
+``bf16_conv2d_flat``, for AMX's tiles of 16 rows: a 7x7 image's convolution has tiles of 7 rows
+along one image row, and of 32 along its 63 (7 x 9 padded) positions.
 
 The activation, padded, is laid out per phase of the stride ([N, s, s, Y*X + extra, C'], where
 position f of phase (py, px) holds the padded image's pixel (Y*s + py, X*s + px), Y = f // X,
@@ -9,17 +10,23 @@ q + (ry // s) * X + rx // s of phase (ry % s, rx % s): consecutive outputs read 
 positions, across image rows too. Each image row computes X - out_w outputs past its end
 (the padding's), dropped when the result is gathered back to [N, OH, OW, O]: 2 of 9 on a 7x7
 image with a 3x3 window, none for a 1x1 convolution.
+
+``bf16_conv2d_patches``, for a network's first convolution (3 channels: a micro-kernel's call over
+its 4 packed channels does little more than set up and store its accumulators): the window's
+pixels of each output position copied into one row (im2col), and a dense product over rows of
+KH*KW*C, its weight packed as a dense layer's.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import te
 
 from measure.bf16_dot import LANES, PAIR
 
 from ..bf16_rule import padded_rows, tile_efficiency
-from .bf16_kernels import BF16, F32, gemm_attrs, out_extent
+from .bf16_kernels import BF16, F32, bf16_dense, gemm_attrs, out_extent
 
 MIN_GAIN = 1.1  # what the flat form must win over tiles along one image row to pay for its gather
 
@@ -88,3 +95,39 @@ def bf16_conv2d_flat(
         attrs=gemm_attrs(flops, unit),
     )
     return te.compute((batch, out_h, out_w, outputs), lambda n, y, x, o: gemm[n, y * columns + x, o], name="bf16_rows")
+
+
+def patch_weight(weight: np.ndarray) -> np.ndarray:
+    """HWIO [KH, KW, C, N] -> [KH*KW*C (even), N]: a dense layer's weight over patches."""
+    kh, kw, c, n = weight.shape
+    return np.pad(weight.reshape(kh * kw * c, n), [(0, kh * kw * c % PAIR), (0, 0)])
+
+
+def bf16_conv2d_patches(
+    data: te.Tensor,
+    packed: te.Tensor,
+    kernel: tuple[int, int],
+    stride: int,
+    padding: tuple[int, int, int, int],
+    rows: int,
+    outputs: int,
+    unit: str,
+) -> te.Tensor:
+    """NHWC data (bf16) convolved with ``patch_weight``'s weight packed as a dense layer's, as a GEMM
+    over ``rows`` (``padded_rows`` of the output positions) rows of patches: NHWC fp32."""
+    batch, height, width, channels = (int(d) for d in data.shape)
+    (kernel_h, kernel_w), (top, left, bottom, right) = kernel, padding
+    out_h, out_w = out_extent(height, top, bottom, kernel_h, stride), out_extent(width, left, right, kernel_w, stride)
+    reduction = int(packed.shape[1]) * PAIR
+
+    def patch(n, q, k):
+        window, c = k // channels, k % channels
+        y = q // out_w * stride + window // kernel_w - top
+        x = q % out_w * stride + window % kernel_w - left
+        inside = tvm.tirx.all(q < out_h * out_w, k < kernel_h * kernel_w * channels, y >= 0, y < height, x >= 0)
+        return tvm.tirx.if_then_else(tvm.tirx.all(inside, x < width), data[n, y, x, c], tvm.tirx.const(0, BF16))
+
+    patches = te.compute((batch, rows, reduction), patch, name="bf16_pad")
+    flops = 2.0 * batch * out_h * out_w * outputs * kernel_h * kernel_w * channels
+    gemm = bf16_dense(patches, packed, unit=unit, flops=flops)
+    return te.compute((batch, out_h, out_w, outputs), lambda n, y, x, o: gemm[n, y * out_w + x, o], name="bf16_rows")

@@ -62,13 +62,16 @@ def _rows_padded(data: te.Tensor, rows: int) -> te.Tensor:
     )
 
 
-def bf16_dense(data: te.Tensor, packed: te.Tensor, rows: int | None = None, unit: str = AVX512) -> te.Tensor:
+def bf16_dense(
+    data: te.Tensor, packed: te.Tensor, rows: int | None = None, unit: str = AVX512, flops: float | None = None
+) -> te.Tensor:
     """data [..., R, K] (bf16) times the packed weight [N/16, K/2, 16, 2]: [..., R, N] in fp32, or
     [..., ``rows``, N] with zero rows added (``padded_rows``); computed on ``unit``."""
     *lead, k_extent = (int(d) for d in data.shape)
     n_extent = int(packed.shape[0]) * LANES
     k = te.reduce_axis((0, k_extent), "k")
-    flops = 2.0 * float(np.prod(lead, dtype=np.float64)) * n_extent * k_extent
+    if flops is None:
+        flops = 2.0 * float(np.prod(lead, dtype=np.float64)) * n_extent * k_extent
     if rows is not None and rows != lead[-1]:
         data, lead[-1] = _rows_padded(data, rows), rows
     return te.compute(
@@ -150,3 +153,38 @@ def bf16_conv2d_nhwc(
         name="bf16_conv2d",
         attrs=gemm_attrs(flops, unit),
     )
+
+
+def bf16_batch_matmul(a: te.Tensor, b: te.Tensor, rows: int, unit: str) -> te.Tensor:
+    """a [..., M, K] times b [..., K, N], two activations (attention's products), in fp32 from bf16
+    operands: ``a`` cast over ``rows`` rows (zero rows past M, a zero column where K is odd), ``b``
+    packed [..., N/16, K/2, 16, 2] as a weight is, both in the kernel; the result gathered back to
+    [..., M, N]."""
+    *lead, m, k = (int(d) for d in a.shape)
+    n = int(b.shape[-1])
+    reduction, blocks = k + k % PAIR, -(-n // LANES)
+
+    def cast(*i):
+        inside = tvm.tirx.all(i[-2] < m, i[-1] < k)
+        return tvm.tirx.if_then_else(inside, a[i].astype(BF16), tvm.tirx.const(0, BF16))
+
+    def pack(*i):
+        *batch, block, pair, lane, half = i
+        row, column = pair * PAIR + half, block * LANES + lane
+        inside = tvm.tirx.all(row < k, column < n)
+        return tvm.tirx.if_then_else(inside, b[(*batch, row, column)].astype(BF16), tvm.tirx.const(0, BF16))
+
+    rows_cast = te.compute((*lead, rows, reduction), cast, name="bf16_pad")
+    packed = te.compute((*lead, blocks, reduction // PAIR, LANES, PAIR), pack, name="bf16_pack")
+    r = te.reduce_axis((0, reduction), "r")
+    gemm = te.compute(
+        (*lead, rows, blocks * LANES),
+        lambda *i: te.sum(
+            rows_cast[(*i[:-1], r)].astype(F32)
+            * packed[(*i[:-2], i[-1] // LANES, r // PAIR, i[-1] % LANES, r % PAIR)].astype(F32),
+            axis=r,
+        ),
+        name="bf16_dense",
+        attrs=gemm_attrs(2.0 * float(np.prod(lead, dtype=np.float64)) * m * n * k, unit),
+    )
+    return te.compute((*lead, m, n), lambda *i: gemm[i], name="bf16_rows")
