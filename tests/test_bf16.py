@@ -371,3 +371,24 @@ def test_attention_tuned_in_bf16_on_amx_computes_its_products_of_activations_in_
         expected = model(x).numpy()
     got = np.asarray(result.run(x.numpy()))
     assert np.max(np.abs(got - expected)) <= 3e-2 * np.max(np.abs(expected))
+
+
+def test_an_activation_read_by_products_and_by_a_sum_is_cast_once_and_the_sum_reads_the_bf16_copy() -> None:
+    from tvm import relax
+
+    from tuner.lowering.bf16 import Bfloat16Products
+
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 8, 32), "float32"))
+    weight = relax.const(np.ones((1, 1, 32, 32), np.float32))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            first = builder.emit(relax.op.nn.conv2d(x, weight, data_layout="NHWC", kernel_layout="HWIO"))
+            second = builder.emit(relax.op.nn.conv2d(x, weight, data_layout="NHWC", kernel_layout="HWIO"))
+            out = builder.emit_output(builder.emit(relax.op.add(relax.op.add(first, second), x)))
+        builder.emit_func_output(out)
+    text = Bfloat16Products(unit=AVX512)(builder.get()).script()
+    assert text.count('R.astype(x, dtype="bfloat16")') == 1, text  # one cast for both products
+    assert text.count('dtype="float32")') >= 1 and "R.add(lv" in text, text
+    widened = [line for line in text.splitlines() if "R.astype(" in line and 'dtype="float32"' in line]
+    assert len(widened) == 1, text  # the sum reads x back from its bf16 copy

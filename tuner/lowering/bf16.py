@@ -54,12 +54,31 @@ class _Bfloat16Products(PyExprMutator):
     def __init__(self, mod: IRModule, unit: str | None) -> None:
         super().__init__(mod)
         self.unit = unit  # the CPU's bf16 dot product (AVX512_BF16, AMX): our kernels, packed weights
+        self.rounded: dict[relax.Var, Expr] = {}  # an activation cast to bf16 for a product: that cast
+        self.widened: dict[relax.Var, Expr] = {}  # and the cast back, for the activation's other readers
 
     def _cast(self, expr: Expr) -> Expr:
+        if isinstance(expr, relax.Var) and self.unit is not None:
+            if expr not in self.rounded:
+                self.rounded[expr] = self.builder_.emit(relax.op.astype(expr, BF16))
+            return self.rounded[expr]
         return self.builder_.emit(relax.op.astype(expr, BF16))
+
+    def _from_bf16(self, arg: Expr) -> Expr:
+        """An activation read after a product read it in bf16 is read from that bf16 copy (a residual
+        block's output: by its sum as by the next block's convolution), so that its producer writes
+        bf16 alone, the cast fused into it, and no kernel of its own casts it: as OpenVINO keeps
+        activations in bf16 between kernels."""
+        if not isinstance(arg, relax.Var) or arg not in self.rounded:
+            return arg
+        if arg not in self.widened:
+            self.widened[arg] = self.builder_.emit(relax.op.astype(self.rounded[arg], F32))
+        return self.widened[arg]
 
     def visit_call_(self, call: Call) -> Expr:
         call = super().visit_call_(call)
+        if self.rounded and any(isinstance(arg, relax.Var) and arg in self.rounded for arg in call.args):
+            call = Call(call.op, [self._from_bf16(arg) for arg in call.args], call.attrs, call.ty_args)
         name = op_name(call)
         if name not in ("relax.matmul", "relax.nn.conv2d") or not _is_fp32(call.args[0]):
             return call
