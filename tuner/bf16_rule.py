@@ -32,6 +32,7 @@ MAX_SPACES = 4
 # enough independent vdpbf16ps chains to hide its latency: SqueezeNet's 3x4 tiles reach 93-97% of the peak, and
 # padding its 27 columns to 28 for 7x2 tiles made them slower (the slice after a padded product is a pass of its own)
 SATURATING_ACCUMULATORS = 12
+MIN_PARALLEL_TASKS = 64  # of a loop nest left beside the GEMM: enough to balance over the cores
 MIN_PADDING_GAIN = 1.15  # what padding rows must win to pay for the copy it adds before and after the product
 
 
@@ -113,9 +114,19 @@ def _parallel_loop_nest(sch: Schedule, block: SBlockRV) -> None:
     while outer and int(sch.get(inner).extent) < LANES:  # a packed operand's 16 x 2: one vector
         inner = sch.fuse(outer.pop(), inner)
     if outer:
-        sch.parallel(sch.fuse(*outer[:2]))
+        count = min(2, len(outer))
+        while count < len(outer) and _extent(sch, outer[:count]) < MIN_PARALLEL_TASKS:  # a patch's 7 window rows
+            count += 1
+        sch.parallel(sch.fuse(*outer[:count]))
     sch.vectorize(sch.split(inner, [None, LANES])[1])
     sch.annotate(block, "schedule_rule", "None")
+
+
+def _extent(sch: Schedule, loops: list[LoopRV]) -> int:
+    extent = 1
+    for loop in loops:
+        extent *= int(sch.get(loop).extent)
+    return extent
 
 
 def _around(sch: Schedule, block: SBlockRV, neighbours) -> list[SBlockRV]:

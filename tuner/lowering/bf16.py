@@ -27,7 +27,7 @@ from measure.bf16_dot import AMX, AVX512, LANES, PAIR
 from workloads.relax_functions import rewrite_functions
 
 from ..bf16_rule import padded_rows
-from .bf16_flat import bf16_conv2d_flat, bf16_conv2d_patches, flat_rows, patch_weight
+from .bf16_flat import bf16_conv2d_flat, bf16_patches, flat_rows, pack_patch_weight
 from .bf16_kernels import (
     BF16,
     F32,
@@ -134,8 +134,9 @@ class _Bfloat16Products(PyExprMutator):
         if not _is_fp32(call.args[1]) or a[-1] + a[-1] % PAIR < AMX_MIN_REDUCTION:
             return call
         rows = padded_rows(a[-2], -(-b[-1] // LANES), AMX)
+        first, second = (self._cast(arg) for arg in call.args)
         return self.builder_.call_te(
-            bf16_batch_matmul, call.args[0], call.args[1], rows, AMX, primfunc_name_hint="bf16_batch_matmul"
+            bf16_batch_matmul, first, second, rows, AMX, primfunc_name_hint="bf16_batch_matmul"
         )
 
     def _conv2d(self, call: Call) -> Expr:
@@ -188,25 +189,37 @@ class _Bfloat16Products(PyExprMutator):
         return self._computed(out, out_w, weight.shape[3])
 
     def _patches_conv2d(self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]) -> Expr:
-        kernel, image = weight.shape[:2], static_shape(data)[1:3]
-        dense_weight = patch_weight(weight)
-        packed = pack_dense_weight(dense_weight)  # [N/16, KH*KW*C/2, 16, 2]
-        unit = self._unit_for(dense_weight.shape[0])
-        positions = out_extent(image[0], padding[0], padding[2], kernel[0], stride) * out_extent(
-            image[1], padding[1], padding[3], kernel[1], stride
+        kernel, (batch, height, width, channels) = weight.shape[:2], static_shape(data)
+        packed = pack_patch_weight(weight)  # [N/16, KH*width/2, 16, 2]
+        unit = self._unit_for(packed.shape[1] * PAIR)
+        out_h = out_extent(height, padding[0], padding[2], kernel[0], stride)
+        out_w = out_extent(width, padding[1], padding[3], kernel[1], stride)
+        rows = padded_rows(out_h * out_w, packed.shape[0], unit)
+        image_rows = self.builder_.emit(relax.op.reshape(self._cast(data), (batch, height, width * channels)))
+        patches = self.builder_.emit(
+            self.builder_.call_te(
+                bf16_patches,
+                image_rows,
+                tuple(kernel),
+                stride,
+                padding,
+                rows,
+                channels,
+                primfunc_name_hint="bf16_patches",
+            )
         )
-        return self.builder_.call_te(
-            bf16_conv2d_patches,
-            self._cast(data),
+        flops = 2.0 * batch * out_h * out_w * weight.shape[3] * kernel[0] * kernel[1] * channels
+        out = self.builder_.call_te(
+            bf16_dense,
+            self.builder_.emit(relax.op.reshape(self.builder_.emit(patches), (batch, rows, packed.shape[1] * PAIR))),
             relax.const(to_bf16(packed)),
-            tuple(kernel),
-            stride,
-            padding,
-            padded_rows(positions, packed.shape[0], unit),
-            weight.shape[3],
+            None,
             unit,
-            primfunc_name_hint="bf16_conv2d",
+            flops,
+            primfunc_name_hint="bf16_dense",
         )
+        out = self.builder_.emit(self._computed(out, out_h * out_w, weight.shape[3]))
+        return relax.op.reshape(out, (batch, out_h, out_w, weight.shape[3]))
 
 
 @tvm.transform.module_pass(opt_level=0, name="Bfloat16Products")

@@ -13,8 +13,8 @@ image with a 3x3 window, none for a 1x1 convolution.
 
 ``bf16_conv2d_patches``, for a network's first convolution (3 channels: a micro-kernel's call over
 its 4 packed channels does little more than set up and store its accumulators): the window's
-pixels of each output position copied into one row (im2col), and a dense product over rows of
-KH*KW*C, its weight packed as a dense layer's.
+pixels of each output position copied into one row (im2col), one window row's KW*C pixels'
+channels (contiguous in NHWC) a micro-kernel call's reduction.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tvm import te
 from measure.bf16_dot import LANES, PAIR
 
 from ..bf16_rule import padded_rows, tile_efficiency
-from .bf16_kernels import BF16, F32, bf16_dense, gemm_attrs, out_extent
+from .bf16_kernels import BF16, F32, gemm_attrs, out_extent, pack_dense_weight
 
 MIN_GAIN = 1.1  # what the flat form must win over tiles along one image row to pay for its gather
 
@@ -97,37 +97,36 @@ def bf16_conv2d_flat(
     return te.compute((batch, out_h, out_w, outputs), lambda n, y, x, o: gemm[n, y * columns + x, o], name="bf16_rows")
 
 
-def patch_weight(weight: np.ndarray) -> np.ndarray:
-    """HWIO [KH, KW, C, N] -> [KH*KW*C (even), N]: a dense layer's weight over patches."""
+def patch_width(kernel_w: int, channels: int) -> int:
+    """The part of a patch one window row fills: its KW*C pixels' channels, up to a power of two."""
+    return max(PAIR, 1 << (kernel_w * channels - 1).bit_length())
+
+
+def pack_patch_weight(weight: np.ndarray) -> np.ndarray:
+    """HWIO [KH, KW, C, N] -> [N/16, KH*width/2, 16, 2]: a dense layer's packed weight over patches,
+    each window row's ``patch_width`` (a zero row where KW*C is odd)."""
     kh, kw, c, n = weight.shape
-    return np.pad(weight.reshape(kh * kw * c, n), [(0, kh * kw * c % PAIR), (0, 0)])
+    width = patch_width(kw, c)
+    rows = np.pad(weight.reshape(kh, kw * c, n), [(0, 0), (0, width - kw * c), (0, 0)])
+    return pack_dense_weight(rows.reshape(kh * width, n))
 
 
-def bf16_conv2d_patches(
-    data: te.Tensor,
-    packed: te.Tensor,
-    kernel: tuple[int, int],
-    stride: int,
-    padding: tuple[int, int, int, int],
-    rows: int,
-    outputs: int,
-    unit: str,
+def bf16_patches(
+    data: te.Tensor, kernel: tuple[int, int], stride: int, padding: tuple[int, int, int, int], rows: int, channels: int
 ) -> te.Tensor:
-    """NHWC data (bf16) convolved with ``patch_weight``'s weight packed as a dense layer's, as a GEMM
-    over ``rows`` (``padded_rows`` of the output positions) rows of patches: NHWC fp32."""
-    batch, height, width, channels = (int(d) for d in data.shape)
+    """The patches of NHWC data (bf16, its image rows flat: [N, H, W*C]) under a KH x KW window:
+    [N, rows, KH, width], each window row's KW*C pixels' channels (contiguous in the image row) in a
+    row of ``patch_width``; rows past the output positions are zero. A kernel of its own: reshaped to
+    [N, rows, KH*width] (free), the input of a dense product by ``pack_patch_weight``'s weight."""
+    batch, height, width = int(data.shape[0]), int(data.shape[1]), int(data.shape[2]) // channels
     (kernel_h, kernel_w), (top, left, bottom, right) = kernel, padding
     out_h, out_w = out_extent(height, top, bottom, kernel_h, stride), out_extent(width, left, right, kernel_w, stride)
-    reduction = int(packed.shape[1]) * PAIR
 
-    def patch(n, q, k):
-        window, c = k // channels, k % channels
-        y = q // out_w * stride + window // kernel_w - top
-        x = q % out_w * stride + window % kernel_w - left
-        inside = tvm.tirx.all(q < out_h * out_w, k < kernel_h * kernel_w * channels, y >= 0, y < height, x >= 0)
-        return tvm.tirx.if_then_else(tvm.tirx.all(inside, x < width), data[n, y, x, c], tvm.tirx.const(0, BF16))
+    def patch(n, q, window_row, j):
+        y = q // out_w * stride + window_row - top
+        pixel = (q % out_w * stride - left) * channels + j  # of the image row, channels innermost
+        inside = tvm.tirx.all(q < out_h * out_w, j < kernel_w * channels, y >= 0, y < height, pixel >= 0)
+        value = data[n, y, pixel]
+        return tvm.tirx.if_then_else(tvm.tirx.all(inside, pixel < width * channels), value, tvm.tirx.const(0, BF16))
 
-    patches = te.compute((batch, rows, reduction), patch, name="bf16_pad")
-    flops = 2.0 * batch * out_h * out_w * outputs * kernel_h * kernel_w * channels
-    gemm = bf16_dense(patches, packed, unit=unit, flops=flops)
-    return te.compute((batch, out_h, out_w, outputs), lambda n, y, x, o: gemm[n, y * out_w + x, o], name="bf16_rows")
+    return te.compute((batch, rows, kernel_h, patch_width(kernel_w, channels)), patch, name="bf16_patches")

@@ -156,23 +156,25 @@ def bf16_conv2d_nhwc(
 
 
 def bf16_batch_matmul(a: te.Tensor, b: te.Tensor, rows: int, unit: str) -> te.Tensor:
-    """a [..., M, K] times b [..., K, N], two activations (attention's products), in fp32 from bf16
-    operands: ``a`` cast over ``rows`` rows (zero rows past M, a zero column where K is odd), ``b``
-    packed [..., N/16, K/2, 16, 2] as a weight is, both in the kernel; the result gathered back to
-    [..., M, N]."""
+    """a [..., M, K] times b [..., K, N], two bf16 activations (attention's products), into fp32: ``a``
+    over ``rows`` rows (zero rows past M, a zero column where K is odd), ``b`` packed
+    [..., N/16, K/2, 16, 2] as a weight is, both in the kernel; the result gathered back to [..., M, N].
+    The operands come cast (by the kernels that produce them): a cast inside would round in a built
+    candidate and not in the unscheduled reference it is checked against, whose bf16 buffers inside
+    a kernel TVM keeps in fp32."""
     *lead, m, k = (int(d) for d in a.shape)
     n = int(b.shape[-1])
     reduction, blocks = k + k % PAIR, -(-n // LANES)
 
     def cast(*i):
         inside = tvm.tirx.all(i[-2] < m, i[-1] < k)
-        return tvm.tirx.if_then_else(inside, a[i].astype(BF16), tvm.tirx.const(0, BF16))
+        return tvm.tirx.if_then_else(inside, a[i], tvm.tirx.const(0, BF16))
 
     def pack(*i):
         *batch, block, pair, lane, half = i
         row, column = pair * PAIR + half, block * LANES + lane
         inside = tvm.tirx.all(row < k, column < n)
-        return tvm.tirx.if_then_else(inside, b[(*batch, row, column)].astype(BF16), tvm.tirx.const(0, BF16))
+        return tvm.tirx.if_then_else(inside, b[(*batch, row, column)], tvm.tirx.const(0, BF16))
 
     rows_cast = te.compute((*lead, rows, reduction), cast, name="bf16_pad")
     packed = te.compute((*lead, blocks, reduction // PAIR, LANES, PAIR), pack, name="bf16_pack")
