@@ -54,6 +54,16 @@ def _config(row_counts: list[int], vectors: int, pairs: int) -> str:
     return "[64 x i8] [" + ", ".join(f"i8 {byte}" for byte in data) + "]"
 
 
+def _tile_load(tag: str, tile: int, base: str, leading: str, rows: int, column: str, stride: str) -> list[str]:
+    """Load tile register ``tile`` from bf16 ``base`` + ``rows`` x ``leading`` + ``column`` elements."""
+    return [
+        f"  %{tag}o = mul i64 {leading}, {rows}",
+        f"  %{tag}i = add i64 %{tag}o, {column}",
+        f"  %{tag}p = getelementptr i16, ptr {base}, i64 %{tag}i",
+        f"  call void @llvm.x86.tileloadd64(i8 {tile}, ptr %{tag}p, i64 {stride})",
+    ]
+
+
 def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int) -> str:
     """LLVM IR of ``name``(C, ldc, A, lda, B, ldb, pairs), as ``measure.bf16_dot``'s micro-kernels:
     C[r, 16v + l] += sum_p A[r, 2p:2p+2] . B[v, p, l, :], for a reduction of ``pairs`` pairs."""
@@ -101,22 +111,12 @@ def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int) -> str:
         return out
 
     def step(label: str, pair_offset: str) -> list[str]:
-        out = [f"  %k{label} = shl i64 {pair_offset}, 1"]
+        # the step's first column of the activation (2 per pair) and of a channel block's weight (32)
+        out = [f"  %ka{label} = shl i64 {pair_offset}, 1", f"  %kb{label} = shl i64 {pair_offset}, 5"]
         for i, tile in a_tile.items():
-            out += [
-                f"  %ao{label}{i} = mul i64 %lda, {i * TILE_ROWS}",
-                f"  %ai{label}{i} = add i64 %ao{label}{i}, %k{label}",
-                f"  %ap{label}{i} = getelementptr i16, ptr %a, i64 %ai{label}{i}",
-                f"  call void @llvm.x86.tileloadd64(i8 {tile}, ptr %ap{label}{i}, i64 %as)",
-            ]
+            out += _tile_load(f"a{label}{i}", tile, "%a", "%lda", i * TILE_ROWS, f"%ka{label}", "%as")
         for v, tile in b_tile.items():
-            out += [
-                f"  %bo{label}{v} = mul i64 %ldb, {v}",
-                f"  %bk{label}{v} = shl i64 {pair_offset}, 5",
-                f"  %bi{label}{v} = add i64 %bo{label}{v}, %bk{label}{v}",
-                f"  %bp{label}{v} = getelementptr i16, ptr %b, i64 %bi{label}{v}",
-                f"  call void @llvm.x86.tileloadd64(i8 {tile}, ptr %bp{label}{v}, i64 64)",
-            ]
+            out += _tile_load(f"b{label}{v}", tile, "%b", "%ldb", v, f"%kb{label}", "64")
         out += [f"  call void @llvm.x86.tdpbf16ps(i8 {t}, i8 {a_tile[i]}, i8 {b_tile[v]})" for i, v, t in blocks]
         return out
 
