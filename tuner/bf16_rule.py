@@ -77,6 +77,13 @@ def _shape(sch: Schedule, block: SBlockRV) -> list[int]:
     return [int(d) for d in sch.get(block).writes[0].source.shape]
 
 
+def _size(sch: Schedule, block: SBlockRV) -> int:
+    size = 1
+    for extent in _shape(sch, block):
+        size *= extent
+    return size
+
+
 def _inline_epilogue(sch: Schedule, writeback: SBlockRV) -> None:
     """Merge the element-wise consumers of the GEMM's output into the block that writes it back. A
     consumer of another shape (the slice that drops padded outputs) stays a block: TVM would inline it
@@ -157,6 +164,11 @@ def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int
     _inline_epilogue(sch, writeback)
     for kept in sch.get_consumers(writeback):  # of another shape: the outputs kept, sliced or gathered
         _inline_epilogue(sch, kept)
+        if _size(sch, kept) == _size(sch, writeback):  # a reshape (a flat GEMM's rows, none dropped)
+            try:
+                sch.reverse_compute_inline(kept)
+            except Exception:  # noqa: BLE001 - TVM cannot map its indices back: it stays a block
+                pass
     for consumer in _around(sch, writeback, sch.get_consumers):
         _parallel_loop_nest(sch, consumer)
 
