@@ -158,7 +158,7 @@ class _Bfloat16Products(PyExprMutator):
 
     def _packed_conv2d(self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]) -> Expr:
         image, kernel = static_shape(data)[1:3], weight.shape[:2]
-        if weight.shape[2] < PATCHES_BELOW_CHANNELS and kernel[0] * kernel[1] > 1:
+        if kernel[0] * kernel[1] > 1 and self._over_patches(weight.shape[2]):
             return self._patches_conv2d(data, weight, stride, padding)
         packed = pack_conv_weight(weight)  # [KH, KW, N/16, C/2, 16, 2]
         unit = self._unit_for(packed.shape[3] * PAIR)
@@ -187,6 +187,13 @@ class _Bfloat16Products(PyExprMutator):
             primfunc_name_hint="bf16_conv2d",
         )
         return self._computed(out, out_w, weight.shape[3])
+
+    def _over_patches(self, channels: int) -> bool:
+        """Whether a convolution over a window of ``channels`` input channels is best a product over its
+        patches: a first convolution's 3, and on AMX any too few for one step (SqueezeNet's 16: its
+        window's 9 calls over 16 channels each ran on ``vdpbf16ps``, at 230 GFLOP/s)."""
+        least = AMX_MIN_REDUCTION if self.unit == AMX else PATCHES_BELOW_CHANNELS
+        return channels + channels % PAIR < least
 
     def _patches_conv2d(self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]) -> Expr:
         kernel, (batch, height, width, channels) = weight.shape[:2], static_shape(data)
