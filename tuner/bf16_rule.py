@@ -16,6 +16,8 @@ order of the task loops.
 
 from __future__ import annotations
 
+import math
+
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.tirx import IterVar
@@ -78,10 +80,7 @@ def _shape(sch: Schedule, block: SBlockRV) -> list[int]:
 
 
 def _size(sch: Schedule, block: SBlockRV) -> int:
-    size = 1
-    for extent in _shape(sch, block):
-        size *= extent
-    return size
+    return math.prod(_shape(sch, block))
 
 
 def _inline_epilogue(sch: Schedule, writeback: SBlockRV) -> None:
@@ -122,7 +121,7 @@ def _parallel_loop_nest(sch: Schedule, block: SBlockRV) -> None:
         inner = sch.fuse(outer.pop(), inner)
     if outer:
         count = min(2, len(outer))
-        while count < len(outer) and _extent(sch, outer[:count]) < MIN_PARALLEL_TASKS:  # a patch's 7 window rows
+        while count < len(outer) and _extent(sch, outer[:count]) < MIN_PARALLEL_TASKS:  # attention's 6 heads
             count += 1
         sch.parallel(sch.fuse(*outer[:count]))
     sch.vectorize(sch.split(inner, [None, LANES])[1])
@@ -130,10 +129,7 @@ def _parallel_loop_nest(sch: Schedule, block: SBlockRV) -> None:
 
 
 def _extent(sch: Schedule, loops: list[LoopRV]) -> int:
-    extent = 1
-    for loop in loops:
-        extent *= int(sch.get(loop).extent)
-    return extent
+    return math.prod(int(sch.get(loop).extent) for loop in loops)
 
 
 def _around(sch: Schedule, block: SBlockRV, neighbours) -> list[SBlockRV]:

@@ -218,7 +218,7 @@ class _Bfloat16Products(PyExprMutator):
         flops = 2.0 * batch * out_h * out_w * weight.shape[3] * kernel[0] * kernel[1] * channels
         out = self.builder_.call_te(
             bf16_dense,
-            self.builder_.emit(relax.op.reshape(self.builder_.emit(patches), (batch, rows, packed.shape[1] * PAIR))),
+            self.builder_.emit(relax.op.reshape(patches, (batch, rows, packed.shape[1] * PAIR))),
             relax.const(to_bf16(packed)),
             None,
             unit,
