@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from measure.host import cpu_flags
+from measure.host import cpu_flags, host_has_amx
 
 _KERNELS = r"""
 #include <omp.h>
@@ -220,7 +220,7 @@ def _compile_kernels(directory: Path) -> ctypes.CDLL:
 def bf16_peak(threads: int, iterations: int = 20_000_000) -> tuple[float | None, str, str]:
     """(GFLOP/s, why absent, instruction) of the unit bf16 products run on here: AMX's where the CPU has
     it, else AVX512_BF16's (``bf16_dot_gflops``)."""
-    if {"amx_tile", "amx_bf16"} <= (cpu_flags() or set()):
+    if host_has_amx():
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 lib = _compile(Path(tmp), "amx", _AMX_KERNEL, ["-mamx-tile", "-mamx-bf16"])

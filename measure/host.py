@@ -32,6 +32,11 @@ def cpu_flags() -> set[str] | None:
     return set(line.partition(":")[2].split())
 
 
+def host_has_amx() -> bool:
+    """Whether this machine's CPU has AMX's bf16 tiles (``amx_tile`` and ``amx_bf16`` in its flags)."""
+    return {"amx_tile", "amx_bf16"} <= (cpu_flags() or set())
+
+
 def physical_cores() -> int:
     try:
         import psutil

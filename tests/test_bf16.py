@@ -14,10 +14,11 @@ from tvm import te
 import tuner
 from measure.amx_dot import fits
 from measure.bf16_dot import AMX, AVX512
+from measure.host import host_has_amx
 from tuner.bf16_rule import BF16_GEMM_RULE, _tile, padded_rows, tile_shapes
 from tuner.errors import TargetError
 from tuner.lowering.bf16_kernels import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
-from tuner.precision import bf16_unit, check_bf16, has_bf16_dot_product, host_has_amx, host_has_bf16
+from tuner.precision import bf16_unit, check_bf16, has_bf16_dot_product, host_has_bf16
 from tuner.targets import host_features_missing, resolve_target
 
 needs_bf16 = pytest.mark.skipif(not host_has_bf16(), reason="this CPU has no AVX512_BF16 (vdpbf16ps)")

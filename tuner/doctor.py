@@ -210,7 +210,9 @@ def check_cpu() -> list[Check]:
 
 def check_bf16_cpu() -> Check:
     """Whether ``dtype="bfloat16"`` runs fast here (the CPU's bf16 dot product, AVX512_BF16)."""
-    from .precision import host_has_amx, host_has_bf16
+    from measure.host import host_has_amx
+
+    from .precision import host_has_bf16
 
     has = host_has_bf16()
     if has is None:

@@ -38,12 +38,6 @@ def bf16_unit(target: tvm.target.Target | None) -> str | None:
     return AMX if all(codegen.target_has_features(feature, target) for feature in AMX_FEATURES) else AVX512
 
 
-def host_has_amx() -> bool:
-    """Whether this machine's CPU has AMX's bf16 tiles and Linux offers them."""
-    flags = cpu_flags() or set()
-    return {"amx_tile", "amx_bf16"} <= flags
-
-
 def host_has_bf16() -> bool | None:
     """Whether this machine's CPU has AVX512_BF16 (None where /proc/cpuinfo cannot be read)."""
     flags = cpu_flags()

@@ -10,7 +10,8 @@ an odd channel count gets a zero channel, the outputs zero ones up to a multiple
 after). Elsewhere, and for the products those
 kernels do not take (grouped and dilated convolutions, an odd reduction in a matmul), Relax's own
 operator with bf16 operands and a float32 result: bf16 storage, fp32 arithmetic, as PyTorch computes
-bf16 on such CPUs. Matmuls of two activations (attention's) stay float32.
+bf16 on such CPUs. Matmuls of two activations (attention's) are bf16 products on AMX, with the
+second operand packed inside the kernel, and stay float32 elsewhere.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def _is_fp32(expr: Expr) -> bool:
     return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == F32
 
 
+def _is_bf16(expr: Expr) -> bool:
+    return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == BF16
+
+
 @expr_functor.mutator
 class _Bfloat16Products(PyExprMutator):
     def __init__(self, mod: IRModule, unit: str | None) -> None:
@@ -58,6 +63,9 @@ class _Bfloat16Products(PyExprMutator):
         self.widened: dict[relax.Var, Expr] = {}  # and the cast back, for the activation's other readers
 
     def _cast(self, expr: Expr) -> Expr:
+        """``expr`` in bf16: as it is where it is bf16 already (patches), else cast (once per activation)."""
+        if _is_bf16(expr):
+            return expr
         if isinstance(expr, relax.Var) and self.unit is not None:
             if expr not in self.rounded:
                 self.rounded[expr] = self.builder_.emit(relax.op.astype(expr, BF16))
@@ -85,6 +93,13 @@ class _Bfloat16Products(PyExprMutator):
         if not isinstance(call.args[1], Constant):  # a product of two activations (attention's)
             return self._batch_matmul(call)
         return self._matmul(call) if name == "relax.matmul" else self._conv2d(call)
+
+    def _packed_product(self, compute, data: Expr, packed: np.ndarray, *args, name: str) -> Expr:
+        """``compute`` (a TE product of ``bf16_kernels``/``bf16_flat``) of ``data`` cast to bf16 and the
+        packed weight, converted once, here."""
+        return self.builder_.call_te(
+            compute, self._cast(data), relax.const(to_bf16(packed)), *args, primfunc_name_hint=name
+        )
 
     def _unit_for(self, reduction: int) -> str:
         """The unit of a product over ``reduction`` input channels: AMX's tiles pay for their set-up
@@ -115,14 +130,7 @@ class _Bfloat16Products(PyExprMutator):
             rows = shape[-2] if shape and len(shape) >= 2 else None  # none to pad, or known only at run time
             unit = self._unit_for(weight.shape[0])
             padded = padded_rows(rows, packed.shape[0], unit) if rows else None
-            out = self.builder_.call_te(
-                bf16_dense,
-                self._cast(data),
-                relax.const(to_bf16(packed)),
-                padded,
-                unit,
-                primfunc_name_hint="bf16_dense",
-            )
+            out = self._packed_product(bf16_dense, data, packed, padded, unit, name="bf16_dense")
             return self._computed(out, rows, weight.shape[1])
         return relax.op.matmul(self._cast(data), relax.const(to_bf16(weight)), out_dtype=F32)
 
@@ -164,28 +172,12 @@ class _Bfloat16Products(PyExprMutator):
         unit = self._unit_for(packed.shape[3] * PAIR)
         flat = flat_rows(image, kernel, stride, padding, packed.shape[2], unit) if unit == AMX else None
         if flat is not None:
-            return self.builder_.call_te(
-                bf16_conv2d_flat,
-                self._cast(data),
-                relax.const(to_bf16(packed)),
-                stride,
-                padding,
-                flat,
-                weight.shape[3],
-                unit,
-                primfunc_name_hint="bf16_conv2d",
+            return self._packed_product(
+                bf16_conv2d_flat, data, packed, stride, padding, flat, weight.shape[3], unit, name="bf16_conv2d"
             )
         out_w = out_extent(image[1], padding[1], padding[3], kernel[1], stride)
-        out = self.builder_.call_te(
-            bf16_conv2d_nhwc,
-            self._cast(data),
-            relax.const(to_bf16(packed)),
-            stride,
-            padding,
-            padded_rows(out_w, packed.shape[2], unit),
-            unit,
-            primfunc_name_hint="bf16_conv2d",
-        )
+        columns = padded_rows(out_w, packed.shape[2], unit)
+        out = self._packed_product(bf16_conv2d_nhwc, data, packed, stride, padding, columns, unit, name="bf16_conv2d")
         return self._computed(out, out_w, weight.shape[3])
 
     def _over_patches(self, channels: int) -> bool:
@@ -216,15 +208,8 @@ class _Bfloat16Products(PyExprMutator):
             )
         )
         flops = 2.0 * batch * out_h * out_w * weight.shape[3] * kernel[0] * kernel[1] * channels
-        out = self.builder_.call_te(
-            bf16_dense,
-            self.builder_.emit(relax.op.reshape(patches, (batch, rows, packed.shape[1] * PAIR))),
-            relax.const(to_bf16(packed)),
-            None,
-            unit,
-            flops,
-            primfunc_name_hint="bf16_dense",
-        )
+        patch_rows = self.builder_.emit(relax.op.reshape(patches, (batch, rows, packed.shape[1] * PAIR)))
+        out = self._packed_product(bf16_dense, patch_rows, packed, None, unit, flops, name="bf16_dense")
         out = self.builder_.emit(self._computed(out, out_h * out_w, weight.shape[3]))
         return relax.op.reshape(out, (batch, out_h, out_w, weight.shape[3]))
 
