@@ -64,6 +64,24 @@ def _tile_load(tag: str, tile: int, base: str, leading: str, rows: int, column: 
     ]
 
 
+def _configure(config: str, tag: str) -> list[str]:
+    """Load the tile configuration ``config`` unless it is the one loaded: ``ldtilecfg`` costs 70-150 ns
+    (measured on a Sapphire Rapids class VM), a third of a 32x32 tile's call over 64 channels, and the
+    check (``sttilecfg`` and a compare) next to nothing. Checked rather than assumed: other code on the
+    thread (oneDNN in the same process, another tile shape of ours) loads configurations of its own."""
+    return [
+        "  call void @llvm.x86.sttilecfg(ptr %loaded)",
+        f"  %have{tag} = load i512, ptr %loaded, align 64",
+        f"  %want{tag} = load i512, ptr {config}, align 1",
+        f"  %same{tag} = icmp eq i512 %have{tag}, %want{tag}",
+        f"  br i1 %same{tag}, label %configured{tag}, label %configure{tag}",
+        f"configure{tag}:",
+        f"  call void @llvm.x86.ldtilecfg(ptr {config})",
+        f"  br label %configured{tag}",
+        f"configured{tag}:",
+    ]
+
+
 def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int) -> str:
     """LLVM IR of ``name``(C, ldc, A, lda, B, ldb, pairs), as ``measure.bf16_dot``'s micro-kernels:
     C[r, 16v + l] += sum_p A[r, 2p:2p+2] . B[v, p, l, :], for a reduction of ``pairs`` pairs."""
@@ -80,6 +98,7 @@ def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int) -> str:
         f"@{name}_rest = private constant {_config(counts, vectors, max(rest, 1))}",
         f"define void @{name}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %pairs) #0 {{",
         "entry:",
+        "  %loaded = alloca [64 x i8], align 64",
         f"  %ready = load i8, ptr @{name}_ready",
         "  %asked = icmp ne i8 %ready, 0",
         "  br i1 %asked, label %start, label %ask",
@@ -121,8 +140,8 @@ def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int) -> str:
         return out
 
     if steps:
-        lines += [f"  call void @llvm.x86.ldtilecfg(ptr @{name}_steps)", *c_blocks(True, "l")]
-        lines += ["  br label %step", "step:", "  %s = phi i64 [ 0, %start ], [ %next, %step ]"]
+        lines += [*_configure(f"@{name}_steps", "s"), *c_blocks(True, "l")]
+        lines += ["  br label %step", "step:", "  %s = phi i64 [ 0, %configureds ], [ %next, %step ]"]
         lines += ["  %p = shl i64 %s, 4", *step("s", "%p")]
         lines += [
             "  %next = add i64 %s, 1",
@@ -133,13 +152,14 @@ def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int) -> str:
         if rest:  # loading another configuration clears the tiles: the accumulators go through memory
             lines += c_blocks(False, "m")
     if rest:
-        lines += [f"  call void @llvm.x86.ldtilecfg(ptr @{name}_rest)", *c_blocks(True, "r")]
+        lines += [*_configure(f"@{name}_rest", "r"), *c_blocks(True, "r")]
         lines += step("r", f"{steps * TILE_PAIRS}")
     lines += c_blocks(False, "s")
     lines += [
         "  ret void",
         "}",
         "declare void @llvm.x86.ldtilecfg(ptr)",
+        "declare void @llvm.x86.sttilecfg(ptr)",
         "declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)",
         "declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)",
         "declare void @llvm.x86.tdpbf16ps(i8 immarg, i8 immarg, i8 immarg)",

@@ -91,6 +91,21 @@ def test_amx_micro_kernels_compute_the_bf16_product_numpy_computes(m: int, k: in
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
 
 
+@needs_amx
+def test_amx_micro_kernels_of_other_tile_shapes_called_in_turn_each_load_their_own_configuration() -> None:
+    # a micro-kernel loads its tile configuration only when the thread holds another: kernels of two
+    # shapes called in turn on the same threads must each find theirs replaced and load it again
+    m, n = 32, 96
+    cases = [(64, 32, 2), (40, 16, 3)]
+    built = [_built(_dense_module(m, n, k), "gemm", rows, vectors, AMX) for k, rows, vectors in cases]
+    operands = [(_bf16((m, k), k), _bf16((k, n), k + 1)) for k, _, _ in cases]
+    for _ in range(2):
+        for module, (data, weight) in zip(built, operands, strict=True):
+            expected = data.astype(np.float32) @ weight.astype(np.float32)
+            out = _run(module, [data, pack_dense_weight(weight)], (m, n))
+            np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+
+
 def test_amx_tiles_fit_its_eight_tile_registers_and_prefer_four_full_blocks() -> None:
     assert fits(32, 2) and fits(16, 3) and fits(48 // 2, 2) and not fits(32, 3) and not fits(48, 2)
     assert tile_shapes(64, 4, AMX)[0] == (32, 2)
