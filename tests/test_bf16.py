@@ -328,6 +328,39 @@ def test_a_convolution_over_the_image_rows_end_to_end_is_the_convolution(size, k
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("unit", [AVX512, AMX])
+def test_a_residual_block_s_whole_epilogue_merges_into_the_product_s_write_back(unit: str) -> None:
+    # bias, the residual (bf16, cast back to fp32), ReLU and the next layer's cast: one pass over the
+    # output, not a block (a pass over the fp32 output) each
+    if not (host_has_amx() if unit == AMX else host_has_bf16()):
+        pytest.skip(f"this CPU has no {unit} unit")
+    channels, outputs, size = 32, 48, 8
+    image, weight = _bf16((1, size, size, channels), 1), _bf16((1, 1, channels, outputs), 2)
+    residual = _bf16((1, size, size, outputs), 3)
+    image_t = te.placeholder(image.shape, "bfloat16", name="image")
+    kernel_t = te.placeholder(pack_conv_weight(weight).shape, "bfloat16", name="kernel")
+    residual_t = te.placeholder(residual.shape, "bfloat16", name="residual")
+    conv = bf16_conv2d_nhwc(image_t, kernel_t, 1, (0, 0, 0, 0), unit=unit)
+    biased = te.compute(conv.shape, lambda *i: conv[i] + tvm.tirx.const(0.5, "float32"), name="bias")
+    widened = te.compute(residual.shape, lambda *i: residual_t[i].astype("float32"), name="widen")
+    summed = te.compute(conv.shape, lambda *i: biased[i] + widened[i], name="residual_sum")
+    relu = te.compute(conv.shape, lambda *i: tvm.tirx.max(summed[i], tvm.tirx.const(0, "float32")), name="relu")
+    out = te.compute(conv.shape, lambda *i: relu[i].astype("bfloat16"), name="next_cast")
+    module = _module([image_t, kernel_t, residual_t, out])
+    tile = tile_shapes(size, outputs // 16, unit)[0]
+    sch = tvm.s_tir.Schedule(module, seed=1)
+    _tile(sch, sch.get_sblock("bf16_conv2d"), *tile, unit)
+    for merged in ("bias", "widen", "residual_sum", "relu", "next_cast"):
+        assert f'"{merged}"' not in sch.mod.script(), merged
+    built = tvm.compile(sch.mod, target=resolve_target("llvm"))
+    arrays = [image, pack_conv_weight(weight), residual]
+    got = tvm.runtime.tensor(np.zeros(residual.shape, ml_dtypes.bfloat16), tvm.cpu())
+    built["main"](*(tvm.runtime.tensor(a, tvm.cpu()) for a in arrays), got)
+    product = image.astype(np.float32).reshape(-1, channels) @ weight.astype(np.float32).reshape(channels, outputs)
+    expected = np.maximum(product.reshape(residual.shape) + 0.5 + residual.astype(np.float32), 0)
+    np.testing.assert_allclose(got.numpy().astype(np.float32), expected, rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize(("size", "kernel", "stride", "pad", "unit"), [(20, 7, 2, 3, AVX512), (32, 16, 16, 0, AMX)])
 def test_a_first_convolution_is_a_product_over_its_window_s_patches(size, kernel, stride, pad, unit) -> None:
     from tvm import relax
