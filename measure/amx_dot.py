@@ -16,6 +16,8 @@ loaded, by whatever loads it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 TILE_ROWS = 16  # of an activation tile and an accumulator block
 TILE_PAIRS = 16  # pairs of the reduction per step (64 bytes of an activation row)
 TILE_REGISTERS = 8
@@ -82,13 +84,64 @@ def _configure(config: str, tag: str) -> list[str]:
     ]
 
 
-def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int) -> str:
+@dataclass(frozen=True)
+class Window:
+    """A stride-1 convolution's window over an activation whose image rows are laid end to end
+    (``tuner.lowering.bf16_flat``): tap (y, x) reads the rows ``y * columns + x`` further on, and the
+    weight ``y * B's stride over y + x * its stride over x`` further on."""
+
+    height: int
+    width: int
+    columns: int
+
+    @property
+    def taps(self) -> int:
+        return self.height * self.width
+
+
+def _tap_start(window: Window) -> list[str]:
+    """The loop over a window's taps, opening: %at, %bt the tap's activation rows and weight."""
+    return [
+        "  br label %tap",
+        "tap:",
+        "  %t = phi i64 [ 0, %configureds ], [ %tnext, %tap_done ]",
+        f"  %ty = udiv i64 %t, {window.width}",
+        f"  %tx = urem i64 %t, {window.width}",
+        f"  %trow = mul i64 %ty, {window.columns}",
+        "  %tr = add i64 %trow, %tx",
+        "  %toff = mul i64 %tr, %lda",
+        "  %at = getelementptr i16, ptr %a, i64 %toff",
+        "  %tby = mul i64 %ty, %sbh",
+        "  %tbx = mul i64 %tx, %sbw",
+        "  %tb = add i64 %tby, %tbx",
+        "  %bt = getelementptr i16, ptr %b, i64 %tb",
+    ]
+
+
+def _tap_end(window: Window) -> list[str]:
+    return [
+        "tap_done:",
+        "  %tnext = add i64 %t, 1",
+        f"  %tmore = icmp ult i64 %tnext, {window.taps}",
+        "  br i1 %tmore, label %tap, label %steps_done",
+    ]
+
+
+def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int, window: Window | None = None) -> str:
     """LLVM IR of ``name``(C, ldc, A, lda, B, ldb, pairs), as ``measure.bf16_dot``'s micro-kernels:
-    C[r, 16v + l] += sum_p A[r, 2p:2p+2] . B[v, p, l, :], for a reduction of ``pairs`` pairs."""
+    C[r, 16v + l] += sum_p A[r, 2p:2p+2] . B[v, p, l, :], for a reduction of ``pairs`` pairs.
+
+    With a ``window`` (and two more arguments, the weight's strides over the window's rows and
+    columns), one call sums over every tap of the window as well: the accumulators are loaded and
+    stored once per tile rather than once per tap (a 3x3 window over 64 channels loaded and stored them
+    as often as it loaded its operands). Whole steps only: a rest would switch configurations per tap."""
     if not fits(rows, vectors):
         raise ValueError(f"an AMX tile of {rows} rows x {vectors} channel blocks needs more than 8 tile registers")
     counts = row_tiles(rows)
     steps, rest = divmod(pairs, TILE_PAIRS)
+    if window is not None and (rest or not steps):
+        raise ValueError(f"a window's micro-kernel sums whole steps of {TILE_PAIRS} pairs, not {pairs}")
+    strides = ", i64 %sbh, i64 %sbw" if window is not None else ""
     blocks = [(i, v, i * vectors + v) for i in range(len(counts)) for v in range(vectors)]
     a_tile = {i: len(blocks) + i for i in range(len(counts))}
     b_tile = {v: len(blocks) + len(counts) + v for v in range(vectors)}
@@ -96,7 +149,7 @@ def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int) -> str:
         f"@{name}_ready = internal global i8 0",
         f"@{name}_steps = private constant {_config(counts, vectors, TILE_PAIRS)}",
         f"@{name}_rest = private constant {_config(counts, vectors, max(rest, 1))}",
-        f"define void @{name}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %pairs) #0 {{",
+        f"define void @{name}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %pairs{strides}) #0 {{",
         "entry:",
         "  %loaded = alloca [64 x i8], align 64",
         f"  %ready = load i8, ptr @{name}_ready",
@@ -129,26 +182,32 @@ def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int) -> str:
             ]
         return out
 
-    def step(label: str, pair_offset: str) -> list[str]:
+    def step(label: str, pair_offset: str, a: str = "%a", b: str = "%b") -> list[str]:
         # the step's first column of the activation (2 per pair) and of a channel block's weight (32)
         out = [f"  %ka{label} = shl i64 {pair_offset}, 1", f"  %kb{label} = shl i64 {pair_offset}, 5"]
         for i, tile in a_tile.items():
-            out += _tile_load(f"a{label}{i}", tile, "%a", "%lda", i * TILE_ROWS, f"%ka{label}", "%as")
+            out += _tile_load(f"a{label}{i}", tile, a, "%lda", i * TILE_ROWS, f"%ka{label}", "%as")
         for v, tile in b_tile.items():
-            out += _tile_load(f"b{label}{v}", tile, "%b", "%ldb", v, f"%kb{label}", "64")
+            out += _tile_load(f"b{label}{v}", tile, b, "%ldb", v, f"%kb{label}", "64")
         out += [f"  call void @llvm.x86.tdpbf16ps(i8 {t}, i8 {a_tile[i]}, i8 {b_tile[v]})" for i, v, t in blocks]
         return out
 
     if steps:
         lines += [*_configure(f"@{name}_steps", "s"), *c_blocks(True, "l")]
-        lines += ["  br label %step", "step:", "  %s = phi i64 [ 0, %configureds ], [ %next, %step ]"]
-        lines += ["  %p = shl i64 %s, 4", *step("s", "%p")]
+        a, b, entry, done = "%a", "%b", "%configureds", "steps_done"
+        if window is not None:
+            lines += _tap_start(window)
+            a, b, entry, done = "%at", "%bt", "%tap", "tap_done"
+        lines += ["  br label %step", "step:", f"  %s = phi i64 [ 0, {entry} ], [ %next, %step ]"]
+        lines += ["  %p = shl i64 %s, 4", *step("s", "%p", a, b)]
         lines += [
             "  %next = add i64 %s, 1",
             f"  %more = icmp ult i64 %next, {steps}",
-            "  br i1 %more, label %step, label %steps_done",
-            "steps_done:",
+            f"  br i1 %more, label %step, label %{done}",
         ]
+        if window is not None:
+            lines += _tap_end(window)
+        lines += ["steps_done:"]
         if rest:  # loading another configuration clears the tiles: the accumulators go through memory
             lines += c_blocks(False, "m")
     if rest:

@@ -299,12 +299,13 @@ def test_amx_takes_the_products_over_a_whole_step_of_the_reduction_and_avx512_th
 
 @needs_amx
 @pytest.mark.parametrize(
-    ("size", "kernel", "stride", "pad"), [(7, 3, 1, 1), (8, 1, 2, 0), (14, 3, 2, 1), (7, 1, 1, 0), (8, 1, 1, 0)]
+    ("size", "kernel", "stride", "pad", "channels"),
+    [(7, 3, 1, 1, 32), (8, 1, 2, 0, 32), (14, 3, 2, 1, 32), (7, 1, 1, 0, 32), (8, 1, 1, 0, 32), (10, 3, 1, 1, 96)],
 )
-def test_a_convolution_over_the_image_rows_end_to_end_is_the_convolution(size, kernel, stride, pad) -> None:
+def test_a_convolution_over_the_image_rows_end_to_end_is_the_convolution(size, kernel, stride, pad, channels) -> None:
     from tuner.lowering.bf16_flat import bf16_conv2d_flat, flat_rows
 
-    channels, outputs = 32, 40 if size != 8 else 48  # 40 outputs: 48 computed, 40 gathered back
+    outputs = 40 if size != 8 else 48  # 40 outputs: 48 computed, 40 gathered back
     image, weight = _bf16((1, size, size, channels), 1), _bf16((kernel, kernel, channels, outputs), 2)
     packed = pack_conv_weight(weight)
     rows = flat_rows((size, size), (kernel, kernel), stride, (pad,) * 4, packed.shape[2], AMX)
@@ -318,6 +319,8 @@ def test_a_convolution_over_the_image_rows_end_to_end_is_the_convolution(size, k
     sch = tvm.s_tir.Schedule(_module([image_t, kernel_t, conv]), seed=1)
     _tile(sch, sch.get_sblock("bf16_conv2d"), *shapes[0], AMX)
     assert ('"bf16_rows"' in sch.mod.script()) == (size != 8)
+    # a stride-1 window: each micro-kernel call sums over all its taps
+    assert (f"_w{kernel}x{kernel}c" in sch.mod.script()) == (stride == 1 and kernel > 1)
     got = _run(built, [image, packed], tuple(int(d) for d in conv.shape))
     expected = torch.nn.functional.conv2d(
         torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
@@ -387,6 +390,23 @@ def test_a_first_convolution_is_a_product_over_its_window_s_patches(size, kernel
         rounded[0].permute(0, 3, 1, 2), rounded[1].permute(3, 2, 0, 1), stride=stride, padding=pad
     ).permute(0, 2, 3, 1)
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
+
+
+@needs_bf16
+def test_a_first_convolution_over_patches_is_one_kernel_with_its_epilogue_and_copies_nothing() -> None:
+    # the patches' reshape stays a view (not a copy inside the product), and the product writes the
+    # image itself, so that its bias, activation and the next layer's cast merge into its write-back
+    from tuner.lowering import LoweringOptions
+    from tuner.tasks import extract_tasks, load_model, lower_workload
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, 2, 3), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 1)).eval()
+    workload = load_model(model, [torch.randn(1, 3, 32, 32)])
+    target = resolve_target("llvm")
+    lowered = lower_workload(workload, target, LoweringOptions(bfloat16=True))
+    scripts = {task.name: task.mod.script() for task in extract_tasks(workload, target, lowered)}
+    (first,) = [script for script in scripts.values() if '"bf16_dense"' in script]
+    assert '"T_reshape"' not in first and '"compute"' in first  # ReLU's block, in the product's kernel
+    assert not any('"T_reshape"' in script and '"T_add"' in script for script in scripts.values()), list(scripts)
 
 
 @needs_amx

@@ -27,6 +27,8 @@ from measure.bf16_dot import AMX, AVX512, LANES, PAIR, register_bf16_tile
 
 BF16_GEMM_RULE = "tuner_bf16_gemm"
 UNIT_ANNOTATION = "tensor_tuner_bf16_unit"  # on the GEMM's block: the unit its micro-kernels run on
+# on a stride-1 convolution's block over image rows laid end to end: the columns of a row (amx_dot.Window)
+WINDOW_ANNOTATION = "tensor_tuner_window_columns"
 MAX_ROWS = 7
 VECTOR_CHOICES = (4, 3, 2, 1)
 MAX_ACCUMULATORS = 24  # of AVX-512's 32 registers; the rest hold a step's weight vectors and activation pair
@@ -204,10 +206,25 @@ def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int
     sch.vectorize(sch.split(sch.get_loops(writeback)[-1], [None, LANES])[1])
     init = sch.decompose_reduction(gemm, window[0] if window else tile_rows)
     sch.vectorize(sch.split(sch.get_loops(init)[-1], [None, LANES])[1])
-    name = register_bf16_tile(tile_rows_count, vector_count, pairs_extent, unit)
-    sch.tensorize(sch.blockize(tile_rows if tile_rows_count > 1 else vectors, preserve_unit_iters=False), name)
+    taps = _window(sch, gemm, window, unit, tile_rows_count, pairs_extent)
+    name = register_bf16_tile(tile_rows_count, vector_count, pairs_extent, unit, taps)
+    inner = window[0] if taps else tile_rows if tile_rows_count > 1 else vectors
+    sch.tensorize(sch.blockize(inner, preserve_unit_iters=False), name)
     # keeps MetaSchedule's generic rules (parallelising, vectorising, unrolling) off the loops above
     sch.annotate(sch.get_sblock("root"), "schedule_rule", "None")
+
+
+def _window(
+    sch: Schedule, gemm: SBlockRV, window: list[LoopRV], unit: str, rows: int, pairs: int
+) -> amx_dot.Window | None:
+    """The window an AMX micro-kernel call sums over as well (``amx_dot.Window``): a stride-1
+    convolution's over image rows laid end to end (``WINDOW_ANNOTATION``: their columns), whose
+    reduction is whole steps; None for a product whose calls each take one tap."""
+    columns = sch.get(gemm).annotations.get(WINDOW_ANNOTATION)
+    if unit != AMX or columns is None or len(window) != 2 or rows == 1 or pairs % amx_dot.TILE_PAIRS:
+        return None
+    height, width = (int(sch.get(loop).extent) for loop in window)
+    return amx_dot.Window(height, width, int(columns)) if height * width > 1 else None
 
 
 def schedule_bf16_gemm(sch: Schedule, gemm: SBlockRV) -> list[Schedule]:

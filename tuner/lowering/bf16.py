@@ -28,7 +28,7 @@ from measure.bf16_dot import AMX, AVX512, LANES, PAIR
 from workloads.relax_functions import rewrite_functions
 
 from ..bf16_rule import padded_rows
-from .bf16_flat import bf16_conv2d_flat, bf16_patches, flat_rows, pack_patch_weight
+from .bf16_flat import bf16_conv2d_flat, bf16_patches, bf16_patches_product, flat_rows, pack_patch_weight
 from .bf16_kernels import (
     BF16,
     F32,
@@ -209,9 +209,10 @@ class _Bfloat16Products(PyExprMutator):
         )
         flops = 2.0 * batch * out_h * out_w * weight.shape[3] * kernel[0] * kernel[1] * channels
         patch_rows = self.builder_.emit(relax.op.reshape(patches, (batch, rows, packed.shape[1] * PAIR)))
-        out = self._packed_product(bf16_dense, patch_rows, packed, None, unit, flops, name="bf16_dense")
-        out = self.builder_.emit(self._computed(out, out_h * out_w, weight.shape[3]))
-        return relax.op.reshape(out, (batch, out_h, out_w, weight.shape[3]))
+        image = (out_h, out_w)
+        return self._packed_product(
+            bf16_patches_product, patch_rows, packed, image, weight.shape[3], unit, flops, name="bf16_dense"
+        )
 
 
 @tvm.transform.module_pass(opt_level=0, name="Bfloat16Products")

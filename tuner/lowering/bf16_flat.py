@@ -25,8 +25,8 @@ from tvm import te
 
 from measure.bf16_dot import LANES, PAIR
 
-from ..bf16_rule import padded_rows, tile_efficiency
-from .bf16_kernels import BF16, F32, gemm_attrs, out_extent, pack_dense_weight
+from ..bf16_rule import WINDOW_ANNOTATION, padded_rows, tile_efficiency
+from .bf16_kernels import BF16, F32, bf16_dense, gemm_attrs, out_extent, pack_dense_weight
 
 MIN_GAIN = 1.1  # what the flat form must win over tiles along one image row to pay for its gather
 
@@ -92,7 +92,8 @@ def bf16_conv2d_flat(
             axis=[ry, rx, rc],
         ),
         name="bf16_conv2d",
-        attrs=gemm_attrs(flops, unit),
+        # a stride-1 window reads rows a fixed distance apart per tap: one micro-kernel call takes them all
+        attrs={**gemm_attrs(flops, unit), **({WINDOW_ANNOTATION: columns} if stride == 1 else {})},
     )
     return te.compute((batch, out_h, out_w, outputs), lambda n, y, x, o: gemm[n, y * columns + x, o], name="bf16_rows")
 
@@ -130,3 +131,19 @@ def bf16_patches(
         return tvm.tirx.if_then_else(tvm.tirx.all(inside, pixel < width * channels), value, tvm.tirx.const(0, BF16))
 
     return te.compute((batch, rows, kernel_h, patch_width(kernel_w, channels)), patch, name="bf16_patches")
+
+
+def bf16_patches_product(
+    patch_rows: te.Tensor, packed: te.Tensor, image: tuple[int, int], outputs: int, unit: str, flops: float
+) -> te.Tensor:
+    """The product of the patches ([N, rows, KH*width], ``bf16_patches`` reshaped) by the packed weight,
+    gathered back to the image [N, OH, OW, ``outputs``] in the same kernel: a reshape after it would be
+    a kernel of its own, and the convolution's epilogue (bias, activation, the next cast) with it, a
+    pass over the whole fp32 output (ResNet-50's 112x112x64: 0.1 ms)."""
+    out_h, out_w = image
+    gemm = bf16_dense(patch_rows, packed, None, unit, flops)
+    return te.compute(
+        (int(patch_rows.shape[0]), out_h, out_w, outputs),
+        lambda n, y, x, o: gemm[n, y * out_w + x, o],
+        name="bf16_rows",
+    )

@@ -270,7 +270,8 @@ class FuseLayoutIntoConsumers:
             # (input, operations recomputed per read of it, whether the epilogue reads it)
             epilogue = analysis.epilogue_inputs(unit)
             read_costs = [(expr, 0.0, any(_same(expr, e) for e in epilogue)) for expr in unit.inputs]
-            while (producer := _next_producer(read_costs, layouts)) is not None:
+            takes = layouts if not _tensorized(unit) else [layout for layout in layouts if not _reshape_only(layout[1])]
+            while (producer := _next_producer(read_costs, takes)) is not None:
                 pulled_var, pulled, cost = producer
                 by_epilogue = any(_same(e, pulled_var) and ep for e, _, ep in read_costs)
                 merged = pulled.merged_into(merged)
@@ -288,6 +289,18 @@ class FuseLayoutIntoConsumers:
             new = next((value for var, value in replaced if var.same_as(binding.var)), None)
             bindings.append(relax.VarBinding(binding.var, new) if new is not None else binding)
         return relax.DataflowBlock(bindings)
+
+
+def _tensorized(unit: _Unit) -> bool:
+    """Whether ``unit`` holds a bf16 product by a packed weight (``tuner.lowering.bf16_kernels``): its
+    micro-kernel reads the operand through a pointer, so a producer pulled in stays a pass of its own."""
+    return any("bf16_dense" in step.prim.name_hint for step in unit.steps)
+
+
+def _reshape_only(unit: _Unit) -> bool:
+    """Whether ``unit`` only reshapes: left out of its consumer, it is a view (RewriteDataflowReshape)
+    rather than a copy (the patches of ResNet-50's first convolution: 5.6 MB copied inside its product)."""
+    return all(re.fullmatch(r"reshape\d*", step.prim.name_hint) for step in unit.steps)
 
 
 def _next_producer(
