@@ -393,20 +393,34 @@ def test_a_first_convolution_is_a_product_over_its_window_s_patches(size, kernel
 
 
 @needs_bf16
-def test_a_first_convolution_over_patches_is_one_kernel_with_its_epilogue_and_copies_nothing() -> None:
+def test_a_first_convolution_over_patches_and_a_1x1_one_copy_nothing_and_merge_their_epilogues() -> None:
     # the patches' reshape stays a view (not a copy inside the product), and the product writes the
-    # image itself, so that its bias, activation and the next layer's cast merge into its write-back
+    # image itself, so that its bias, activation and the next layer's cast merge into its write-back;
+    # on AMX a 1x1 convolution over a 14x14 image (a GEMM over its 196 positions) reads its input as it is
+    from tvm import relax
+
     from tuner.lowering import LoweringOptions
     from tuner.tasks import extract_tasks, load_model, lower_workload
 
+    torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, 2, 3), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 1)).eval()
-    workload = load_model(model, [torch.randn(1, 3, 32, 32)])
+    x = torch.randn(1, 3, 28, 28)
+    workload = load_model(model, [x])
     target = resolve_target("llvm")
     lowered = lower_workload(workload, target, LoweringOptions(bfloat16=True))
     scripts = {task.name: task.mod.script() for task in extract_tasks(workload, target, lowered)}
     (first,) = [script for script in scripts.values() if '"bf16_dense"' in script]
     assert '"T_reshape"' not in first and '"compute"' in first  # ReLU's block, in the product's kernel
     assert not any('"T_reshape"' in script and '"T_add"' in script for script in scripts.values()), list(scripts)
+    if bf16_unit(target) == AMX:
+        (pointwise,) = [script for script in scripts.values() if '"bf16_conv2d"' in script]
+        assert '"bf16_rows"' in pointwise and '"bf16_pad"' not in pointwise
+    vm = relax.VirtualMachine(tvm.compile(lowered, target=target), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy()))
+    got = (got[0] if isinstance(got, tvm.ir.Array) else got).numpy()
+    with torch.no_grad():
+        expected = model(x).numpy()
+    assert np.max(np.abs(got - expected)) < 3e-2 * np.max(np.abs(expected))
 
 
 @needs_amx

@@ -28,7 +28,14 @@ from measure.bf16_dot import AMX, AVX512, LANES, PAIR
 from workloads.relax_functions import rewrite_functions
 
 from ..bf16_rule import padded_rows
-from .bf16_flat import bf16_conv2d_flat, bf16_patches, bf16_patches_product, flat_rows, pack_patch_weight
+from .bf16_flat import (
+    bf16_conv2d_flat,
+    bf16_patches,
+    bf16_patches_product,
+    flat_rows,
+    has_flat_view,
+    pack_patch_weight,
+)
 from .bf16_kernels import (
     BF16,
     F32,
@@ -172,8 +179,13 @@ class _Bfloat16Products(PyExprMutator):
         unit = self._unit_for(packed.shape[3] * PAIR)
         flat = flat_rows(image, kernel, stride, padding, packed.shape[2], unit) if unit == AMX else None
         if flat is not None:
+            view = None
+            if has_flat_view(image, kernel, stride, padding, weight.shape[2], flat):
+                batch, channels = static_shape(data)[0], weight.shape[2]
+                data = self.builder_.emit(relax.op.reshape(self._cast(data), (batch, 1, 1, flat, channels)))
+                view = tuple(image)
             return self._packed_product(
-                bf16_conv2d_flat, data, packed, stride, padding, flat, weight.shape[3], unit, name="bf16_conv2d"
+                bf16_conv2d_flat, data, packed, stride, padding, flat, weight.shape[3], unit, view, name="bf16_conv2d"
             )
         out_w = out_extent(image[1], padding[1], padding[3], kernel[1], stride)
         columns = padded_rows(out_w, packed.shape[2], unit)
