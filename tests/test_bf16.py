@@ -485,6 +485,8 @@ def test_an_activation_read_by_products_and_by_a_sum_is_cast_once_and_the_sum_re
         builder.emit_func_output(out)
     text = Bfloat16Products(unit=AVX512)(builder.get()).script()
     assert text.count('R.astype(x, dtype="bfloat16")') == 1, text  # one cast for both products
+    casts = [line for line in text.splitlines() if "R.astype(" in line and line.endswith('dtype="bfloat16")')]
+    assert len(casts) == 1, text  # the second product does not cast x's fp32 copy back
     assert text.count('dtype="float32")') >= 1 and "R.add(lv" in text, text
     widened = [line for line in text.splitlines() if "R.astype(" in line and 'dtype="float32"' in line]
     assert len(widened) == 1, text  # the sum reads x back from its bf16 copy

@@ -73,6 +73,9 @@ class _Bfloat16Products(PyExprMutator):
         """``expr`` in bf16: as it is where it is bf16 already (patches), else cast (once per activation)."""
         if _is_bf16(expr):
             return expr
+        narrowed = next((self.rounded[var] for var, wide in self.widened.items() if wide.same_as(expr)), None)
+        if narrowed is not None:  # the fp32 copy of an activation another product read first: its bf16 original
+            return narrowed
         if isinstance(expr, relax.Var) and self.unit is not None:
             if expr not in self.rounded:
                 self.rounded[expr] = self.builder_.emit(relax.op.astype(expr, BF16))
