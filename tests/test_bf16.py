@@ -364,6 +364,29 @@ def test_a_residual_block_s_whole_epilogue_merges_into_the_product_s_write_back(
     np.testing.assert_allclose(got.numpy().astype(np.float32), expected, rtol=1e-2, atol=1e-2)
 
 
+@needs_bf16
+def test_an_epilogue_reading_the_product_twice_stays_tileable() -> None:
+    # GELU's x * phi(x): the product's consumer reads it and a block computed from it, which must not be
+    # merged away (ConvNeXt-T's three GELU kernels lost their design space and ran at TVM's default)
+    m, n, k = 16, 32, 64
+    data_t = te.placeholder((m, k), "bfloat16", name="data")
+    packed_t = te.placeholder((n // 16, k // 2, 16, 2), "bfloat16", name="packed")
+    product = bf16_dense(data_t, packed_t, unit=bf16_unit(resolve_target("llvm")) or AVX512)
+    biased = te.compute(product.shape, lambda *i: product[i] + tvm.tirx.const(1, "float32"), name="bias")
+    gate = te.compute(product.shape, lambda *i: tvm.tirx.max(biased[i], tvm.tirx.const(0, "float32")), name="gate")
+    out = te.compute(product.shape, lambda *i: (biased[i] * gate[i]).astype("bfloat16"), name="gelu_like")
+    module = _module([data_t, packed_t, out])
+    unit = bf16_unit(resolve_target("llvm")) or AVX512
+    sch = tvm.s_tir.Schedule(module, seed=1)
+    _tile(sch, sch.get_sblock("bf16_dense"), *tile_shapes(m, n // 16, unit)[0], unit)
+    data, weight = _bf16((m, k), 1), _bf16((k, n), 2)
+    got = tvm.runtime.tensor(np.zeros((m, n), ml_dtypes.bfloat16), tvm.cpu())
+    built = tvm.compile(sch.mod, target=resolve_target("llvm"))
+    built["main"](tvm.runtime.tensor(data, tvm.cpu()), tvm.runtime.tensor(pack_dense_weight(weight), tvm.cpu()), got)
+    y = data.astype(np.float32) @ weight.astype(np.float32) + 1
+    np.testing.assert_allclose(got.numpy().astype(np.float32), y * np.maximum(y, 0), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize(("size", "kernel", "stride", "pad", "unit"), [(20, 7, 2, 3, AVX512), (32, 16, 16, 0, AMX)])
 def test_a_first_convolution_is_a_product_over_its_window_s_patches(size, kernel, stride, pad, unit) -> None:
     from tvm import relax

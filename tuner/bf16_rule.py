@@ -107,7 +107,9 @@ def _inline_other_producers(sch: Schedule, consumer: SBlockRV, writeback: SBlock
     next layer's input three more passes over the whole fp32 output (ResNet-50's 56x56x256 blocks:
     4.8% of the model's time in one kernel, the product itself a tenth of it)."""
     for producer in sch.get_producers(consumer):
-        if sch.get(producer).same_as(sch.get(writeback)):
+        # only blocks of the kernel's inputs alone: one that reads the product's result (the write-back
+        # itself, GELU's pieces) must stay, or the write-back is gone before the product is tiled
+        if sch.get(producer).same_as(sch.get(writeback)) or sch.get_producers(producer):
             continue
         try:
             sch.compute_inline(producer)
@@ -176,9 +178,12 @@ def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int
     sch.cache_write(gemm, 0, "global")
     writeback = sch.get_consumers(gemm)[0]
     _inline_epilogue(sch, writeback)
-    for kept in sch.get_consumers(writeback):  # of another shape: the outputs kept, sliced or gathered
+    kept_outputs = sch.get_consumers(writeback)  # of another shape: the outputs kept, sliced or gathered
+    for kept in kept_outputs:
         _inline_epilogue(sch, kept)
-        if _size(sch, kept) == _size(sch, writeback):  # a reshape (a flat GEMM's rows, none dropped)
+        # a reshape (a flat GEMM's rows, none dropped), the write-back's only reader: TVM would merge one
+        # of several readers too, and leave the others reading a buffer nothing writes any more
+        if len(kept_outputs) == 1 and _size(sch, kept) == _size(sch, writeback):
             try:
                 sch.reverse_compute_inline(kept)
             except Exception:  # noqa: BLE001 - TVM cannot map its indices back: it stays a block
