@@ -387,7 +387,9 @@ def test_an_epilogue_reading_the_product_twice_stays_tileable() -> None:
     np.testing.assert_allclose(got.numpy().astype(np.float32), y * np.maximum(y, 0), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize(("size", "kernel", "stride", "pad", "unit"), [(20, 7, 2, 3, AVX512), (32, 16, 16, 0, AMX)])
+@pytest.mark.parametrize(
+    ("size", "kernel", "stride", "pad", "unit"), [(20, 7, 2, 3, AVX512), (32, 16, 16, 0, AMX), (20, 3, 2, 1, AMX)]
+)
 def test_a_first_convolution_is_a_product_over_its_window_s_patches(size, kernel, stride, pad, unit) -> None:
     from tvm import relax
 
@@ -406,6 +408,8 @@ def test_a_first_convolution_is_a_product_over_its_window_s_patches(size, kernel
         builder.emit_func_output(out)
     lowered = Bfloat16Products(unit=unit)(builder.get())
     assert "bf16_patches" in lowered.script()
+    if (unit, kernel) == (AMX, 3):  # 3 window rows of 16 (9 values) and a zero one: two whole steps of 32
+        assert 'T.int64(4), T.int64(16)), "bfloat16")' in lowered.script()
     run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
     got = run["main"](tvm.runtime.tensor(image)).numpy()
     rounded = [torch.from_numpy(a.astype(ml_dtypes.bfloat16).astype(np.float32)) for a in (image, weight)]
@@ -444,6 +448,33 @@ def test_a_first_convolution_over_patches_and_a_1x1_one_copy_nothing_and_merge_t
     with torch.no_grad():
         expected = model(x).numpy()
     assert np.max(np.abs(got - expected)) < 3e-2 * np.max(np.abs(expected))
+
+
+def test_a_convolution_on_amx_over_channels_short_of_whole_steps_gets_zero_channels() -> None:
+    # 48 channels: one step of 32 and a rest, which would load a second tile configuration per call;
+    # padded to 64 (two steps), the activation's zero channels added by its pad, the result unchanged
+    from tvm import relax
+
+    from tuner.lowering.bf16 import Bfloat16Products
+
+    image = np.random.default_rng(1).standard_normal((1, 7, 7, 48)).astype(np.float32)
+    weight = np.random.default_rng(2).standard_normal((3, 3, 48, 32)).astype(np.float32)
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(image.shape, "float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            conv = relax.op.nn.conv2d(x, relax.const(weight), padding=1, data_layout="NHWC", kernel_layout="HWIO")
+            out = builder.emit_output(builder.emit(conv))
+        builder.emit_func_output(out)
+    lowered = Bfloat16Products(unit=AMX)(builder.get())
+    assert 'T.int64(2), T.int64(32), T.int64(16), T.int64(2)), "bfloat16")' in lowered.script()  # 64 channels
+    run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
+    got = run["main"](tvm.runtime.tensor(image)).numpy()
+    rounded = [torch.from_numpy(a.astype(ml_dtypes.bfloat16).astype(np.float32)) for a in (image, weight)]
+    expected = torch.nn.functional.conv2d(
+        rounded[0].permute(0, 3, 1, 2), rounded[1].permute(3, 2, 0, 1), padding=1
+    ).permute(0, 2, 3, 1)
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
 
 
 @needs_amx

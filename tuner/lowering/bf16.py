@@ -35,6 +35,8 @@ from .bf16_flat import (
     flat_rows,
     has_flat_view,
     pack_patch_weight,
+    patch_rows,
+    patch_width,
 )
 from .bf16_kernels import (
     BF16,
@@ -178,12 +180,13 @@ class _Bfloat16Products(PyExprMutator):
         image, kernel = static_shape(data)[1:3], weight.shape[:2]
         if kernel[0] * kernel[1] > 1 and self._over_patches(weight.shape[2]):
             return self._patches_conv2d(data, weight, stride, padding)
-        packed = pack_conv_weight(weight)  # [KH, KW, N/16, C/2, 16, 2]
-        unit = self._unit_for(packed.shape[3] * PAIR)
+        unit = self._unit_for(weight.shape[2] + weight.shape[2] % PAIR)
+        # on AMX whole steps: a rest loads a second tile configuration and the accumulators twice per call
+        packed = pack_conv_weight(weight, AMX_MIN_REDUCTION if unit == AMX else PAIR)  # [KH, KW, N/16, C/2, 16, 2]
         flat = flat_rows(image, kernel, stride, padding, packed.shape[2], unit) if unit == AMX else None
         if flat is not None:
             view = None
-            if has_flat_view(image, kernel, stride, padding, weight.shape[2], flat):
+            if has_flat_view(image, kernel, stride, padding, packed.shape[3] * PAIR - weight.shape[2], flat):
                 batch, channels = static_shape(data)[0], weight.shape[2]
                 data = self.builder_.emit(relax.op.reshape(self._cast(data), (batch, 1, 1, flat, channels)))
                 view = tuple(image)
@@ -204,8 +207,10 @@ class _Bfloat16Products(PyExprMutator):
 
     def _patches_conv2d(self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]) -> Expr:
         kernel, (batch, height, width, channels) = weight.shape[:2], static_shape(data)
-        packed = pack_patch_weight(weight)  # [N/16, KH*width/2, 16, 2]
-        unit = self._unit_for(packed.shape[1] * PAIR)
+        unit = self._unit_for(kernel[0] * patch_width(kernel[1], channels))
+        step = AMX_MIN_REDUCTION if unit == AMX else PAIR
+        window_rows = patch_rows(kernel[0], patch_width(kernel[1], channels), step)
+        packed = pack_patch_weight(weight, window_rows)  # [N/16, window_rows*width/2, 16, 2]
         out_h = out_extent(height, padding[0], padding[2], kernel[0], stride)
         out_w = out_extent(width, padding[1], padding[3], kernel[1], stride)
         rows = padded_rows(out_h * out_w, packed.shape[0], unit)
@@ -219,14 +224,15 @@ class _Bfloat16Products(PyExprMutator):
                 padding,
                 rows,
                 channels,
+                window_rows,
                 primfunc_name_hint="bf16_patches",
             )
         )
         flops = 2.0 * batch * out_h * out_w * weight.shape[3] * kernel[0] * kernel[1] * channels
-        patch_rows = self.builder_.emit(relax.op.reshape(patches, (batch, rows, packed.shape[1] * PAIR)))
+        by_position = self.builder_.emit(relax.op.reshape(patches, (batch, rows, packed.shape[1] * PAIR)))
         image = (out_h, out_w)
         return self._packed_product(
-            bf16_patches_product, patch_rows, packed, image, weight.shape[3], unit, flops, name="bf16_dense"
+            bf16_patches_product, by_position, packed, image, weight.shape[3], unit, flops, name="bf16_dense"
         )
 
 

@@ -40,10 +40,10 @@ def pack_dense_weight(weight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(weight.reshape(k // PAIR, PAIR, n // LANES, LANES).transpose(2, 0, 3, 1))
 
 
-def pack_conv_weight(weight: np.ndarray) -> np.ndarray:
-    """HWIO [KH, KW, C, N] -> [KH, KW, N/16, C/2, 16, 2] (C padded with a zero channel to an even count,
-    N with zero outputs to a multiple of 16)."""
-    weight = _padded(_padded(weight, 2, PAIR), 3, LANES)
+def pack_conv_weight(weight: np.ndarray, channel_multiple: int = PAIR) -> np.ndarray:
+    """HWIO [KH, KW, C, N] -> [KH, KW, N/16, C/2, 16, 2] (C padded with zero channels to a multiple of
+    ``channel_multiple``, an even count at least; N with zero outputs to a multiple of 16)."""
+    weight = _padded(_padded(weight, 2, channel_multiple), 3, LANES)
     kh, kw, c, n = weight.shape
     return np.ascontiguousarray(weight.reshape(kh, kw, c // PAIR, PAIR, n // LANES, LANES).transpose(0, 1, 4, 2, 5, 3))
 
