@@ -7,7 +7,9 @@ rows (bf16, ``lda`` apart), the weight packed [N/16, K/2, 16, 2] (a channel bloc
 the reduction are one 16-row by 64-byte tile of AMX's pair-interleaved layout, as they are), the
 accumulators as fp32 rows (``ldc`` apart). Eight tile registers: the accumulators' blocks, one
 activation tile per 16 rows and one weight tile per channel block. A reduction that is not a
-multiple of 32 ends with a step over tiles configured to the rest.
+multiple of 32 ends with a step over tiles configured to the rest (the lowering avoids it on AMX: zero
+channels up to whole steps). A stride-1 convolution's call can sum over its whole window too
+(``Window``). A call loads its tile configuration only when the thread holds another.
 
 Linux lets a process use AMX's tile data only once it asks (``arch_prctl(ARCH_REQ_XCOMP_PERM)``),
 so each micro-kernel asks on its first call in a process: a built model runs wherever it is
