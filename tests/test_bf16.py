@@ -9,68 +9,28 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from bf16_builds import bf16_array, built_tiled, dense_module, needs_amx, needs_bf16, run_built, te_module
 from tvm import te
 
 import tuner
 from measure.amx_dot import fits
 from measure.bf16_dot import AMX, AVX512
-from measure.host import host_has_amx
-from tuner.bf16_rule import BF16_GEMM_RULE, _tile, padded_rows, tile_shapes
+from tuner.bf16_rule import padded_rows, tile_shapes
 from tuner.errors import TargetError
 from tuner.lowering.bf16_kernels import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
-from tuner.precision import bf16_unit, check_bf16, has_bf16_dot_product, host_has_bf16
-from tuner.targets import host_features_missing, resolve_target
-
-needs_bf16 = pytest.mark.skipif(not host_has_bf16(), reason="this CPU has no AVX512_BF16 (vdpbf16ps)")
-needs_amx = pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX (tdpbf16ps)")
-
-
-def _module(tensors: list[te.Tensor]) -> tvm.IRModule:
-    return tvm.IRModule({"main": te.create_prim_func(tensors).with_attr("global_symbol", "main")})
-
-
-def _dense_module(m: int, n: int, k: int) -> tvm.IRModule:
-    data = te.placeholder((m, k), "bfloat16", name="data")
-    packed = te.placeholder((n // 16, k // 2, 16, 2), "bfloat16", name="packed")
-    r = te.reduce_axis((0, k), "r")
-    out = te.compute(
-        (m, n),
-        lambda i, j: te.sum(
-            data[i, r].astype("float32") * packed[j // 16, r // 2, j % 16, r % 2].astype("float32"), axis=r
-        ),
-        name="gemm",
-        attrs={"schedule_rule": BF16_GEMM_RULE},
-    )
-    return _module([data, packed, out])
-
-
-def _bf16(shape: tuple[int, ...], seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape).astype(ml_dtypes.bfloat16)
-
-
-def _built(mod: tvm.IRModule, block: str, rows: int, vectors: int, unit: str = AVX512) -> tvm.runtime.Module:
-    """``mod`` with its product ``block`` tiled ``rows`` x ``vectors`` on ``unit``, built for this CPU."""
-    sch = tvm.s_tir.Schedule(mod, seed=1)
-    _tile(sch, sch.get_sblock(block), rows, vectors, unit)
-    return tvm.compile(sch.mod, target=resolve_target("llvm"))
-
-
-def _run(built: tvm.runtime.Module, arrays: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
-    dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros(out_shape, np.float32), dev)
-    built["main"](*(tvm.runtime.tensor(a, dev) for a in arrays), out)
-    return out.numpy()
+from tuner.precision import bf16_unit, check_bf16, has_bf16_dot_product
+from tuner.targets import host_features_missing
 
 
 @needs_bf16
 @pytest.mark.parametrize(("rows", "vectors"), [(1, 1), (1, 2), (3, 1), (4, 2)])
 def test_micro_kernels_compute_the_bf16_product_numpy_computes(rows: int, vectors: int) -> None:
     m, n, k = 12, 64, 34
-    built = _built(_dense_module(m, n, k), "gemm", rows, vectors)
+    built = built_tiled(dense_module(m, n, k), "gemm", rows, vectors)
     assert "vdpbf16ps" in built.mod.inspect_source("asm")
-    data, weight = _bf16((m, k), 1), _bf16((k, n), 2)
+    data, weight = bf16_array((m, k), 1), bf16_array((k, n), 2)
     expected = data.astype(np.float32) @ weight.astype(np.float32)
-    out = _run(built, [data, pack_dense_weight(weight)], (m, n))
+    out = run_built(built, [data, pack_dense_weight(weight)], (m, n))
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
 
 
@@ -83,11 +43,11 @@ def test_amx_micro_kernels_compute_the_bf16_product_numpy_computes(m: int, k: in
     # reductions of whole 32-wide steps, steps and a rest (40, 34, 96 = 3 steps) and a rest alone (6);
     # tiles of two activation tiles (28 = 16 + 12 rows) and of one
     n = 96
-    built = _built(_dense_module(m, n, k), "gemm", rows, vectors, AMX)
+    built = built_tiled(dense_module(m, n, k), "gemm", rows, vectors, AMX)
     assert "tdpbf16ps" in built.mod.inspect_source("asm")
-    data, weight = _bf16((m, k), 1), _bf16((k, n), 2)
+    data, weight = bf16_array((m, k), 1), bf16_array((k, n), 2)
     expected = data.astype(np.float32) @ weight.astype(np.float32)
-    out = _run(built, [data, pack_dense_weight(weight)], (m, n))
+    out = run_built(built, [data, pack_dense_weight(weight)], (m, n))
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
 
 
@@ -97,12 +57,12 @@ def test_amx_micro_kernels_of_other_tile_shapes_called_in_turn_each_load_their_o
     # shapes called in turn on the same threads must each find theirs replaced and load it again
     m, n = 32, 96
     cases = [(64, 32, 2), (40, 16, 3)]
-    built = [_built(_dense_module(m, n, k), "gemm", rows, vectors, AMX) for k, rows, vectors in cases]
-    operands = [(_bf16((m, k), k), _bf16((k, n), k + 1)) for k, _, _ in cases]
+    built = [built_tiled(dense_module(m, n, k), "gemm", rows, vectors, AMX) for k, rows, vectors in cases]
+    operands = [(bf16_array((m, k), k), bf16_array((k, n), k + 1)) for k, _, _ in cases]
     for _ in range(2):
         for module, (data, weight) in zip(built, operands, strict=True):
             expected = data.astype(np.float32) @ weight.astype(np.float32)
-            out = _run(module, [data, pack_dense_weight(weight)], (m, n))
+            out = run_built(module, [data, pack_dense_weight(weight)], (m, n))
             np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
 
 
@@ -154,20 +114,20 @@ def test_rows_without_a_good_divisor_get_a_few_zero_rows_and_the_rest_none() -> 
 @needs_bf16
 def test_a_product_computed_over_zero_rows_gives_the_product_in_its_own_rows() -> None:
     tokens, k, n = 13, 34, 32
-    data, weight = _bf16((tokens, k), 1), _bf16((k, n), 2)
+    data, weight = bf16_array((tokens, k), 1), bf16_array((k, n), 2)
     packed = pack_dense_weight(weight)
     data_t = te.placeholder(data.shape, "bfloat16", name="data")
     packed_t = te.placeholder(packed.shape, "bfloat16", name="packed")
-    dense = _built(_module([data_t, packed_t, bf16_dense(data_t, packed_t, rows=14)]), "bf16_dense", 7, 2)
-    out = _run(dense, [data, packed], (14, n))
+    dense = built_tiled(te_module([data_t, packed_t, bf16_dense(data_t, packed_t, rows=14)]), "bf16_dense", 7, 2)
+    out = run_built(dense, [data, packed], (14, n))
     np.testing.assert_allclose(out[:tokens], data.astype(np.float32) @ weight.astype(np.float32), rtol=1e-5, atol=1e-4)
     assert not out[tokens:].any()
-    image, kernel = _bf16((1, 5, 13, 6), 3), _bf16((3, 3, 6, 16), 4)
+    image, kernel = bf16_array((1, 5, 13, 6), 3), bf16_array((3, 3, 6, 16), 4)
     image_t = te.placeholder(image.shape, "bfloat16", name="image")
     kernel_t = te.placeholder(pack_conv_weight(kernel).shape, "bfloat16", name="kernel")
     conv = bf16_conv2d_nhwc(image_t, kernel_t, 1, (1, 1, 1, 1), columns=14)
-    built = _built(_module([image_t, kernel_t, conv]), "bf16_conv2d", 7, 1)
-    got = _run(built, [image, pack_conv_weight(kernel)], (1, 5, 14, 16))
+    built = built_tiled(te_module([image_t, kernel_t, conv]), "bf16_conv2d", 7, 1)
+    got = run_built(built, [image, pack_conv_weight(kernel)], (1, 5, 14, 16))
     expected = torch.nn.functional.conv2d(
         torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
         torch.from_numpy(kernel.astype(np.float32)).permute(3, 2, 0, 1),
@@ -269,231 +229,6 @@ def test_tune_refuses_bf16_on_a_named_cpu_without_it_before_anything_starts(tmp_
             work_dir=tmp_path / "wd",
         )
     assert not (tmp_path / "wd" / "tuning.db").exists()
-
-
-def test_amx_takes_the_products_over_a_whole_step_of_the_reduction_and_avx512_the_rest() -> None:
-    from tvm import relax
-
-    from tuner.bf16_rule import UNIT_ANNOTATION
-    from tuner.lowering.bf16 import Bfloat16Products
-
-    builder = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 16, 16, 16), "float32"))
-    with builder.function("main", [x]):
-        with builder.dataflow():
-            narrow = relax.op.nn.conv2d(
-                x, relax.const(np.ones((1, 1, 16, 32), np.float32)), data_layout="NHWC", kernel_layout="HWIO"
-            )
-            out = relax.op.nn.conv2d(
-                builder.emit(narrow),
-                relax.const(np.ones((1, 1, 32, 32), np.float32)),
-                data_layout="NHWC",
-                kernel_layout="HWIO",
-            )
-            out = builder.emit_output(builder.emit(out))
-        builder.emit_func_output(out)
-    text = Bfloat16Products(unit=AMX)(builder.get()).script()
-    # 32 channels: one step; 16 (a 1x1 window: no patches to gather): not one
-    assert text.count(f'"{UNIT_ANNOTATION}": "{AMX}"') == 1 and text.count(f'"{UNIT_ANNOTATION}": "{AVX512}"') == 1
-
-
-@needs_amx
-@pytest.mark.parametrize(
-    ("size", "kernel", "stride", "pad", "channels"),
-    [(7, 3, 1, 1, 32), (8, 1, 2, 0, 32), (14, 3, 2, 1, 32), (7, 1, 1, 0, 32), (8, 1, 1, 0, 32), (10, 3, 1, 1, 96)],
-)
-def test_a_convolution_over_the_image_rows_end_to_end_is_the_convolution(size, kernel, stride, pad, channels) -> None:
-    from tuner.lowering.bf16_flat import bf16_conv2d_flat, flat_rows
-
-    outputs = 40 if size != 8 else 48  # 40 outputs: 48 computed, 40 gathered back
-    image, weight = _bf16((1, size, size, channels), 1), _bf16((kernel, kernel, channels, outputs), 2)
-    packed = pack_conv_weight(weight)
-    rows = flat_rows((size, size), (kernel, kernel), stride, (pad,) * 4, packed.shape[2], AMX)
-    assert rows is not None
-    image_t = te.placeholder(image.shape, "bfloat16", name="image")
-    kernel_t = te.placeholder(packed.shape, "bfloat16", name="kernel")
-    conv = bf16_conv2d_flat(image_t, kernel_t, stride, (pad,) * 4, rows, outputs, AMX)
-    shapes = tile_shapes(rows, packed.shape[2], AMX)
-    built = _built(_module([image_t, kernel_t, conv]), "bf16_conv2d", *shapes[0], AMX)
-    # 1x1 convolutions over 8x8 into 48 channels drop nothing: the gather is a reshape, merged into the write-back
-    sch = tvm.s_tir.Schedule(_module([image_t, kernel_t, conv]), seed=1)
-    _tile(sch, sch.get_sblock("bf16_conv2d"), *shapes[0], AMX)
-    assert ('"bf16_rows"' in sch.mod.script()) == (size != 8)
-    # a stride-1 window: each micro-kernel call sums over all its taps
-    assert (f"_w{kernel}x{kernel}c" in sch.mod.script()) == (stride == 1 and kernel > 1)
-    got = _run(built, [image, packed], tuple(int(d) for d in conv.shape))
-    expected = torch.nn.functional.conv2d(
-        torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
-        torch.from_numpy(weight.astype(np.float32)).permute(3, 2, 0, 1),
-        stride=stride,
-        padding=pad,
-    ).permute(0, 2, 3, 1)
-    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
-
-
-@pytest.mark.parametrize("unit", [AVX512, AMX])
-def test_a_residual_block_s_whole_epilogue_merges_into_the_product_s_write_back(unit: str) -> None:
-    # bias, the residual (bf16, cast back to fp32), ReLU and the next layer's cast: one pass over the
-    # output, not a block (a pass over the fp32 output) each
-    if not (host_has_amx() if unit == AMX else host_has_bf16()):
-        pytest.skip(f"this CPU has no {unit} unit")
-    channels, outputs, size = 32, 48, 8
-    image, weight = _bf16((1, size, size, channels), 1), _bf16((1, 1, channels, outputs), 2)
-    residual = _bf16((1, size, size, outputs), 3)
-    image_t = te.placeholder(image.shape, "bfloat16", name="image")
-    kernel_t = te.placeholder(pack_conv_weight(weight).shape, "bfloat16", name="kernel")
-    residual_t = te.placeholder(residual.shape, "bfloat16", name="residual")
-    conv = bf16_conv2d_nhwc(image_t, kernel_t, 1, (0, 0, 0, 0), unit=unit)
-    biased = te.compute(conv.shape, lambda *i: conv[i] + tvm.tirx.const(0.5, "float32"), name="bias")
-    widened = te.compute(residual.shape, lambda *i: residual_t[i].astype("float32"), name="widen")
-    summed = te.compute(conv.shape, lambda *i: biased[i] + widened[i], name="residual_sum")
-    relu = te.compute(conv.shape, lambda *i: tvm.tirx.max(summed[i], tvm.tirx.const(0, "float32")), name="relu")
-    out = te.compute(conv.shape, lambda *i: relu[i].astype("bfloat16"), name="next_cast")
-    module = _module([image_t, kernel_t, residual_t, out])
-    tile = tile_shapes(size, outputs // 16, unit)[0]
-    sch = tvm.s_tir.Schedule(module, seed=1)
-    _tile(sch, sch.get_sblock("bf16_conv2d"), *tile, unit)
-    for merged in ("bias", "widen", "residual_sum", "relu", "next_cast"):
-        assert f'"{merged}"' not in sch.mod.script(), merged
-    built = tvm.compile(sch.mod, target=resolve_target("llvm"))
-    arrays = [image, pack_conv_weight(weight), residual]
-    got = tvm.runtime.tensor(np.zeros(residual.shape, ml_dtypes.bfloat16), tvm.cpu())
-    built["main"](*(tvm.runtime.tensor(a, tvm.cpu()) for a in arrays), got)
-    product = image.astype(np.float32).reshape(-1, channels) @ weight.astype(np.float32).reshape(channels, outputs)
-    expected = np.maximum(product.reshape(residual.shape) + 0.5 + residual.astype(np.float32), 0)
-    np.testing.assert_allclose(got.numpy().astype(np.float32), expected, rtol=1e-2, atol=1e-2)
-
-
-@needs_bf16
-def test_an_epilogue_reading_the_product_twice_stays_tileable() -> None:
-    # GELU's x * phi(x): the product's consumer reads it and a block computed from it, which must not be
-    # merged away (ConvNeXt-T's three GELU kernels lost their design space and ran at TVM's default)
-    m, n, k = 16, 32, 64
-    data_t = te.placeholder((m, k), "bfloat16", name="data")
-    packed_t = te.placeholder((n // 16, k // 2, 16, 2), "bfloat16", name="packed")
-    product = bf16_dense(data_t, packed_t, unit=bf16_unit(resolve_target("llvm")) or AVX512)
-    biased = te.compute(product.shape, lambda *i: product[i] + tvm.tirx.const(1, "float32"), name="bias")
-    gate = te.compute(product.shape, lambda *i: tvm.tirx.max(biased[i], tvm.tirx.const(0, "float32")), name="gate")
-    out = te.compute(product.shape, lambda *i: (biased[i] * gate[i]).astype("bfloat16"), name="gelu_like")
-    module = _module([data_t, packed_t, out])
-    unit = bf16_unit(resolve_target("llvm")) or AVX512
-    sch = tvm.s_tir.Schedule(module, seed=1)
-    _tile(sch, sch.get_sblock("bf16_dense"), *tile_shapes(m, n // 16, unit)[0], unit)
-    data, weight = _bf16((m, k), 1), _bf16((k, n), 2)
-    got = tvm.runtime.tensor(np.zeros((m, n), ml_dtypes.bfloat16), tvm.cpu())
-    built = tvm.compile(sch.mod, target=resolve_target("llvm"))
-    built["main"](tvm.runtime.tensor(data, tvm.cpu()), tvm.runtime.tensor(pack_dense_weight(weight), tvm.cpu()), got)
-    y = data.astype(np.float32) @ weight.astype(np.float32) + 1
-    np.testing.assert_allclose(got.numpy().astype(np.float32), y * np.maximum(y, 0), rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.parametrize(
-    ("size", "kernel", "stride", "pad", "unit"), [(20, 7, 2, 3, AVX512), (32, 16, 16, 0, AMX), (20, 3, 2, 1, AMX)]
-)
-def test_a_first_convolution_is_a_product_over_its_window_s_patches(size, kernel, stride, pad, unit) -> None:
-    from tvm import relax
-
-    from tuner.lowering.bf16 import Bfloat16Products
-
-    image = np.random.default_rng(1).standard_normal((1, size, size, 3)).astype(np.float32)
-    weight = np.random.default_rng(2).standard_normal((kernel, kernel, 3, 40)).astype(np.float32)
-    builder = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(image.shape, "float32"))
-    with builder.function("main", [x]):
-        with builder.dataflow():
-            conv = relax.op.nn.conv2d(
-                x, relax.const(weight), strides=stride, padding=pad, data_layout="NHWC", kernel_layout="HWIO"
-            )
-            out = builder.emit_output(builder.emit(conv))
-        builder.emit_func_output(out)
-    lowered = Bfloat16Products(unit=unit)(builder.get())
-    assert "bf16_patches" in lowered.script()
-    if (unit, kernel) == (AMX, 3):  # 3 window rows of 16 (9 values) and a zero one: two whole steps of 32
-        assert 'T.int64(4), T.int64(16)), "bfloat16")' in lowered.script()
-    run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
-    got = run["main"](tvm.runtime.tensor(image)).numpy()
-    rounded = [torch.from_numpy(a.astype(ml_dtypes.bfloat16).astype(np.float32)) for a in (image, weight)]
-    expected = torch.nn.functional.conv2d(
-        rounded[0].permute(0, 3, 1, 2), rounded[1].permute(3, 2, 0, 1), stride=stride, padding=pad
-    ).permute(0, 2, 3, 1)
-    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
-
-
-@needs_bf16
-def test_a_first_convolution_over_patches_and_a_1x1_one_copy_nothing_and_merge_their_epilogues() -> None:
-    # the patches' reshape stays a view (not a copy inside the product), and the product writes the
-    # image itself, so that its bias, activation and the next layer's cast merge into its write-back;
-    # on AMX a 1x1 convolution over a 14x14 image (a GEMM over its 196 positions) reads its input as it is
-    from tvm import relax
-
-    from tuner.lowering import LoweringOptions
-    from tuner.tasks import extract_tasks, load_model, lower_workload
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, 2, 3), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 1)).eval()
-    x = torch.randn(1, 3, 28, 28)
-    workload = load_model(model, [x])
-    target = resolve_target("llvm")
-    lowered = lower_workload(workload, target, LoweringOptions(bfloat16=True))
-    scripts = {task.name: task.mod.script() for task in extract_tasks(workload, target, lowered)}
-    (first,) = [script for script in scripts.values() if '"bf16_dense"' in script]
-    assert '"T_reshape"' not in first and '"compute"' in first  # ReLU's block, in the product's kernel
-    assert not any('"T_reshape"' in script and '"T_add"' in script for script in scripts.values()), list(scripts)
-    if bf16_unit(target) == AMX:
-        (pointwise,) = [script for script in scripts.values() if '"bf16_conv2d"' in script]
-        assert '"bf16_rows"' in pointwise and '"bf16_pad"' not in pointwise
-    vm = relax.VirtualMachine(tvm.compile(lowered, target=target), tvm.cpu())
-    got = vm["main"](tvm.runtime.tensor(x.numpy()))
-    got = (got[0] if isinstance(got, tvm.ir.Array) else got).numpy()
-    with torch.no_grad():
-        expected = model(x).numpy()
-    assert np.max(np.abs(got - expected)) < 3e-2 * np.max(np.abs(expected))
-
-
-def test_a_convolution_on_amx_over_channels_short_of_whole_steps_gets_zero_channels() -> None:
-    # 48 channels: one step of 32 and a rest, which would load a second tile configuration per call;
-    # padded to 64 (two steps), the activation's zero channels added by its pad, the result unchanged
-    from tvm import relax
-
-    from tuner.lowering.bf16 import Bfloat16Products
-
-    image = np.random.default_rng(1).standard_normal((1, 7, 7, 48)).astype(np.float32)
-    weight = np.random.default_rng(2).standard_normal((3, 3, 48, 32)).astype(np.float32)
-    builder = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(image.shape, "float32"))
-    with builder.function("main", [x]):
-        with builder.dataflow():
-            conv = relax.op.nn.conv2d(x, relax.const(weight), padding=1, data_layout="NHWC", kernel_layout="HWIO")
-            out = builder.emit_output(builder.emit(conv))
-        builder.emit_func_output(out)
-    lowered = Bfloat16Products(unit=AMX)(builder.get())
-    assert 'T.int64(2), T.int64(32), T.int64(16), T.int64(2)), "bfloat16")' in lowered.script()  # 64 channels
-    run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
-    got = run["main"](tvm.runtime.tensor(image)).numpy()
-    rounded = [torch.from_numpy(a.astype(ml_dtypes.bfloat16).astype(np.float32)) for a in (image, weight)]
-    expected = torch.nn.functional.conv2d(
-        rounded[0].permute(0, 3, 1, 2), rounded[1].permute(3, 2, 0, 1), padding=1
-    ).permute(0, 2, 3, 1)
-    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
-
-
-@needs_amx
-def test_a_product_of_two_activations_packs_its_second_operand_in_the_kernel() -> None:
-    from tuner.lowering.bf16_kernels import bf16_batch_matmul
-
-    a = np.random.default_rng(1).standard_normal((2, 3, 20, 40)).astype(np.float32)
-    b = np.random.default_rng(2).standard_normal((2, 3, 40, 30)).astype(np.float32)
-    rows = padded_rows(20, 2, AMX)
-    a_t, b_t = te.placeholder(a.shape, "bfloat16", name="a"), te.placeholder(b.shape, "bfloat16", name="b")
-    product = bf16_batch_matmul(a_t, b_t, rows, AMX)
-    module = _module([a_t, b_t, product])
-    as_bf16 = [x.astype(ml_dtypes.bfloat16) for x in (a, b)]
-    expected = as_bf16[0].astype(np.float32) @ as_bf16[1].astype(np.float32)
-    built = _built(module, "bf16_dense", *tile_shapes(rows, 2, AMX)[0], AMX)
-    np.testing.assert_allclose(_run(built, as_bf16, (2, 3, 20, 30)), expected, rtol=1e-4, atol=1e-3)
-    # the unscheduled kernel, which verification checks candidates against, computes the same
-    reference = tvm.compile(module, target=resolve_target("llvm"))
-    np.testing.assert_allclose(_run(reference, as_bf16, (2, 3, 20, 30)), expected, rtol=1e-4, atol=1e-3)
 
 
 class _Attention(torch.nn.Module):

@@ -1,0 +1,55 @@
+"""What the bf16 tests share: which units this CPU has, TE products built and run."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from measure.bf16_dot import AVX512
+from measure.host import host_has_amx
+from tuner.bf16_rule import BF16_GEMM_RULE, _tile
+from tuner.precision import host_has_bf16
+from tuner.targets import resolve_target
+
+needs_bf16 = pytest.mark.skipif(not host_has_bf16(), reason="this CPU has no AVX512_BF16 (vdpbf16ps)")
+needs_amx = pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX (tdpbf16ps)")
+
+
+def te_module(tensors: list[te.Tensor]) -> tvm.IRModule:
+    return tvm.IRModule({"main": te.create_prim_func(tensors).with_attr("global_symbol", "main")})
+
+
+def dense_module(m: int, n: int, k: int) -> tvm.IRModule:
+    data = te.placeholder((m, k), "bfloat16", name="data")
+    packed = te.placeholder((n // 16, k // 2, 16, 2), "bfloat16", name="packed")
+    r = te.reduce_axis((0, k), "r")
+    out = te.compute(
+        (m, n),
+        lambda i, j: te.sum(
+            data[i, r].astype("float32") * packed[j // 16, r // 2, j % 16, r % 2].astype("float32"), axis=r
+        ),
+        name="gemm",
+        attrs={"schedule_rule": BF16_GEMM_RULE},
+    )
+    return te_module([data, packed, out])
+
+
+def bf16_array(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(ml_dtypes.bfloat16)
+
+
+def built_tiled(mod: tvm.IRModule, block: str, rows: int, vectors: int, unit: str = AVX512) -> tvm.runtime.Module:
+    """``mod`` with its product ``block`` tiled ``rows`` x ``vectors`` on ``unit``, built for this CPU."""
+    sch = tvm.s_tir.Schedule(mod, seed=1)
+    _tile(sch, sch.get_sblock(block), rows, vectors, unit)
+    return tvm.compile(sch.mod, target=resolve_target("llvm"))
+
+
+def run_built(built: tvm.runtime.Module, arrays: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(out_shape, np.float32), dev)
+    built["main"](*(tvm.runtime.tensor(a, dev) for a in arrays), out)
+    return out.numpy()
