@@ -7,6 +7,7 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from experiments.filter_replay import _task_batches, model_latency_curve, what_dropping_loses
 from experiments.seed_noise import chance_spread, scored
@@ -72,3 +73,15 @@ def test_dropping_the_candidate_that_improved_a_task_loses_that_gain_and_the_end
     )
     lost = what_dropping_loses(batches, records, {1: 1, 2: 1}, lambda scores: {1})
     assert (lost["improvement_lost"], lost["end_vs_unfiltered"], lost["curve"]) == (1, 8.0 / 6.0, [math.inf, 8.0, 8.0])
+
+
+def test_compare_builds_names_each_build_and_refuses_a_missing_library_in_one_line(tmp_path):
+    from experiments.compare_builds import _build
+
+    library = tmp_path / "a.so"
+    library.write_bytes(b"")
+    assert _build(f"after={library}") == ("after", library)
+    with pytest.raises(SystemExit, match="is not LABEL=PATH"):
+        _build(str(library))
+    with pytest.raises(SystemExit, match="tuner apply"):
+        _build(f"before={tmp_path / 'missing.so'}")
