@@ -207,9 +207,9 @@ class _Bfloat16Products(PyExprMutator):
 
     def _patches_conv2d(self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]) -> Expr:
         kernel, (batch, height, width, channels) = weight.shape[:2], static_shape(data)
-        unit = self._unit_for(kernel[0] * patch_width(kernel[1], channels))
-        step = AMX_MIN_REDUCTION if unit == AMX else PAIR
-        window_rows = patch_rows(kernel[0], patch_width(kernel[1], channels), step)
+        row_width = patch_width(kernel[1], channels)
+        unit = self._unit_for(kernel[0] * row_width)
+        window_rows = patch_rows(kernel[0], row_width, AMX_MIN_REDUCTION if unit == AMX else PAIR)
         packed = pack_patch_weight(weight, window_rows)  # [N/16, window_rows*width/2, 16, 2]
         out_h = out_extent(height, padding[0], padding[2], kernel[0], stride)
         out_w = out_extent(width, padding[1], padding[3], kernel[1], stride)

@@ -67,7 +67,7 @@ def bf16_conv2d_flat(
 ) -> te.Tensor:
     """NHWC data (bf16) convolved with the packed HWIO weight as a GEMM over ``rows`` flat positions
     (``flat_rows``): NHWC fp32 with ``outputs`` channels. ``image``: the (H, W) of data given as the
-    GEMM's operand itself, [N, 1, 1, H*W, C] (``flat_view``): no copy to pad and lay out."""
+    GEMM's operand itself, [N, 1, 1, H*W, C] (``has_flat_view``): no copy to pad and lay out."""
     if image is None:
         batch, height, width, channels = (int(d) for d in data.shape)
     else:
@@ -172,16 +172,16 @@ def bf16_patches(
 
 
 def bf16_patches_product(
-    patch_rows: te.Tensor, packed: te.Tensor, image: tuple[int, int], outputs: int, unit: str, flops: float
+    by_position: te.Tensor, packed: te.Tensor, image: tuple[int, int], outputs: int, unit: str, flops: float
 ) -> te.Tensor:
     """The product of the patches ([N, rows, KH*width], ``bf16_patches`` reshaped) by the packed weight,
     gathered back to the image [N, OH, OW, ``outputs``] in the same kernel: a reshape after it would be
     a kernel of its own, and the convolution's epilogue (bias, activation, the next cast) with it, a
     pass over the whole fp32 output (ResNet-50's 112x112x64: 0.1 ms)."""
     out_h, out_w = image
-    gemm = bf16_dense(patch_rows, packed, None, unit, flops)
+    gemm = bf16_dense(by_position, packed, None, unit, flops)
     return te.compute(
-        (int(patch_rows.shape[0]), out_h, out_w, outputs),
+        (int(by_position.shape[0]), out_h, out_w, outputs),
         lambda n, y, x, o: gemm[n, y * out_w + x, o],
         name="bf16_rows",
     )
