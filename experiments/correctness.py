@@ -105,7 +105,7 @@ def _compare(got: Any, ref: Any) -> float:
 
     from experiments.frameworks import relative_error
 
-    got = np.asarray(got.detach().numpy() if hasattr(got, "detach") else got)
+    got = np.asarray(got.detach().cpu().numpy() if hasattr(got, "detach") else got)  # a GPU model: torch on cuda
     if not np.all(np.isfinite(got)):
         return float("inf")
     error = relative_error(got, ref.detach().numpy().astype(np.float64))

@@ -97,7 +97,12 @@ def environment(ctx: Context) -> dict:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
-    gpu = ctx.engine.gpu_name() if ctx.engine is not None else None
+    if ctx.engine is not None:
+        gpu = ctx.engine.gpu_name()
+    else:  # only tune() steps ran (--steps 3,8)
+        from measure.nvml import NvmlMonitor
+
+        gpu = NvmlMonitor().name if ctx.device == "cuda" else None
     return {
         "host": platform.node(),
         "target": describe_target(ctx.target),
@@ -175,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     # Steps that share an engine run first, with its workers; tune() steps then have the machine to themselves.
     shared = [s for s in chosen if s[0] in _USES_SHARED_ENGINE]
     if shared:
-        ctx.engine = MeasureEngine(target, args.out / "work" / "shared", EngineConfig(remember_dop=False))
+        # step 4 is the experiment of timing several candidates at once, which a GPU's default forbids
+        config = EngineConfig(remember_dop=False, max_dop=8 if ctx.device == "cuda" else None)
+        ctx.engine = MeasureEngine(target, args.out / "work" / "shared", config)
         ctx.engine.start()
     try:
         env = environment(ctx)

@@ -3,6 +3,7 @@ where one stops, the stage and the one-line reason.
 
     .venv/bin/python experiments/model_coverage.py --out /tmp/coverage                     # every HF model
     .venv/bin/python experiments/model_coverage.py --models hf-gpt2 hf-llama --trials-per-task 2
+    python3 experiments/model_coverage.py --models hf-llama --target cuda --out /tmp/coverage-gpu    # on a GPU
 
 The models are built from Hugging Face transformers' own definitions (workloads/hf_models.py: default
 or few-layer configs, random weights, nothing downloaded; the `hf` extra), each at a fixed shape.
@@ -40,7 +41,7 @@ TVM_LOG_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] \S+\.(cc|h):\d+:|BlockBuilder de
 
 
 # -- one model, in a process of its own ---------------------------------------------------------------
-def coverage_step(name: str, trials_per_task: int, work_dir: Path, tolerance: float) -> dict:
+def coverage_step(name: str, trials_per_task: int, work_dir: Path, tolerance: float, target_text: str = "llvm") -> dict:
     """Take ``name`` through the stages; the record says how far it got."""
     import torch
 
@@ -62,7 +63,7 @@ def coverage_step(name: str, trials_per_task: int, work_dir: Path, tolerance: fl
         others = [_other_input(x, 1000 + i) for i, x in enumerate(inputs)]
         with torch.no_grad():
             refs, refs2 = _outputs(module(*inputs)), _outputs(module(*others))
-        target = resolve_target("llvm")
+        target = resolve_target(target_text)
         with native_logs_quiet():  # as tune() is: TVM's log lines go to a file, not the terminal
             record["stage"] = "import"
             workload = load_model(module, inputs)
@@ -109,7 +110,7 @@ def run_model(name: str, args: argparse.Namespace, out: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "step.log"
     step = ["--step", name, "--trials-per-task", str(args.trials_per_task), "--work-dir", str(run_dir / "work")]
-    step += ["--tolerance", str(args.tolerance)]
+    step += ["--tolerance", str(args.tolerance), "--target", args.target]
     try:
         record = run_step(Path(__file__), step, log, timeout=STEP_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -154,13 +155,15 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=None, help="workloads/hf_models.py names (default: all)")
     parser.add_argument("--trials-per-task", type=int, default=1)
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help=f"default {TOLERANCE:g} (fp32)")
+    parser.add_argument("--target", default="llvm", help="'llvm' (this CPU, the default) or 'cuda'")
     parser.add_argument("--out", default="experiments/results/model_coverage")
     parser.add_argument("--keep-work", action="store_true", help="keep each model's work dir (its library, database)")
     parser.add_argument("--step", help=argparse.SUPPRESS)  # internal: one model, in its own process
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step:
-        print(json.dumps(coverage_step(args.step, args.trials_per_task, Path(args.work_dir), args.tolerance)))
+        work_dir = Path(args.work_dir)
+        print(json.dumps(coverage_step(args.step, args.trials_per_task, work_dir, args.tolerance, args.target)))
         return
     from workloads.hf_models import HF_MODELS
 

@@ -66,6 +66,14 @@ class DopState:
     loss_streak: int
 
 
+# Candidates timed at once on one GPU unless the user asks for more. Timing with CUDA events from
+# several processes counts the other processes' kernels time-sliced in between: on one H200 and one
+# H100 (experiments/gpu_validation.py, step 4) parallel timing measured 3.2 and 4.6 candidates/s
+# against serial's 7.2 and 7.6, and on the H100 one candidate came out 3.2x its serial time unnoticed
+# by the sampled checks. Parallel timing on a GPU would need per-kernel device timestamps (CUPTI).
+GPU_DEFAULT_MAX_DOP = 1
+
+
 @dataclass
 class DopController:
     max_dop: int

@@ -30,7 +30,7 @@ from .building import REFERENCE_KEY, artifact_stem, build_with
 from .contract import Engine, EngineConfig, device_kind, host_target
 from .cpu_slots import default_cpu_dop, pinned_env, runner_cpu_sets
 from .cuda_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode
-from .dop import DopController, DopDecision, relative_error
+from .dop import GPU_DEFAULT_MAX_DOP, DopController, DopDecision, relative_error
 from .dop_memory import DopMemory, machine_key
 from .host import available_memory_bytes
 from .nvml import NvmlMonitor, split_energy
@@ -93,10 +93,9 @@ class MeasureEngine(Engine):
             max_dop = self.config.max_dop or default_cpu_dop(kernel_threads)
             cpu_sets = runner_cpu_sets(max_dop, kernel_threads)
         else:
-            max_dop = self.config.max_dop or 8
-            cpu_sets = [None] * (
-                max_dop + 1
-            )  # on a GPU one more worker than the DOP prepares the next candidate during timed regions
+            max_dop = self.config.max_dop or GPU_DEFAULT_MAX_DOP
+            # one more worker than the DOP prepares the next candidate during timed regions
+            cpu_sets = [None] * (max_dop + 1)
         runners = [
             WorkerProcess("run", f"runner-{i}", log_dir / f"runner-{i}.log", run_env | pinned_env(cpus))
             for i, cpus in enumerate(cpu_sets)
