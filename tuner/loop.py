@@ -239,7 +239,10 @@ class TuningLoop:
                 break
             index = self.scheduler.pick([run.progress for run in self.runs])
             if index is None:
-                self.stop_reason = "every task is finished (its search space exhausted or its objectives met)"
+                self.stop_reason = (
+                    "every task is finished (its search space exhausted, its objectives met, or too small a part "
+                    "of the model to pay for more trials)"
+                )
                 break
             limit = self._batch_limit(batch_size, objectives, task_objectives, self.runs[index])
             self._tune_batch(index, limit, task_objectives, objectives.trials)

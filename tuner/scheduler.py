@@ -12,8 +12,10 @@ task kept its promise forever: one ResNet-18 convolution got 67 of some 100 batc
 without improving once.
 Trials go where they can still pay: a task that has gone ``retire_after`` batches without a new
 best, or whose share of the model's latency is below ``min_share``, is retired. It gets no more
-batches (random exploration picks included) while any other task is still promising, and only
-then, ranked as before, the rest of the budget.
+batches (random exploration picks included) while any other task is still promising; then the rest
+of the budget goes, ranked as before, to the retired tasks that are not too small to matter, and
+when only those are left (the others exhausted or stopped), tuning ends: SqueezeNet in bf16, its
+products' design spaces exhausted, once spent 700 of its 1,088 trials on a global mean.
 ``RoundRobinScheduler`` gives every live task a batch in turn.
 
 Both give every task one batch first, and give up on a task that produced no working candidate
@@ -87,7 +89,7 @@ class _Scheduler:
         ranked = [i for i in live if tasks[i].best is not None]
         return self._choose(tasks, ranked) if ranked else None
 
-    def _choose(self, tasks: list[TaskProgress], ranked: list[int]) -> int:
+    def _choose(self, tasks: list[TaskProgress], ranked: list[int]) -> int | None:
         raise NotImplementedError
 
 
@@ -115,8 +117,11 @@ class GradientScheduler(_Scheduler):
         self.retire_after, self.min_share = retire_after, min_share
         self.rng = np.random.default_rng(seed)
 
-    def _choose(self, tasks: list[TaskProgress], ranked: list[int]) -> int:
-        promising = [i for i in ranked if not self.retired(tasks, i)] or ranked
+    def _choose(self, tasks: list[TaskProgress], ranked: list[int]) -> int | None:
+        promising = [i for i in ranked if not self.retired(tasks, i)]
+        promising = promising or [i for i in ranked if not self.too_small(tasks, i)]
+        if not promising:
+            return None
         if len(promising) > 1 and self.rng.random() < self.epsilon:
             return int(self.rng.choice(promising))
         gradients = {i: self.gradient(tasks, i) for i in promising}
@@ -125,8 +130,11 @@ class GradientScheduler(_Scheduler):
     def retired(self, tasks: list[TaskProgress], i: int) -> bool:
         """Whether task ``i`` has stopped paying: long without a new best, or too small a part of the model."""
         task = tasks[i]
-        if task.batches_without_improvement >= self.retire_after:
-            return True
+        return task.batches_without_improvement >= self.retire_after or self.too_small(tasks, i)
+
+    def too_small(self, tasks: list[TaskProgress], i: int) -> bool:
+        """Whether task ``i``'s share of the model's latency is below ``min_share``."""
+        task = tasks[i]
         model = sum(t.weight * t.best for t in tasks if t.best is not None)
         return task.best is not None and model > 0 and task.weight * task.best < self.min_share * model
 
