@@ -69,16 +69,32 @@ def test_a_task_long_without_gain_or_too_small_to_matter_gets_no_trials_while_ot
     scheduler = GradientScheduler(epsilon=1.0, retire_after=2, min_share=0.01)  # every pick a random one
     _visit_all(scheduler, tasks, (1e-3, 1e-3, 1e-6))  # task 2: a thousandth of the model's time
     assert scheduler.retired(tasks, 2) and not scheduler.retired(tasks, 0)
-    tasks[1].record_batch(8, 1.0, None, None)
-    tasks[1].record_batch(8, 1.0, None, None)  # two batches without a new best
+    for _ in range(3):  # three batches without a new best: 2 x 1.5, its share of the model (1/2) x 3 tasks
+        assert not scheduler.retired(tasks, 1)
+        tasks[1].record_batch(8, 1.0, None, None)
     assert scheduler.retired(tasks, 1)
     assert {scheduler.pick(tasks) for _ in range(20)} == {0}
-    tasks[0].record_batch(8, 1.0, None, None)
-    tasks[0].record_batch(8, 1.0, None, None)
+    for _ in range(3):
+        tasks[0].record_batch(8, 1.0, None, None)
     # all retired: the budget left goes on, to tasks big enough to matter
     assert {scheduler.pick(tasks) for _ in range(40)} == {0, 1}
     tasks[0].exhausted = tasks[1].exhausted = True  # only the tiny task is left: tuning ends
     assert scheduler.pick(tasks) is None
+
+
+def test_a_task_that_weighs_more_in_the_model_waits_longer_before_it_retires():
+    tasks = [TaskProgress(weight=4), *(TaskProgress(weight=1) for _ in range(9))]
+    scheduler = GradientScheduler(retire_after=6, max_patience=4.0)
+    _visit_all(scheduler, tasks, (1e-3,) * 10)  # task 0: 4 of the model's 13 ms, 3.1x the average share
+    assert scheduler.patience(tasks, 1) == 6 and scheduler.patience(tasks, 0) == pytest.approx(6 * 40 / 13)
+    for _ in range(18):
+        tasks[0].record_batch(8, 1.0, None, None)
+    assert not scheduler.retired(tasks, 0)
+    tasks[0].record_batch(8, 1.0, None, None)
+    assert scheduler.retired(tasks, 0)
+    tasks[0] = TaskProgress(weight=100)
+    tasks[0].record_batch(8, 1.0, None, 1e-3)
+    assert scheduler.patience(tasks, 0) == 24  # at most max_patience times retire_after
 
 
 def test_round_robin_scheduler_takes_turns():
