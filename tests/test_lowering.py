@@ -140,7 +140,8 @@ def _activations_module():
             g = bb.emit(relax.op.nn.gelu(x))
             sig = bb.emit(relax.op.sigmoid(x))
             silu = bb.emit(relax.op.nn.silu(x))
-            out = bb.emit_output(relax.op.add(relax.op.add(s, g), relax.op.add(sig, silu)))
+            tanh = bb.emit(relax.op.add(relax.op.tanh(x), relax.op.nn.gelu_tanh(x)))
+            out = bb.emit_output(relax.op.add(relax.op.add(relax.op.add(s, g), relax.op.add(sig, silu)), tanh))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -150,13 +151,18 @@ def test_fast_math_replaces_libm_calls_and_stays_accurate(fast_math, llvm_target
     mod = _activations_module()
     lowered = lower_model(mod, llvm_target, LoweringOptions(fast_math=fast_math))
     scripts = "".join(f.script() for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
-    libm_calls = [call for call in ("T.exp(", "T.erf(", "T.sigmoid(") if call in scripts]
+    libm_calls = [call for call in ("T.exp(", "T.erf(", "T.sigmoid(", "T.tanh(") if call in scripts]
     assert (libm_calls == []) == fast_math, libm_calls
     x = (np.random.default_rng(0).standard_normal((4, 256)) * 4).astype("float32")
     got, _ = _run(lowered, llvm_target, [x])
     t = torch.from_numpy(x.astype(np.float64))
     expected = (
-        torch.softmax(t, -1) + torch.nn.functional.gelu(t) + torch.sigmoid(t) + torch.nn.functional.silu(t)
+        torch.softmax(t, -1)
+        + torch.nn.functional.gelu(t)
+        + torch.sigmoid(t)
+        + torch.nn.functional.silu(t)
+        + torch.tanh(t)
+        + torch.nn.functional.gelu(t, approximate="tanh")
     ).numpy()
     assert _relative_error(got, expected) < 1e-5
 

@@ -73,6 +73,25 @@ def _fast_gelu(x: te.Tensor) -> te.Tensor:
     )
 
 
+def _fast_tanh(x: te.Tensor) -> te.Tensor:
+    return topi.fast_tanh(x)
+
+
+def _fast_gelu_tanh(x: te.Tensor) -> te.Tensor:
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), torch's GELU(approximate="tanh"), with TOPI's
+    rational tanh: TVM's own tanh calls libm's expf per element (Gemma's FFN output kernel, this
+    GELU merged into it, ran at 3 GFLOP/s, 2.4 of the model's 9.8 ms)."""
+
+    def const(value: float) -> tvm.tirx.PrimExpr:
+        return tvm.tirx.const(value, x.dtype)
+
+    inner = te.compute(
+        x.shape, lambda *i: const(0.7978845608028654) * x(*i) * (const(1.0) + const(0.044715) * x(*i) * x(*i))
+    )
+    tanh = topi.fast_tanh(inner)
+    return te.compute(x.shape, lambda *i: x(*i) * const(0.5) * (const(1.0) + tanh(*i)), name="fast_gelu_tanh")
+
+
 def row_softmax(x: te.Tensor, fast: bool, safe: bool) -> te.Tensor:
     """Softmax over the last axis as one kernel: the row's maximum, its exponentials, their sum,
     the quotient. The exponentials are stored once (MetaSchedule may not inline them into both
@@ -98,7 +117,13 @@ def row_softmax(x: te.Tensor, fast: bool, safe: bool) -> te.Tensor:
 
 # float32 activations whose legalized forms call libm once per element (LLVM does not vectorise
 # those calls), with vectorisable replacements
-_FAST_FORMS = {"relax.sigmoid": _fast_sigmoid, "relax.nn.silu": _fast_silu, "relax.nn.gelu": _fast_gelu}
+_FAST_FORMS = {
+    "relax.sigmoid": _fast_sigmoid,
+    "relax.nn.silu": _fast_silu,
+    "relax.nn.gelu": _fast_gelu,
+    "relax.tanh": _fast_tanh,
+    "relax.nn.gelu_tanh": _fast_gelu_tanh,
+}
 _UNARY_ELEMENTWISE = {
     *_FAST_FORMS,
     *(
