@@ -149,7 +149,7 @@ class ClusterDriver:
     # -- a batch --------------------------------------------------------------------------------
     def submit(self, inputs: list[MeasureInput], timing: dict, serial: bool, group: str | None) -> None:
         self._drop_batch()
-        self.batch = Batch(timing, serial, self._device_for(group), len(inputs))
+        self.batch = Batch(timing, serial, self._device_for(group), len(inputs), group=group)
         for item in inputs:
             self._start_build(Pending(item))
 
@@ -209,7 +209,8 @@ class ClusterDriver:
 
     def _start_build(self, pending: Pending) -> None:
         pending.attempts += 1
-        result, pending.blob = self._submit_build(pending.item, self.target, self.cuda, False)
+        timeout = self.build_timeout.value_for(self.batch.group if self.batch is not None else None)
+        result, pending.blob = self._submit_build(pending.item, self.target, self.cuda, False, timeout)
         self.builds[result] = pending
 
     def _dispatch(self) -> None:
@@ -252,7 +253,7 @@ class ClusterDriver:
         if not built.ok:
             results.append(built.as_failure())
             return
-        self.build_timeout.record(built.seconds)
+        self.build_timeout.record(built.seconds, self.batch.group if self.batch is not None else None)
         pending.built = built
         if self.batch is not None:
             self.batch.queue.append(pending)

@@ -60,6 +60,7 @@ class Batch:
     expected: int
     returned: int = 0
     queue: list[Pending] = field(default_factory=list)  # built, waiting for a measurer
+    group: str | None = None  # the task its candidates are of
 
     @property
     def finished(self) -> bool:

@@ -154,7 +154,7 @@ class MeasureEngine(Engine):
         candidates' comparison (a task): engines with devices of several models measure one group
         on one model; here there is one device.
         """
-        return self.measure_built(self.build(inputs), timing, serial)
+        return self.measure_built(self.build(inputs, group=group), timing, serial)
 
     def measure_built(
         self, builds: Iterable[BuildResult], timing: TimingConfig | None = None, serial: bool = False
@@ -297,17 +297,19 @@ class MeasureEngine(Engine):
         keep_layout_rewrite: bool = False,
         target: tvm.target.Target | None = None,
         timeout: float | None = None,
+        group: str | None = None,
     ) -> Iterator[BuildResult]:
         """Build candidates in parallel, yielding each as it finishes. Artifacts are left in the
         work dir's artifacts folder for the caller (they can be timed on another host). ``timeout``:
-        each build's, instead of the adaptive one that candidates get (and then not learnt from)."""
+        each build's, instead of the adaptive one that candidates get (and then not learnt from),
+        which is sized on the builds of their ``group`` (task) where given."""
         free: queue.Queue[WorkerProcess] = queue.Queue()
         for worker in self._builders:
             free.put(worker)
         target = target or self.target
         with ThreadPoolExecutor(max_workers=len(self._builders)) as pool:
             futures = [
-                pool.submit(self._build_one, free, item, target, keep_layout_rewrite, timeout) for item in inputs
+                pool.submit(self._build_one, free, item, target, keep_layout_rewrite, timeout, group) for item in inputs
             ]
             try:
                 for future in as_completed(futures):
@@ -428,16 +430,22 @@ class MeasureEngine(Engine):
             return str(self._artifact_dir / f"{stem}-{next(self._names)}.so")
 
     def _build_one(
-        self, free: queue.Queue, item: MeasureInput, target: tvm.target.Target, keep_layout: bool, timeout: float | None
+        self,
+        free: queue.Queue,
+        item: MeasureInput,
+        target: tvm.target.Target,
+        keep_layout: bool,
+        timeout: float | None,
+        group: str | None,
     ) -> BuildResult:
         worker = free.get()
         try:
-            limit = timeout or self.build_timeout.value
+            limit = timeout or self.build_timeout.value_for(group)
             built = build_with(worker, item, str(target), self._artifact_path(item), keep_layout, limit)
         finally:
             free.put(worker)
         if built.ok and timeout is None:
-            self.build_timeout.record(built.seconds)
+            self.build_timeout.record(built.seconds, group)
         return built
 
 

@@ -30,13 +30,32 @@ class AdaptiveTimeout:
     def __init__(self, policy: TimeoutPolicy):
         self.policy = policy
         self._recent: deque[float] = deque(maxlen=policy.window)
+        self._by_group: dict[str, deque[float]] = {}
 
-    def record(self, seconds: float) -> None:
+    def record(self, seconds: float, group: str | None = None) -> None:
         self._recent.append(seconds)
+        if group is not None:
+            self._by_group.setdefault(group, deque(maxlen=self.policy.window)).append(seconds)
 
     @property
     def value(self) -> float:
         policy = self.policy
         if len(self._recent) < policy.warmup:
             return policy.initial
-        return min(policy.ceiling, max(policy.floor, policy.factor * statistics.median(self._recent)))
+        return self._bounded(policy.factor * statistics.median(self._recent))
+
+    def value_for(self, group: str | None) -> float:
+        """The timeout for a candidate of ``group`` (a task): sized on the group's own durations once
+        it has some, and before that ``factor`` times the value for all. The candidates of one kernel
+        can all take far longer than most to build: Gemma's FFN output kernel (a Strassen combination
+        with its GELU) built in over 2 s where most kernels built in 0.1, and with one timeout for
+        all, every one of its candidates timed out."""
+        own = self._by_group.get(group) if group is not None else None
+        if group is None or len(self._recent) < self.policy.warmup:
+            return self.value
+        if not own:
+            return self._bounded(self.policy.factor * self.value)
+        return self._bounded(self.policy.factor * statistics.median(own))
+
+    def _bounded(self, seconds: float) -> float:
+        return min(self.policy.ceiling, max(self.policy.floor, seconds))

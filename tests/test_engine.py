@@ -110,6 +110,16 @@ def test_timeouts_follow_the_typical_duration_measured(observed, expected):
     assert timeout.value == expected
 
 
+def test_a_task_whose_builds_are_all_slow_gets_a_timeout_of_its_own():
+    timeout = AdaptiveTimeout(TimeoutPolicy(initial=60, floor=1, factor=10, ceiling=120, warmup=8))
+    for _ in range(8):
+        timeout.record(0.1, group="fast")
+    assert timeout.value_for("fast") == 1 and timeout.value_for(None) == 1
+    assert timeout.value_for("new") == 10  # before its own first build: factor x the value for all
+    timeout.record(3.0, group="slow")
+    assert timeout.value_for("slow") == 30 and timeout.value_for("fast") == 1
+
+
 def test_parallel_windows_are_checked_serially_and_every_decision_is_logged(tmp_path, llvm_target):
     config = EngineConfig(build_workers=1, max_dop=2, timing=TimingConfig(max_repeats=5, budget_seconds=0.01))
     inputs = [MeasureInput(f"c{i}", faulty.copy(256 * (i + 1))) for i in range(15)]
