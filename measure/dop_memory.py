@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .dop import DopState
+from .dop import DopController, DopDecision, DopState
 from .host import CACHE_DIR_ENV, cpu_model, user_cache_dir
 
 __all__ = ["CACHE_DIR_ENV", "DopMemory", "RememberedDop", "machine_key", "user_cache_dir"]
@@ -67,6 +67,22 @@ class DopMemory:
         self.key = key
         self.path = Path(path) if path is not None else user_cache_dir() / FILE_NAME
         self.problem: str | None = None
+        self._saved: DopDecision | None = None  # the latest decision whose outcome was saved
+
+    def resume(self, controller: DopController) -> None:
+        """Start ``controller`` where the last run on this machine left it, or say why it starts at 1."""
+        remembered = self.load()
+        if remembered is not None:
+            controller.resume(remembered.state, since=remembered.since)
+        else:
+            controller.start = f"start: DOP 1 ({self.problem or 'nothing remembered for ' + self.key})"
+
+    def save_new(self, controller: DopController) -> None:
+        """Save ``controller``'s state if it has decided anything since the last save."""
+        latest = controller.decisions[-1] if controller.decisions else None
+        if latest is not None and latest is not self._saved:
+            self.save(controller.state())
+            self._saved = latest
 
     def load(self) -> RememberedDop | None:
         """This machine's entry, or None where there is none (or none that can be used)."""

@@ -106,8 +106,10 @@ class MeasureEngine(Engine):
         self._runners = RunnerPool(runners, self.device, self.run_timeout, self.monitor)
         self.dop = DopController(max_dop, self.config.dop_error_threshold, self.config.dop_check_fraction)
         self._dop_memory = DopMemory(machine_key(self.device, self.gpu_name())) if self.config.remember_dop else None
-        self._remembered: DopDecision | None = None  # the latest decision whose outcome was saved
-        self._start_dop()
+        if self._dop_memory is not None:
+            self._dop_memory.resume(self.dop)
+        else:
+            self.dop.start = "start: DOP 1 (remember_dop is off)"
         self._rng = random.Random(0)
         self._names = itertools.count()
         self._name_lock = threading.Lock()
@@ -265,26 +267,9 @@ class MeasureEngine(Engine):
         with open(self.log_dir / "engine.log", "a") as out:
             out.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
 
-    def _start_dop(self) -> None:
-        """Resume the controller from this machine's memory, or say why it starts at 1."""
-        if self._dop_memory is None:
-            self.dop.start = "start: DOP 1 (remember_dop is off)"
-            return
-        remembered = self._dop_memory.load()
-        if remembered is not None:
-            self.dop.resume(remembered.state, since=remembered.since)
-        else:
-            self.dop.start = (
-                f"start: DOP 1 ({self._dop_memory.problem or 'nothing remembered for ' + self._dop_memory.key})"
-            )
-
     def _remember_dop(self) -> None:
-        """Save the controller's state for the next run here, if it decided anything since the last save."""
-        latest = self.dop.decisions[-1] if self.dop.decisions else None
-        if self._dop_memory is None or latest is None or latest is self._remembered:
-            return
-        self._dop_memory.save(self.dop.state())
-        self._remembered = latest
+        if self._dop_memory is not None:
+            self._dop_memory.save_new(self.dop)
 
     def _log_decision(self, decision: DopDecision) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
