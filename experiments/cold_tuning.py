@@ -12,16 +12,11 @@ then times both libraries in alternating rounds and checks both against PyTorch.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-
-def _first_output(out: object) -> object:
-    return out[0] if isinstance(out, (list, tuple)) else getattr(out, "last_hidden_state", out)
 
 
 def main() -> None:
@@ -33,7 +28,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
 
-    import numpy as np
     import torch
 
     import experiments.frameworks as fw
@@ -50,26 +44,18 @@ def main() -> None:
         cold_cache=True,
     )
     libraries = {"warm": load(args.warm), "cold": load(result.artifact_path)}
-    with torch.no_grad():
-        reference = _first_output(module(*inputs))
-    rounds: dict[str, list[float]] = {name: [] for name in libraries}
-    for _ in range(args.rounds):
-        for name, library in libraries.items():
-            calls = []
-            for _ in range(20):
-                started = time.perf_counter()
-                library(*inputs)
-                calls.append(time.perf_counter() - started)
-            rounds[name].append(statistics.median(calls))
-    for name, library in libraries.items():
-        got = torch.as_tensor(np.asarray(_first_output(library(*inputs))))
-        error = float((got - reference).abs().max() / reference.abs().max())
-        in_model = sum(library.kernel_times(*inputs).values())
+    eager = fw.Contender("PyTorch eager", torch.no_grad()(lambda: module(*inputs)))
+    tuned = [fw.Contender(name, partial(library, *inputs)) for name, library in libraries.items()]
+    fw.time_interleaved(tuned, rounds=args.rounds)
+    _, errors = fw.errors_against_eager([eager, *tuned])
+    for contender in tuned:
+        in_model = sum(libraries[contender.name].kernel_times(*inputs).values())
         print(
-            f"{name}: {statistics.median(rounds[name]) * 1e3:.3f} ms, kernels in the model {in_model * 1e3:.3f} ms, "
-            f"error {error:.1e}"
+            f"{contender.name}: {contender.median * 1e3:.3f} ms, kernels in the model {in_model * 1e3:.3f} ms, "
+            f"error {errors[contender.name]:.1e}"
         )
-    print("cold / warm by round:", [round(c / w, 3) for c, w in zip(rounds["cold"], rounds["warm"], strict=True)])
+    warm, cold = (c.round_medians for c in tuned)
+    print("cold / warm by round:", [round(c / w, 3) for c, w in zip(cold, warm, strict=True)])
 
 
 if __name__ == "__main__":
