@@ -207,9 +207,14 @@ class ClusterDriver:
             item, target, cuda, keep_layout_rewrite, timeout or self.build_timeout.value
         )
 
+    @property
+    def _batch_group(self) -> str | None:
+        """The task the current batch's candidates are of."""
+        return self.batch.group if self.batch is not None else None
+
     def _start_build(self, pending: Pending) -> None:
         pending.attempts += 1
-        timeout = self.build_timeout.value_for(self.batch.group if self.batch is not None else None)
+        timeout = self.build_timeout.value_for(self._batch_group)
         result, pending.blob = self._submit_build(pending.item, self.target, self.cuda, False, timeout)
         self.builds[result] = pending
 
@@ -253,7 +258,7 @@ class ClusterDriver:
         if not built.ok:
             results.append(built.as_failure())
             return
-        self.build_timeout.record(built.seconds, self.batch.group if self.batch is not None else None)
+        self.build_timeout.record(built.seconds, self._batch_group)
         pending.built = built
         if self.batch is not None:
             self.batch.queue.append(pending)

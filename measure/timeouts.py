@@ -50,12 +50,10 @@ class AdaptiveTimeout:
         can all take far longer than most to build: Gemma's FFN output kernel (a Strassen combination
         with its GELU) built in over 2 s where most kernels built in 0.1, and with one timeout for
         all, every one of its candidates timed out."""
-        own = self._by_group.get(group) if group is not None else None
         if group is None or len(self._recent) < self.policy.warmup:
             return self.value
-        if not own:
-            return self._bounded(self.policy.factor * self.value)
-        return self._bounded(self.policy.factor * statistics.median(own))
+        own = self._by_group.get(group)
+        return self._bounded(self.policy.factor * (statistics.median(own) if own else self.value))
 
     def _bounded(self, seconds: float) -> float:
         return min(self.policy.ceiling, max(self.policy.floor, seconds))

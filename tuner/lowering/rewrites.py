@@ -73,10 +73,6 @@ def _fast_gelu(x: te.Tensor) -> te.Tensor:
     )
 
 
-def _fast_tanh(x: te.Tensor) -> te.Tensor:
-    return topi.fast_tanh(x)
-
-
 def _fast_gelu_tanh(x: te.Tensor) -> te.Tensor:
     """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), torch's GELU(approximate="tanh"), with TOPI's
     rational tanh: TVM's own tanh calls libm's expf per element (Gemma's FFN output kernel, this
@@ -121,7 +117,7 @@ _FAST_FORMS = {
     "relax.sigmoid": _fast_sigmoid,
     "relax.nn.silu": _fast_silu,
     "relax.nn.gelu": _fast_gelu,
-    "relax.tanh": _fast_tanh,
+    "relax.tanh": topi.fast_tanh,
     "relax.nn.gelu_tanh": _fast_gelu_tanh,
 }
 _UNARY_ELEMENTWISE = {
