@@ -2,11 +2,13 @@
 
     .venv/bin/python experiments/cold_tuning.py hf-distilbert \
         --warm experiments/results/vs_frameworks_hf_coverage2/runs/hf-distilbert/model.so --work-dir /tmp/cold
+    .venv/bin/python experiments/cold_tuning.py resnet50 --dtype bfloat16 --warm /tmp/warm --work-dir /tmp/cold
 
-The warm library is one a `vs_frameworks.py` run tuned (its work dirs keep `model.so`); this script tunes
-the same model (workloads/hf_models.py names, or a zoo model) with ``cold_cache=True`` (every kernel timed
-with its arguments flushed from the caches, as it meets its weights inside the model) at the same budget,
-then times both libraries in alternating rounds and checks both against PyTorch.
+The warm library is one a `vs_frameworks.py` run tuned (its work dirs keep `model.so`), or, given a work
+dir, this script tunes it there first; then it tunes the same model (workloads/hf_models.py names, or a
+zoo model) with ``cold_cache=True`` (every kernel timed with its arguments flushed from the caches, as it
+meets its weights inside the model) at the same budget, times both libraries and OpenVINO (fp32 and its
+default) in alternating rounds, and checks all against PyTorch fp32.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
-    parser.add_argument("--warm", type=Path, required=True, help="the library tuned warm (a vs_frameworks model.so)")
+    parser.add_argument(
+        "--warm", type=Path, required=True, help="the library tuned warm (a model.so), or a work dir to tune it in"
+    )
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--work-dir", type=Path, required=True)
     parser.add_argument("--trials-per-task", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=10)
@@ -34,27 +39,36 @@ def main() -> None:
     from tuner import load, tune
 
     module, inputs = fw.module_and_inputs(args.model)
-    result = tune(
-        module,
-        target="llvm",
-        example_inputs=inputs,
-        trials_per_task=args.trials_per_task,
-        work_dir=args.work_dir,
-        seed=1,
-        cold_cache=True,
-    )
-    libraries = {"warm": load(args.warm), "cold": load(result.artifact_path)}
+
+    def tuned(work_dir: Path, cold_cache: bool) -> Path:
+        return tune(
+            module,
+            target="llvm",
+            example_inputs=inputs,
+            trials_per_task=args.trials_per_task,
+            work_dir=work_dir,
+            dtype=args.dtype,
+            seed=1,
+            cold_cache=cold_cache,
+        ).artifact_path
+
+    warm_library = args.warm if args.warm.suffix == ".so" else tuned(args.warm, cold_cache=False)
+    libraries = {"warm": load(warm_library), "cold": load(tuned(args.work_dir, cold_cache=True))}
     eager = fw.Contender("PyTorch eager", torch.no_grad()(lambda: module(*inputs)))
-    tuned = [fw.Contender(name, partial(library, *inputs)) for name, library in libraries.items()]
-    fw.time_interleaved(tuned, rounds=args.rounds)
-    _, errors = fw.errors_against_eager([eager, *tuned])
-    for contender in tuned:
+    tuned_contenders = [fw.Contender(name, partial(library, *inputs)) for name, library in libraries.items()]
+    openvino = [c for c in fw.openvino(module, inputs, torch.get_num_threads()) if c.call is not None]
+    fw.time_interleaved([*tuned_contenders, *openvino], rounds=args.rounds)
+    _, errors = fw.errors_against_eager([eager, *tuned_contenders, *openvino])
+    for contender in openvino:
+        name = f"{contender.name} ({contender.precision})"
+        print(f"{name}: {contender.median * 1e3:.3f} ms, error {errors[contender.name]:.1e}")
+    for contender in tuned_contenders:
         in_model = sum(libraries[contender.name].kernel_times(*inputs).values())
         print(
             f"{contender.name}: {contender.median * 1e3:.3f} ms, kernels in the model {in_model * 1e3:.3f} ms, "
             f"error {errors[contender.name]:.1e}"
         )
-    warm, cold = (c.round_medians for c in tuned)
+    warm, cold = (c.round_medians for c in tuned_contenders)
     print("cold / warm by round:", [round(c / w, 3) for c, w in zip(cold, warm, strict=True)])
 
 

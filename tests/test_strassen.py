@@ -81,3 +81,40 @@ def test_only_large_matmuls_on_cpus_take_strassen_form(llvm_target):
 def test_a_work_dir_tuned_before_strassen_existed_is_applied_without_it():
     before = {k: v for k, v in LoweringOptions().as_dict().items() if k != "strassen"}
     assert LoweringOptions.from_record(before).strassen is False
+
+
+class _GatedFeedForward(torch.nn.Module):
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.gate, self.up = torch.nn.Linear(width, hidden, bias=False), torch.nn.Linear(width, hidden, bias=False)
+
+    def forward(self, x):
+        return torch.nn.functional.silu(self.gate(x)) * self.up(x)
+
+
+def test_the_output_kernel_loops_over_strassen_blocks_and_computes_what_the_reference_does(llvm_target):
+    """A gated feed-forward's two Strassen outputs and the SiLU between them are one kernel; its design
+    space loops over the output by Strassen's blocks (rows and columns split in two halves, the columns
+    vectorised inside a block), and that schedule, built by TVM, computes what the unscheduled kernel does."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuner import schedule_rules
+    from tuner.tasks import extract_tasks
+
+    schedule_rules.register()
+    torch.manual_seed(0)
+    workload = load_workload(_GatedFeedForward(512, 1056).eval(), [(1, 128, 512)])
+    (task,) = [t for t in extract_tasks(workload, llvm_target) if "strassen_output" in t.name]
+    context = ms.TuneContext(task.mod, target=llvm_target, space_generator="post-order-apply", task_name=task.name)
+    (space,) = context.generate_design_space()
+    trace = str(space.trace)
+    assert "factors=[2, 64]" in trace and "factors=[2, 528]" in trace and "vectorize" in trace
+
+    rng = np.random.default_rng(2)
+    products = [rng.standard_normal((7, 64, 528)).astype("float32") for _ in range(2)]
+    outputs = []
+    for mod in (task.mod, space.mod):
+        out = tvm.runtime.tensor(np.zeros((1, 128, 1056), "float32"))
+        tvm.compile(mod, llvm_target)(*(tvm.runtime.tensor(p) for p in products), out)
+        outputs.append(out.numpy())
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)

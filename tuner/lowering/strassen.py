@@ -23,6 +23,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 from workloads.relax_functions import rewrite_functions
 
+from ..strassen_rule import STRASSEN_OUTPUT_RULE
 from .inverted_residual import OPAQUE_PATTERN
 from .rewrites import static_shape
 
@@ -117,7 +118,9 @@ def strassen_output(products: te.Tensor) -> te.Tensor:
         terms = _signed_terms(block_row * 2 + block_column, choices, 4)
         return sum(sign.astype(products.dtype) * products[product, i, j] for sign, product in terms)
 
-    return te.compute((2, half_rows, 2, half_columns), output, name="strassen_output")
+    return te.compute(
+        (2, half_rows, 2, half_columns), output, name="strassen_output", attrs={"schedule_rule": STRASSEN_OUTPUT_RULE}
+    )
 
 
 @expr_functor.mutator
