@@ -16,6 +16,7 @@ matching PyTorch operator.
     .venv/bin/python experiments/vs_frameworks.py --retime             # time again what the last run tuned
     .venv/bin/python experiments/vs_frameworks.py --models hf-resnet50 hf-distilbert-base
     .venv/bin/python experiments/vs_frameworks.py --dtype bfloat16     # tuned in bf16; PyTorch's autocast joins
+    .venv/bin/python experiments/vs_frameworks.py --models hf-bert --no-strassen   # matmuls in their direct form
     python3 experiments/vs_frameworks.py --target cuda --models resnet18 bert-base   # on a GPU host, fp16
 
 On a GPU (``--target cuda``) the models run in fp16 (``--dtype``), every contender on the GPU and
@@ -75,13 +76,14 @@ class Setting:
 
     target: str = "llvm"  # or "cuda"
     dtype: str = "float32"
+    strassen: bool = True  # large matmuls in Strassen's form where the lowering chooses it
 
     @property
     def on_gpu(self) -> bool:
         return self.target == "cuda"
 
     def args(self) -> list[str]:
-        return ["--target", self.target, "--dtype", self.dtype]
+        return ["--target", self.target, "--dtype", self.dtype, *([] if self.strassen else ["--no-strassen"])]
 
     @property
     def framework_dtype(self) -> str:
@@ -113,7 +115,7 @@ def _placed(module, example, setting: Setting):
 
 # -- tuning, one fresh process per workload --------------------------------------------------------
 def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int, setting: Setting) -> dict:
-    from tuner import tune
+    from tuner import LoweringOptions, tune
     from workloads.models import MODELS
 
     if name in {spec.name for spec in MODELS}:
@@ -128,6 +130,7 @@ def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int, settin
         trials_per_task=trials_per_task,
         work_dir=work_dir,
         seed=seed,
+        lowering=None if setting.strassen else LoweringOptions(strassen=False),
     )
     return {
         "artifact": str(result.artifact_path),
@@ -223,7 +226,7 @@ def _tuned(name: str, run_dir: Path, args: argparse.Namespace) -> dict:
 
 
 def _setting(args: argparse.Namespace) -> Setting:
-    return Setting(args.target, args.dtype or ("float16" if args.target == "cuda" else "float32"))
+    return Setting(args.target, args.dtype or ("float16" if args.target == "cuda" else "float32"), not args.no_strassen)
 
 
 def _torch_sees_a_gpu() -> bool:
@@ -270,6 +273,7 @@ def main() -> None:
         default=None,
         help="the tuned models' precision: float32 (default), float16 (default on cuda), bfloat16",
     )
+    parser.add_argument("--no-strassen", action="store_true", help="tune without Strassen's matmuls (the lowering's)")
     parser.add_argument(
         "--quick",
         action="store_true",
