@@ -35,6 +35,7 @@ from ..precision import bf16_unit
 from .attention_blocks import AttentionInQueryBlocks
 from .bf16 import Bfloat16Products
 from .channels_last import ChannelsLastConvolutions
+from .conv1d import Conv1dAsConv2d
 from .inverted_residual import FuseExpandDepthwise
 from .layout_free import KeepLayoutFreeWeightsOfReductions
 from .layout_fusion import FuseLayoutIntoConsumers
@@ -55,6 +56,8 @@ class LoweringOptions:
     fuse_layout: bool = True
     layout_free_weights: bool = True
     channels_last: bool | None = None  # convolutions in NHWC; None: on CPUs, where it is faster
+    # 1-D convolutions as 2-D ones one row high, channels-last with them; None: where channels_last is on
+    conv1d_as_conv2d: bool | None = None
     winograd: bool | None = None  # channels-last 3x3 convolutions by Winograd's algorithm; None: on CPUs
     # a 1x1 expanding convolution and the depthwise one after it as one kernel; None: on CPUs
     fuse_expand_depthwise: bool | None = None
@@ -78,6 +81,7 @@ class LoweringOptions:
 # Options added after work dirs began recording theirs, with the behaviour those work dirs were tuned with.
 _PREDATING_RECORDS = {
     "winograd": False,
+    "conv1d_as_conv2d": False,
     "fuse_expand_depthwise": False,
     "strassen": False,
     "bfloat16": False,
@@ -109,6 +113,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     if options.attention_blocks:
         passes.append(AttentionInQueryBlocks(fast_math=options.fast_math))
     if _on_cpus_by_default(options.channels_last, target):
+        if _on_cpus_by_default(options.conv1d_as_conv2d, target):
+            passes.append(Conv1dAsConv2d())
         passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions()]  # biases must be constants to move past
         if _on_cpus_by_default(options.winograd, target):
             passes.append(WinogradConvolutions())

@@ -31,7 +31,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 from workloads.relax_functions import rewrite_functions
 
 from ..schedule_rules import VECTOR_LANES
-from .rewrites import conv2d_like, op_name, static_shape
+from .rewrites import conv2d_like, fast_form_call, fast_form_named, op_name, static_shape
 
 # Channels are the vectorised axis of an NHWC convolution; MetaSchedule tiles an axis only by its
 # exact divisors, so an output-channel count that is not a multiple of the vector length (1000
@@ -47,6 +47,10 @@ MIN_FLOPS_PER_EDGE_BYTE = 16.0
 
 TO_NHWC = [0, 2, 3, 1]
 TO_NCHW = [0, 3, 1, 2]
+# by rank: images (NCHW <-> NHWC) and sequences (NCW <-> NWC, 1-D convolutions as ``conv1d`` lowers them)
+TO_CHANNELS_FIRST = {4: TO_NCHW, 3: [0, 2, 1]}
+TO_CHANNELS_LAST = {4: TO_NHWC, 3: [0, 2, 1]}
+ELEMENT_WISE_RANKS = (4, 3)  # the ranks element-wise ops are moved past layout changes in
 _UNARY = {
     f"relax.{op}"
     for op in (
@@ -79,9 +83,10 @@ def _axes(call: Call) -> list[int] | None:
 
 @expr_functor.mutator
 class _ChannelsLast(PyExprMutator):
-    def _nchw_source(self, expr: Expr) -> Expr | None:
+    def _nchw_source(self, expr: Expr, ranks: tuple[int, ...] = (4,)) -> Expr | None:
         """``y`` if ``expr`` is ``to_nchw(y)`` (also through a tuple: torch's pooling with
-        ``ceil_mode`` imports as ``(max_pool2d(x),)[0]``)."""
+        ``ceil_mode`` imports as ``(max_pool2d(x),)[0]``); with rank 3 among ``ranks``, also if it is
+        ``y`` NWC (a 1-D convolution's, ``conv1d``) back to NCW."""
         value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
         if isinstance(value, relax.TupleGetItem):
             tuple_value = (
@@ -90,14 +95,17 @@ class _ChannelsLast(PyExprMutator):
                 else value.tuple_value
             )
             if isinstance(tuple_value, relax.Tuple):
-                return self._nchw_source(tuple_value.fields[int(value.index)])
+                return self._nchw_source(tuple_value.fields[int(value.index)], ranks)
             return None
-        if op_name(value) == "relax.permute_dims" and _axes(value) == TO_NCHW:
-            return value.args[0]
-        return None
+        if op_name(value) != "relax.permute_dims":
+            return None
+        rank = len(static_shape(value.args[0]) or ())
+        return value.args[0] if rank in ranks and _axes(value) == TO_CHANNELS_FIRST.get(rank) else None
 
     def _to_nchw(self, expr: Expr) -> Expr:
-        return relax.op.permute_dims(self.builder_.emit(expr), TO_NCHW)
+        """``expr`` (NHWC, or NWC) back to channels-first."""
+        bound = self.builder_.emit(expr)
+        return relax.op.permute_dims(bound, TO_CHANNELS_FIRST[len(static_shape(bound))])
 
     def visit_call_(self, call: Call) -> Expr:
         call = super().visit_call_(call)
@@ -110,11 +118,12 @@ class _ChannelsLast(PyExprMutator):
             "relax.mean": self._mean,
             "relax.concat": self._concat,
             "relax.nn.group_norm": self._group_norm,
+            "relax.call_tir": self._fast_form,
         }.get(name)
         if rewrite is not None:
             return rewrite(call)
         if name in _UNARY:
-            source = self._nchw_source(call.args[0])
+            source = self._nchw_source(call.args[0], ELEMENT_WISE_RANKS)
             return (
                 call
                 if source is None
@@ -163,11 +172,21 @@ class _ChannelsLast(PyExprMutator):
             return inner.args[0]
         return relax.op.permute_dims(inner.args[0], composed)
 
+    def _fast_form(self, call: Call) -> Expr:
+        """An element-wise activation given its fast form before this pass (``rewrites``), as a unary op."""
+        callee, args = call.args[0], call.args[1]
+        form = fast_form_named(callee.name_hint) if isinstance(callee, relax.GlobalVar) else None
+        if form is None or not isinstance(args, relax.Tuple) or len(args.fields) != 1:
+            return call
+        source = self._nchw_source(args.fields[0], ELEMENT_WISE_RANKS)
+        return call if source is None else self._to_nchw(fast_form_call(self.builder_, form, source))
+
     def _binary(self, call: Call) -> Expr:
         a, b = call.args
-        sources = [self._nchw_source(a), self._nchw_source(b)]
-        if sources[0] is None and sources[1] is None:
-            return call
+        sources = [self._nchw_source(a, ELEMENT_WISE_RANKS), self._nchw_source(b, ELEMENT_WISE_RANKS)]
+        rank = len(static_shape(call) or ())
+        if all(s is None for s in sources) or any(s is not None and len(static_shape(s)) != rank for s in sources):
+            return call  # an image broadcast against a sequence: their layouts do not line up
         operands = []
         for operand, source in zip((a, b), sources, strict=True):
             if source is not None:
@@ -183,14 +202,15 @@ class _ChannelsLast(PyExprMutator):
         """The other operand of a binary op, as it combines with an NHWC tensor: a constant (a bias,
         a folded norm's scale) transposed, or a tensor of the output's own shape transposed."""
         shape = static_shape(operand)
-        if shape is None or out_shape is None or len(out_shape) != 4:
+        if shape is None or out_shape is None or len(out_shape) not in ELEMENT_WISE_RANKS:
             return None
+        rank, to_last = len(out_shape), TO_CHANNELS_LAST[len(out_shape)]
         if isinstance(operand, tvm.ir.expr.Constant):
-            if len(shape) > 4:
+            if len(shape) > rank:
                 return None
-            padded = relax.op.reshape(operand, (1,) * (4 - len(shape)) + shape) if len(shape) < 4 else operand
-            return relax.op.permute_dims(padded, TO_NHWC)
-        return relax.op.permute_dims(operand, TO_NHWC) if shape == out_shape else None
+            padded = relax.op.reshape(operand, (1,) * (rank - len(shape)) + shape) if len(shape) < rank else operand
+            return relax.op.permute_dims(padded, to_last)
+        return relax.op.permute_dims(operand, to_last) if shape == out_shape else None
 
     def _pool(self, call: Call) -> Expr:
         source = self._nchw_source(call.args[0])

@@ -120,6 +120,20 @@ _FAST_FORMS = {
     "relax.tanh": topi.fast_tanh,
     "relax.nn.gelu_tanh": _fast_gelu_tanh,
 }
+_FAST_FORMS_BY_NAME = {form.__name__.lstrip("_"): form for form in _FAST_FORMS.values()}
+
+
+def fast_form_call(builder: relax.BlockBuilder, form, x: Expr) -> Expr:
+    """``form`` (a value of ``_FAST_FORMS``) of ``x``, as a kernel named after it."""
+    return builder.call_te(form, x, primfunc_name_hint=form.__name__.lstrip("_"))
+
+
+def fast_form_named(kernel: str):
+    """The fast form a kernel computes, by its name (``fast_gelu1``: ``_fast_gelu``), or None: a pass
+    after the fast forms were given sees the kernel, not the operator."""
+    return _FAST_FORMS_BY_NAME.get(kernel.rstrip("0123456789"))
+
+
 _UNARY_ELEMENTWISE = {
     *_FAST_FORMS,
     *(
@@ -191,7 +205,7 @@ class _Rewriter(PyExprMutator):
         form = _FAST_FORMS.get(call.op.name)
         if form is None or not self.fast_math or not is_float32(call):
             return call
-        return self.builder_.call_te(form, call.args[0], primfunc_name_hint=form.__name__.lstrip("_"))
+        return fast_form_call(self.builder_, form, call.args[0])
 
     def _without_reshape(self, call: Call) -> tuple[Call, Expr] | None:
         """(the op applied before the reshape of an operand, the reshape's shape), where equivalent.

@@ -1,0 +1,53 @@
+"""1-D convolutions lowered as 2-D ones one row high, channels-last (tuner.lowering.conv1d): which take
+that form, and that the model built from it by real TVM computes what PyTorch computes."""
+
+import numpy as np
+import pytest
+from lowered_models import error_against_torch
+
+from tuner.lowering import LoweringOptions
+from tuner.tasks import lower_workload
+from workloads import load_workload
+
+torch = pytest.importorskip("torch")
+
+
+class _FeatureEncoder(torch.nn.Module):
+    """wav2vec 2.0's feature encoder in small: strided 1-D convolutions with GELUs between, a grouped
+    one (a positional embedding's) after them."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Conv1d(1, 32, kernel_size=10, stride=5, bias=False)
+        self.second = torch.nn.Conv1d(32, 32, kernel_size=3, stride=2, bias=False)
+        self.third = torch.nn.Conv1d(32, 48, kernel_size=3, stride=1, padding=2, dilation=2)
+        self.grouped = torch.nn.Conv1d(48, 48, kernel_size=5, padding=2, groups=4)
+
+    def forward(self, x):
+        x = torch.nn.functional.gelu(self.first(x))
+        x = torch.nn.functional.gelu(self.second(x))
+        return self.grouped(self.third(x))
+
+
+def _lowered(llvm_target, options=None):
+    torch.manual_seed(0)
+    model = _FeatureEncoder().eval()
+    return model, lower_workload(load_workload(model, [(1, 1, 400)]), llvm_target, options)
+
+
+def test_ungrouped_1d_convolutions_run_channels_last_and_match_pytorch(llvm_target):
+    model, lowered = _lowered(llvm_target)
+    kernels = [gv.name_hint for gv, _ in lowered.functions_items()]
+    assert sum("conv2d" in name for name in kernels) == 3, kernels  # the three ungrouped ones, now 2-D
+    assert sum("conv1d" in name for name in kernels) == 1, kernels  # the grouped one as it was
+    # the layout changes between the convolutions cancel past the GELUs (their fast forms)
+    assert not [name for name in kernels if "gelu" in name and "transpose" in name], kernels
+    x = np.random.default_rng(0).standard_normal((1, 1, 400)).astype("float32")
+    assert error_against_torch(model, lowered, llvm_target, x) < 1e-5
+
+
+def test_a_work_dir_tuned_before_the_rewrite_keeps_its_1d_convolutions(llvm_target):
+    before = {k: v for k, v in LoweringOptions().as_dict().items() if k != "conv1d_as_conv2d"}
+    options = LoweringOptions.from_record(before)
+    kernels = [gv.name_hint for gv, _ in _lowered(llvm_target, options)[1].functions_items()]
+    assert sum("conv1d" in name for name in kernels) == 4, kernels
