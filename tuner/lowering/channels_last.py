@@ -254,17 +254,19 @@ class _ChannelsLast(PyExprMutator):
         return self._to_nchw(relax.op.concat(sources, axis=3))
 
     def _group_norm(self, call: Call) -> Expr:
-        source = self._nchw_source(call.args[0])
+        """A group norm over an image's (or a sequence's: wav2vec 2.0's first convolution) positions."""
+        source = self._nchw_source(call.args[0], ELEMENT_WISE_RANKS)
         attrs = call.attrs
-        if source is None or int(attrs.channel_axis) != 1 or sorted(int(a) for a in attrs.axes) != [2, 3]:
+        rank = len(static_shape(call) or ())
+        if source is None or int(attrs.channel_axis) != 1 or sorted(int(a) for a in attrs.axes) != list(range(2, rank)):
             return call
         normed = relax.op.nn.group_norm(
             source,
             call.args[1],
             call.args[2],
             int(attrs.num_groups),
-            3,
-            [1, 2],
+            rank - 1,
+            list(range(1, rank - 1)),
             float(attrs.epsilon),
             bool(attrs.center),
             bool(attrs.scale),
