@@ -54,3 +54,16 @@ def test_a_work_dir_tuned_before_the_rewrite_keeps_its_1d_convolutions(llvm_targ
     options = LoweringOptions.from_record(before)
     kernels = [gv.name_hint for gv, _ in _lowered(llvm_target, options)[1].functions_items()]
     assert sum("conv1d" in name for name in kernels) == 4, kernels
+
+
+class _TransposedSum(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x.transpose(1, 2) + y)
+
+
+def test_a_sequence_transposed_without_convolutions_keeps_its_one_transpose(llvm_target):
+    """Moving the transpose past the sum would transpose the other operand too: without a convolution to
+    pay for it, the function stays as it was."""
+    lowered = lower_workload(load_workload(_TransposedSum(), [(1, 16, 24), (1, 24, 16)]), llvm_target)
+    transposes = sum(func.script().count('T.sblock("T_transpose') for _, func in lowered.functions_items())
+    assert transposes == 1

@@ -288,7 +288,8 @@ class ChannelsLastConvolutions:
 
 
 def _pays(func: relax.Function) -> bool:
-    """Whether the channels-last function does enough convolution for the layout changes left in it."""
+    """Whether the channels-last function does enough convolution for the layout changes left in it (a
+    function without convolutions keeps its sequences' transposes where they were)."""
     flops, edge_bytes = 0, 0
     for block in relax.analysis.remove_all_unused(func).body.blocks:
         for binding in block.bindings:
@@ -297,7 +298,7 @@ def _pays(func: relax.Function) -> bool:
                 continue
             if value.op.name == "relax.nn.conv2d" and value.attrs.data_layout == "NHWC":
                 flops += _conv2d_nhwc_flops(value)
-            elif value.op.name == "relax.permute_dims" and _axes(value) in (TO_NHWC, TO_NCHW):
+            elif value.op.name == "relax.permute_dims" and _axes(value) in (TO_NHWC, TO_NCHW, TO_CHANNELS_LAST[3]):
                 shape = static_shape(value.args[0])
                 edge_bytes += math.prod(shape) * tvm.DataType(str(value.args[0].ty.dtype)).bits // 8 if shape else 0
     return flops >= MIN_FLOPS_PER_EDGE_BYTE * edge_bytes
