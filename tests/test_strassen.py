@@ -62,19 +62,19 @@ def _batched_products(lowered: tvm.IRModule) -> int:
 def test_a_feed_forward_block_computes_what_pytorch_computes(llvm_target):
     """Both matmuls of the block take Strassen form; the model, built by TVM (default schedules),
     matches PyTorch with the bias, the ReLU and the second matmul's reshapes in between."""
-    model, lowered = _lowered(128, llvm_target)
+    model, lowered = _lowered(256, llvm_target)
     assert _batched_products(lowered) == 2
-    x = np.random.default_rng(1).standard_normal((1, 128, 512)).astype("float32")
+    x = np.random.default_rng(1).standard_normal((1, 256, 512)).astype("float32")
     assert error_against_torch(model, lowered, llvm_target, x) < 1e-5
 
 
 def test_only_large_matmuls_on_cpus_take_strassen_form(llvm_target):
     """Too few rows for half-size products to run at full speed, an odd dimension, the option off, or
     a GPU target: the matmuls stay as they are."""
-    assert _batched_products(_lowered(64, llvm_target)[1]) == 0
-    assert _batched_products(_lowered(129, llvm_target)[1]) == 0
-    assert _batched_products(_lowered(128, llvm_target, LoweringOptions(strassen=False))[1]) == 0
-    _, on_gpu = _lowered(128, resolve_target("cuda -arch=sm_90"))
+    assert _batched_products(_lowered(128, llvm_target)[1]) == 0
+    assert _batched_products(_lowered(257, llvm_target)[1]) == 0
+    assert _batched_products(_lowered(256, llvm_target, LoweringOptions(strassen=False))[1]) == 0
+    _, on_gpu = _lowered(256, resolve_target("cuda -arch=sm_90"))
     assert _batched_products(on_gpu) == 0
 
 
@@ -103,18 +103,18 @@ def test_the_output_kernel_loops_over_strassen_blocks_and_computes_what_the_refe
 
     schedule_rules.register()
     torch.manual_seed(0)
-    workload = load_workload(_GatedFeedForward(512, 1056).eval(), [(1, 128, 512)])
+    workload = load_workload(_GatedFeedForward(512, 1056).eval(), [(1, 256, 512)])
     (task,) = [t for t in extract_tasks(workload, llvm_target) if "strassen_output" in t.name]
     context = ms.TuneContext(task.mod, target=llvm_target, space_generator="post-order-apply", task_name=task.name)
     (space,) = context.generate_design_space()
     trace = str(space.trace)
-    assert "factors=[2, 64]" in trace and "factors=[2, 528]" in trace and "vectorize" in trace
+    assert "factors=[2, 128]" in trace and "factors=[2, 528]" in trace and "vectorize" in trace
 
     rng = np.random.default_rng(2)
-    products = [rng.standard_normal((7, 64, 528)).astype("float32") for _ in range(2)]
+    products = [rng.standard_normal((7, 128, 528)).astype("float32") for _ in range(2)]
     outputs = []
     for mod in (task.mod, space.mod):
-        out = tvm.runtime.tensor(np.zeros((1, 128, 1056), "float32"))
+        out = tvm.runtime.tensor(np.zeros((1, 256, 1056), "float32"))
         tvm.compile(mod, llvm_target)(*(tvm.runtime.tensor(p) for p in products), out)
         outputs.append(out.numpy())
     np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)

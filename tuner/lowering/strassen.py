@@ -48,9 +48,12 @@ OUTPUT_BLOCKS = {
 }
 
 # Half-size products must still be large enough to run at the machine's peak, and the saving (1/8 of
-# the multiply-adds) must outweigh two element-wise passes over the operands and the output: measured
-# on a stack of BERT's feed-forward matmuls (128 rows, 768 <-> 3072), where it does.
-MIN_ROWS = 128
+# the multiply-adds) must outweigh two element-wise passes over the operands and the output, and the
+# weights' growth to 7/4 of their size, which the model streams from memory on every call. At 128 rows
+# (BERT's feed-forward, 768 <-> 3072) it paid 3-5% on a Zen 5 and lost 11% on an Intel Xeon VM with
+# AMX (Hugging Face's DistilBERT, 19.4 against 17.2 ms; the Mistral and Llama decoders the same either
+# way: experiments/README.md, model coverage): 256 rows halve that growth's share.
+MIN_ROWS = 256
 MIN_DEPTH = 512
 MIN_COLUMNS = 512
 
