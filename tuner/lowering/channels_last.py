@@ -105,7 +105,7 @@ class _ChannelsLast(PyExprMutator):
     def _to_nchw(self, expr: Expr) -> Expr:
         """``expr`` (NHWC, or NWC) back to channels-first."""
         bound = self.builder_.emit(expr)
-        return relax.op.permute_dims(bound, TO_CHANNELS_FIRST[len(static_shape(bound))])
+        return relax.op.permute_dims(bound, TO_CHANNELS_FIRST[int(bound.ty.ndim)])
 
     def visit_call_(self, call: Call) -> Expr:
         call = super().visit_call_(call)
