@@ -41,16 +41,18 @@ def schedule_strassen_output(sch: Schedule, output: SBlockRV) -> list[Schedule]:
         except Exception:  # noqa: BLE001 - not element-wise (a reduction): the generic rules take the kernel
             return [sch]
     loops = sch.get_loops(last)
-    wide = [loop for loop in loops if int(sch.get(loop).extent) != 1]
-    extents = [int(sch.get(loop).extent) for loop in wide]
-    # the output's columns are both halves, or one (a gate and its other operand side by side, split)
-    if len(wide) != 2 or extents[0] != 2 * half_rows or extents[1] not in (half_columns, 2 * half_columns):
+    extents = [int(sch.get(loop).extent) for loop in loops]
+    wide = [(loop, extent) for loop, extent in zip(loops, extents, strict=True) if extent != 1]
+    units = [loop for loop, extent in zip(loops, extents, strict=True) if extent == 1]
+    if len(wide) != 2:
         return [sch]
-    units = [loop for loop in loops if int(sch.get(loop).extent) == 1]
-    block_row, row = sch.split(wide[0], [2, half_rows])
+    (rows, row_count), (column, columns) = wide
+    # the output's columns are both halves, or one (a gate and its other operand side by side, split)
+    if row_count != 2 * half_rows or columns not in (half_columns, 2 * half_columns):
+        return [sch]
+    block_row, row = sch.split(rows, [2, half_rows])
     outer = [block_row, row]
-    column = wide[1]
-    if extents[1] == 2 * half_columns:
+    if columns == 2 * half_columns:
         block_column, column = sch.split(column, [2, half_columns])
         outer.append(block_column)
     sch.reorder(*units, *outer, column)

@@ -31,7 +31,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 from workloads.relax_functions import rewrite_functions
 
 from ..schedule_rules import VECTOR_LANES
-from .rewrites import conv2d_like, fast_form_call, fast_form_named, op_name, static_shape
+from .rewrites import conv2d_like, fast_form_call, fast_form_named, ints, op_name, static_shape
 
 # Channels are the vectorised axis of an NHWC convolution; MetaSchedule tiles an axis only by its
 # exact divisors, so an output-channel count that is not a multiple of the vector length (1000
@@ -78,7 +78,7 @@ def _padded_channels(channels: int) -> int:
 
 def _axes(call: Call) -> list[int] | None:
     axes = call.attrs.axes
-    return None if axes is None else [int(a) for a in axes]
+    return None if axes is None else ints(axes)
 
 
 @expr_functor.mutator
@@ -221,7 +221,6 @@ class _ChannelsLast(PyExprMutator):
             size = None if attrs.output_size is None else [int(d) for d in attrs.output_size]
             return self._to_nchw(relax.op.nn.adaptive_avg_pool2d(source, size, layout="NHWC", out_layout="NHWC"))
         pool = relax.op.nn.max_pool2d if call.op.name == "relax.nn.max_pool2d" else relax.op.nn.avg_pool2d
-        ints = lambda values: [int(v) for v in values]  # noqa: E731
         pooled = pool(
             source,
             ints(attrs.pool_size),

@@ -16,13 +16,9 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 from workloads.relax_functions import rewrite_functions
 
-from .rewrites import static_shape
+from .rewrites import ints, static_shape
 
 NWC = [0, 2, 1]  # NCW <-> NWC
-
-
-def _ints(values) -> list[int]:
-    return [int(v) for v in values]
 
 
 @expr_functor.mutator
@@ -38,16 +34,16 @@ class _Conv1dAsConv2d(PyExprMutator):
         if layouts != ("NCW", "OIW", "NCW") or int(attrs.groups) != 1 or any(s is None for s in shapes):
             return call
         (batch, channels, width), (outputs, _, kernel), (_, _, out_width) = shapes
-        left, right = _ints(attrs.padding)
+        left, right = ints(attrs.padding)
         # NCW -> NWC -> [N, 1, W, C]; OIW -> WIO -> [1, K, I, O] (a constant weight is folded)
         image = self.builder_.emit(relax.op.reshape(relax.op.permute_dims(data, NWC), (batch, 1, width, channels)))
         hwio = relax.op.reshape(relax.op.permute_dims(weight, [2, 1, 0]), (1, kernel, channels, outputs))
         out = relax.op.nn.conv2d(
             image,
             self.builder_.emit(hwio),
-            strides=[1, *_ints(attrs.strides)],
+            strides=[1, *ints(attrs.strides)],
             padding=[0, left, 0, right],
-            dilation=[1, *_ints(attrs.dilation)],
+            dilation=[1, *ints(attrs.dilation)],
             data_layout="NHWC",
             kernel_layout="HWIO",
             out_layout="NHWC",

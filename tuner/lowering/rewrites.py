@@ -38,6 +38,11 @@ def _whole_input_pool_as_mean(call: Call) -> Expr:
     return relax.op.mean(call.args[0], axis=axes, keepdims=True)
 
 
+def ints(values) -> list[int]:
+    """An attribute's array of integers (strides, padding, axes) as Python ints."""
+    return [int(v) for v in values]
+
+
 def op_name(expr: Expr) -> str | None:
     """The operator ``expr`` calls, if it is a call of a Relax operator."""
     return expr.op.name if isinstance(expr, Call) and isinstance(expr.op, tvm.ir.Op) else None
@@ -120,12 +125,18 @@ _FAST_FORMS = {
     "relax.tanh": topi.fast_tanh,
     "relax.nn.gelu_tanh": _fast_gelu_tanh,
 }
-_FAST_FORMS_BY_NAME = {form.__name__.lstrip("_"): form for form in _FAST_FORMS.values()}
+
+
+def _kernel_name(form) -> str:
+    return form.__name__.lstrip("_")
+
+
+_FAST_FORMS_BY_NAME = {_kernel_name(form): form for form in _FAST_FORMS.values()}
 
 
 def fast_form_call(builder: relax.BlockBuilder, form, x: Expr) -> Expr:
     """``form`` (a value of ``_FAST_FORMS``) of ``x``, as a kernel named after it."""
-    return builder.call_te(form, x, primfunc_name_hint=form.__name__.lstrip("_"))
+    return builder.call_te(form, x, primfunc_name_hint=_kernel_name(form))
 
 
 def fast_form_named(kernel: str):
