@@ -138,9 +138,11 @@ def test_an_epilogue_reading_the_product_twice_stays_tileable() -> None:
 
 
 @pytest.mark.parametrize(
-    ("size", "kernel", "stride", "pad", "unit"), [(20, 7, 2, 3, AVX512), (32, 16, 16, 0, AMX), (20, 3, 2, 1, AMX)]
+    ("size", "kernel", "stride", "pad", "unit", "channels_first"),
+    [(20, 7, 2, 3, AVX512, False), (32, 16, 16, 0, AMX, False), (20, 3, 2, 1, AMX, False), (21, 3, 2, 1, AMX, True)],
 )
-def test_a_first_convolution_is_a_product_over_its_window_s_patches(size, kernel, stride, pad, unit) -> None:
+def test_a_first_convolution_is_a_product_over_its_window_s_patches(size, kernel, stride, pad, unit, channels_first):
+    # channels_first: the model's input (NCHW) transposed for it, read through a padded bf16 copy of its own
     from tvm import relax
 
     from tuner.lowering.bf16 import Bfloat16Products
@@ -148,20 +150,24 @@ def test_a_first_convolution_is_a_product_over_its_window_s_patches(size, kernel
     image = np.random.default_rng(1).standard_normal((1, size, size, 3)).astype(np.float32)
     weight = np.random.default_rng(2).standard_normal((kernel, kernel, 3, 40)).astype(np.float32)
     builder = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(image.shape, "float32"))
+    given = image.transpose(0, 3, 1, 2).copy() if channels_first else image
+    x = relax.Var("x", relax.TensorType(given.shape, "float32"))
     with builder.function("main", [x]):
         with builder.dataflow():
+            data = builder.emit(relax.op.permute_dims(x, [0, 2, 3, 1])) if channels_first else x
             conv = relax.op.nn.conv2d(
-                x, relax.const(weight), strides=stride, padding=pad, data_layout="NHWC", kernel_layout="HWIO"
+                data, relax.const(weight), strides=stride, padding=pad, data_layout="NHWC", kernel_layout="HWIO"
             )
             out = builder.emit_output(builder.emit(conv))
         builder.emit_func_output(out)
-    lowered = Bfloat16Products(unit=unit)(builder.get())
+    lowered = relax.transform.DeadCodeElimination(["main"])(Bfloat16Products(unit=unit)(builder.get()))
     assert "bf16_patches" in lowered.script()
+    assert ("bf16_padded_image" in lowered.script()) == channels_first
+    assert "permute_dims" not in lowered.script()  # the input's transpose is the padded copy's
     if (unit, kernel) == (AMX, 3):  # 3 window rows of 16 (9 values) and a zero one: two whole steps of 32
         assert 'T.int64(4), T.int64(16)), "bfloat16")' in lowered.script()
     run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
-    got = run["main"](tvm.runtime.tensor(image)).numpy()
+    got = run["main"](tvm.runtime.tensor(given)).numpy()
     rounded = [torch.from_numpy(a.astype(ml_dtypes.bfloat16).astype(np.float32)) for a in (image, weight)]
     expected = torch.nn.functional.conv2d(
         rounded[0].permute(0, 3, 1, 2), rounded[1].permute(3, 2, 0, 1), stride=stride, padding=pad

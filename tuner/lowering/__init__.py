@@ -34,6 +34,7 @@ from tvm.relax import pipeline as relax_pipeline
 from ..precision import bf16_unit
 from .attention_blocks import AttentionInQueryBlocks
 from .bf16 import Bfloat16Products
+from .bf16_rounding import RoundBeforeMoves
 from .channels_last import ChannelsLastConvolutions
 from .conv1d import Conv1dAsConv2d
 from .inverted_residual import FuseExpandDepthwise
@@ -68,6 +69,8 @@ class LoweringOptions:
     # attentions whose scores outgrow the caches computed a block of queries at a time: off, as measured
     # slower than whole scores on Whisper's encoder (experiments/README.md, long sequences)
     attention_blocks: bool = False
+    # in bf16, activations rounded before the max pools and concatenations that read them (same bits)
+    bf16_round_before_moves: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -86,6 +89,7 @@ _PREDATING_RECORDS = {
     "strassen": False,
     "bfloat16": False,
     "attention_blocks": False,
+    "bf16_round_before_moves": False,
 }
 
 
@@ -128,6 +132,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         passes += [relax.transform.FoldConstant(), StrassenMatmuls()]  # the weights, transposed, as constants
     if options.bfloat16:
         passes += [relax.transform.FoldConstant(), Bfloat16Products(unit=bf16_unit(target))]
+        if options.bf16_round_before_moves:
+            passes += [RoundBeforeMoves(), relax.transform.DeadCodeElimination(["main"])]
     if options.fast_math:
         passes.append(relax.transform.FastMathTransform())
     return [

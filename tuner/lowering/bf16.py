@@ -30,11 +30,14 @@ from workloads.relax_functions import rewrite_functions
 from ..bf16_rule import padded_rows
 from .bf16_flat import (
     bf16_conv2d_flat,
+    bf16_padded_image,
+    bf16_padded_patches,
     bf16_patches,
     bf16_patches_product,
     flat_rows,
     has_flat_view,
     pack_patch_weight,
+    padded_image_extent,
     patch_rows,
     patch_width,
 )
@@ -49,7 +52,8 @@ from .bf16_kernels import (
     pack_dense_weight,
     to_bf16,
 )
-from .rewrites import conv2d_like, op_name, static_shape
+from .inverted_residual import OPAQUE_PATTERN
+from .rewrites import conv2d_like, ints, op_name, static_shape
 
 AMX_MIN_REDUCTION = PAIR * TILE_PAIRS  # one whole step of AMX's micro-kernel
 PATCHES_BELOW_CHANNELS = 8  # a first convolution's (RGB): its products over its window's patches
@@ -214,26 +218,58 @@ class _Bfloat16Products(PyExprMutator):
         out_h = out_extent(height, padding[0], padding[2], kernel[0], stride)
         out_w = out_extent(width, padding[1], padding[3], kernel[1], stride)
         rows = padded_rows(out_h * out_w, packed.shape[0], unit)
-        image_rows = self.builder_.emit(relax.op.reshape(self._cast(data), (batch, height, width * channels)))
-        patches = self.builder_.emit(
-            self.builder_.call_te(
-                bf16_patches,
-                image_rows,
-                tuple(kernel),
-                stride,
-                padding,
-                rows,
-                channels,
-                window_rows,
-                primfunc_name_hint="bf16_patches",
-            )
-        )
+        patches = self._patches(data, tuple(kernel), stride, padding, rows, window_rows)
         flops = 2.0 * batch * out_h * out_w * weight.shape[3] * kernel[0] * kernel[1] * channels
         by_position = self.builder_.emit(relax.op.reshape(patches, (batch, rows, packed.shape[1] * PAIR)))
         image = (out_h, out_w)
         return self._packed_product(
             bf16_patches_product, by_position, packed, image, weight.shape[3], unit, flops, name="bf16_dense"
         )
+
+    def _patches(
+        self, data: Expr, kernel: tuple[int, int], stride: int, padding: tuple[int, ...], rows: int, window_rows: int
+    ) -> Expr:
+        """The patches of ``data`` (NHWC): of the model's input (NCHW, transposed by ``channels_last``)
+        read through a padded copy in bf16 that replaces the transpose's kernel; of an activation, read
+        from it (its cast in its producer's epilogue) with a test for the padding at each value."""
+        batch, height, width, channels = static_shape(data)
+        source = self.lookup_binding(data) if isinstance(data, relax.Var) else None
+        if op_name(source) == "relax.permute_dims" and ints(source.attrs.axes) == [0, 2, 3, 1]:
+            extent = padded_image_extent((height, width), kernel, stride, padding, rows, channels, window_rows)
+            padded = self.builder_.emit(
+                self.builder_.call_te(
+                    bf16_padded_image, source.args[0], padding, extent, primfunc_name_hint="bf16_padded_image"
+                )
+            )
+            out_w = out_extent(width, padding[1], padding[3], kernel[1], stride)
+            patches = self.builder_.call_te(
+                bf16_padded_patches,
+                padded,
+                kernel[1],
+                stride,
+                out_w,
+                rows,
+                channels,
+                window_rows,
+                primfunc_name_hint="bf16_patches",
+                # a kernel of its own, as the conditional form is (``pads``): merged into the product, whose
+                # tiles load whole rows from a buffer, its gather would be a copy inside the GEMM
+                primfunc_attrs={"op_pattern": OPAQUE_PATTERN},
+            )
+            return self.builder_.emit(patches)
+        image_rows = self.builder_.emit(relax.op.reshape(self._cast(data), (batch, height, width * channels)))
+        patches = self.builder_.call_te(
+            bf16_patches,
+            image_rows,
+            kernel,
+            stride,
+            padding,
+            rows,
+            channels,
+            window_rows,
+            primfunc_name_hint="bf16_patches",
+        )
+        return self.builder_.emit(patches)
 
 
 @tvm.transform.module_pass(opt_level=0, name="Bfloat16Products")

@@ -171,6 +171,56 @@ def bf16_patches(
     return te.compute(shape, patch, name="bf16_patches")
 
 
+def padded_image_extent(
+    image: tuple[int, int],
+    kernel: tuple[int, int],
+    stride: int,
+    padding: tuple[int, int, int, int],
+    rows: int,
+    channels: int,
+    window_rows: int,
+) -> tuple[int, int]:
+    """[rows, length] of the padded image that ``bf16_padded_patches`` reads its ``rows`` positions'
+    patches from, every read inside it: zero rows below for the window rows past KH and the positions
+    past the image's (their weights and results are zero or dropped), zero pixels to the right for a
+    patch row's width past KW*C."""
+    (height, width), kernel_w, (top, left, bottom, right) = image, kernel[1], padding
+    out_w = out_extent(width, left, right, kernel_w, stride)
+    last_row = (rows - 1) // out_w * stride + window_rows
+    length = (out_w - 1) * stride * channels + patch_width(kernel_w, channels)
+    return max(height + top + bottom, last_row), max((width + left + right) * channels, length)
+
+
+def bf16_padded_image(data: te.Tensor, padding: tuple[int, int, int, int], extent: tuple[int, int]) -> te.Tensor:
+    """An NCHW fp32 image (a model's input) channels-last in bf16, zero-padded, its rows flat: [N, rows,
+    length] (``padded_image_extent``), pixel (y, x)'s channels at row y + top, from (x + left) * C. A
+    network's first convolution reads the model's input through it: the transpose to channels-last, the
+    cast and the padding in one kernel, whose copy is what the transpose alone costs."""
+    batch, channels, height, width = (int(d) for d in data.shape)
+    top, left = padding[0], padding[1]
+
+    def value(n, row, position):
+        y, x, c = row - top, position // channels - left, position % channels
+        inside = tvm.tirx.all(y >= 0, y < height, x >= 0, x < width)
+        return tvm.tirx.if_then_else(inside, data[n, c, y, x].astype(BF16), tvm.tirx.const(0, BF16))
+
+    return te.compute((batch, *extent), value, name="bf16_padded_image")
+
+
+def bf16_padded_patches(
+    padded: te.Tensor, kernel_w: int, stride: int, out_w: int, rows: int, channels: int, window_rows: int
+) -> te.Tensor:
+    """``bf16_patches``'s patches read from ``bf16_padded_image``'s image, without a condition: each
+    patch row a contiguous run of the padded image's row (a vector copy; the conditional form's
+    per-element tests kept MobileNetV2's 3x3 patches at 4 G values/s)."""
+    width = patch_width(kernel_w, channels)
+
+    def patch(n, q, window_row, j):
+        return padded[n, q // out_w * stride + window_row, q % out_w * stride * channels + j]
+
+    return te.compute((int(padded.shape[0]), rows, window_rows, width), patch, name="bf16_patches")
+
+
 def bf16_patches_product(
     by_position: te.Tensor, packed: te.Tensor, image: tuple[int, int], outputs: int, unit: str, flops: float
 ) -> te.Tensor:

@@ -28,6 +28,7 @@ from workloads.relax_functions import rewrite_functions
 
 from ..metaschedule import FLOPS_ANNOTATION
 from ..schedule_rules import EXPAND_DEPTHWISE_RULE, VECTOR_LANES
+from .dataflow import Dataflow
 from .rewrites import op_name, static_shape
 
 # (low, high) bounds of a clip or ReLU; None where unbounded
@@ -193,36 +194,6 @@ def _per_channel(value: Expr, channels: int) -> np.ndarray | None:
     return array.reshape(channels)
 
 
-@dataclass
-class _Dataflow:
-    """Who uses each variable of a model's dataflow blocks, and which variable each call is bound to."""
-
-    users: dict[relax.Var, list[Expr | None]]  # the calls using it; None for a use outside its block
-    bound_to: dict[Expr, relax.Var]
-
-    @classmethod
-    def of(cls, mod: IRModule) -> _Dataflow:
-        users: dict[relax.Var, list[Expr | None]] = {}
-        bound_to: dict[Expr, relax.Var] = {}
-        for func in mod.functions.values():
-            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-                continue
-            for block in func.body.blocks:
-                if not isinstance(block, relax.DataflowBlock):
-                    continue
-                values = {b.var: b.value for b in block.bindings}
-                bound_to.update({value: var for var, value in values.items()})
-                for var, used_by in relax.analysis.udchain(block).items():
-                    users[var] = [values.get(user) for user in used_by]
-                    if not isinstance(var, relax.DataflowVar):
-                        users[var].append(None)
-        return cls(users, bound_to)
-
-    def sole_user(self, var: Expr) -> Expr | None:
-        used_by = self.users.get(var, []) if isinstance(var, relax.DataflowVar) else []
-        return used_by[0] if len(used_by) == 1 else None
-
-
 def _continues(value: Expr, user: Expr | None) -> bool:
     """Whether ``user`` extends the block that ends at ``value``: a bias after a convolution, an
     activation after either."""
@@ -237,7 +208,7 @@ def _continues(value: Expr, user: Expr | None) -> bool:
 class _FuseExpandDepthwise(PyExprMutator):
     def __init__(self, mod: IRModule) -> None:
         super().__init__(mod)
-        self.dataflow = _Dataflow.of(mod)
+        self.dataflow = Dataflow.of(mod)
 
     def _producer(self, expr: Expr) -> Expr | None:
         """The call that computes ``expr``, where ``expr`` is a variable used only once."""
