@@ -71,6 +71,8 @@ class LoweringOptions:
     attention_blocks: bool = False
     # in bf16, activations rounded before the max pools and concatenations that read them (same bits)
     bf16_round_before_moves: bool = True
+    # layout kernels pulled into attention's products of two activations too (with fuse_layout)
+    fuse_layout_into_attention: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -154,7 +156,7 @@ def fusion_passes(target: tvm.target.Target, options: LoweringOptions) -> list[t
         relax.transform.FuseOps(),
     ]
     if options.fuse_layout:
-        passes.append(FuseLayoutIntoConsumers())
+        passes.append(FuseLayoutIntoConsumers(into_attention=options.fuse_layout_into_attention))
     passes += [
         relax.transform.FuseTIR(),
         relax.transform.RewriteDataflowReshape(),

@@ -232,7 +232,11 @@ def _unit_name(unit: _Unit) -> str:
 
 @tvm.transform.module_pass(opt_level=0, name="FuseLayoutIntoConsumers")
 class FuseLayoutIntoConsumers:
-    """Merge layout-only kernels into the reductions and matmuls that read them."""
+    """Merge layout-only kernels into the reductions and matmuls that read them; with
+    ``into_attention`` False, not into the products of two activations (attention's)."""
+
+    def __init__(self, into_attention: bool = True) -> None:
+        self.into_attention = into_attention
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         analysis = _Analysis(mod)
@@ -271,6 +275,8 @@ class FuseLayoutIntoConsumers:
             epilogue = analysis.epilogue_inputs(unit)
             read_costs = [(expr, 0.0, any(_same(expr, e) for e in epilogue)) for expr in unit.inputs]
             takes = layouts if not _tensorized(unit) else [layout for layout in layouts if not _reshape_only(layout[1])]
+            if not self.into_attention and _of_two_activations(unit):
+                takes = []
             while (producer := _next_producer(read_costs, takes)) is not None:
                 pulled_var, pulled, cost = producer
                 by_epilogue = any(_same(e, pulled_var) and ep for e, _, ep in read_costs)
@@ -295,6 +301,12 @@ def _tensorized(unit: _Unit) -> bool:
     """Whether ``unit`` holds a bf16 product by a packed weight (``tuner.lowering.bf16_kernels``): its
     micro-kernel reads the operand through a pointer, so a producer pulled in stays a pass of its own."""
     return any("bf16_dense" in step.prim.name_hint for step in unit.steps)
+
+
+def _of_two_activations(unit: _Unit) -> bool:
+    """Whether ``unit`` is a matmul of two activations (attention's scores or context), no weight in it."""
+    matmuls = [step for step in unit.steps if "matmul" in step.prim.name_hint]
+    return bool(matmuls) and not any(isinstance(arg, relax.Constant) for step in matmuls for arg in step.args)
 
 
 def _reshape_only(unit: _Unit) -> bool:
