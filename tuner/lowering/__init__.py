@@ -35,6 +35,7 @@ from ..precision import bf16_unit
 from .attention_blocks import AttentionInQueryBlocks
 from .bf16 import Bfloat16Products
 from .bf16_rounding import RoundBeforeMoves
+from .channel_norms import PerChannelNormsAsProducts
 from .channels_last import ChannelsLastConvolutions
 from .conv1d import Conv1dAsConv2d
 from .inverted_residual import FuseExpandDepthwise
@@ -71,6 +72,8 @@ class LoweringOptions:
     attention_blocks: bool = False
     # in bf16, activations rounded before the max pools and concatenations that read them (same bits)
     bf16_round_before_moves: bool = True
+    # channels-last group norms of a channel per group with their sums as products (with channels_last)
+    channel_norms_as_products: bool = True
     # layout kernels pulled into attention's products of two activations too (with fuse_layout)
     fuse_layout_into_attention: bool = True
 
@@ -92,6 +95,7 @@ _PREDATING_RECORDS = {
     "bfloat16": False,
     "attention_blocks": False,
     "bf16_round_before_moves": False,
+    "channel_norms_as_products": False,
 }
 
 
@@ -122,6 +126,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         if _on_cpus_by_default(options.conv1d_as_conv2d, target):
             passes.append(Conv1dAsConv2d())
         passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions()]  # biases must be constants to move past
+        if options.channel_norms_as_products:
+            passes.append(PerChannelNormsAsProducts())
         if _on_cpus_by_default(options.winograd, target):
             passes.append(WinogradConvolutions())
         if _on_cpus_by_default(options.fuse_expand_depthwise, target):

@@ -106,6 +106,8 @@ class _Bfloat16Products(PyExprMutator):
         name = op_name(call)
         if name not in ("relax.matmul", "relax.nn.conv2d") or not _is_fp32(call.args[0]):
             return call
+        if isinstance(call.args[0], Constant):  # a sum as a product (``channel_norms``): kept in fp32
+            return call
         if not isinstance(call.args[1], Constant):  # a product of two activations (attention's)
             return self._batch_matmul(call)
         return self._matmul(call) if name == "relax.matmul" else self._conv2d(call)

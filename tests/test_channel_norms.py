@@ -1,0 +1,56 @@
+"""Channels-last group norms of one channel per group with their sums as products
+(tuner.lowering.channel_norms): which norms take that form, and that the model built from it by real
+TVM computes what PyTorch computes."""
+
+import numpy as np
+import pytest
+from lowered_models import error_against_torch
+
+from tuner.lowering import LoweringOptions
+from tuner.tasks import lower_workload
+from workloads import load_workload
+
+torch = pytest.importorskip("torch")
+
+
+class _FirstLayer(torch.nn.Module):
+    """wav2vec 2.0's first feature layer in small: a strided 1-D convolution, a group norm of one channel
+    per group (its positions' mean and variance per channel), a GELU, the next convolution; then a group
+    norm of several channels per group, left as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Conv1d(1, 32, kernel_size=10, stride=5, bias=False)
+        self.norm = torch.nn.GroupNorm(32, 32)
+        self.second = torch.nn.Conv1d(32, 32, kernel_size=3, stride=2, bias=False)
+        self.grouped_norm = torch.nn.GroupNorm(8, 32)
+
+    def forward(self, x):
+        return self.grouped_norm(self.second(torch.nn.functional.gelu(self.norm(self.first(x)))))
+
+
+def _lowered(llvm_target, options=None):
+    torch.manual_seed(0)
+    model = _FirstLayer().eval()
+    with torch.no_grad():  # a norm's scale and shift away from 1 and 0, as a trained model's are
+        model.norm.weight.uniform_(0.5, 1.5)
+        model.norm.bias.uniform_(-0.5, 0.5)
+    return model, lower_workload(load_workload(model, [(1, 1, 400)]), llvm_target, options)
+
+
+def test_a_norm_of_a_channel_per_group_sums_by_products_and_matches_pytorch(llvm_target):
+    model, lowered = _lowered(llvm_target)
+    scripts = {gv.name_hint: func.script() for gv, func in lowered.functions_items()}
+    assert sum("group_norm" in name for name in scripts) == 1, list(scripts)  # the grouped one
+    sums = [name for name, script in scripts.items() if "matmul" in name and "conv" not in name]
+    assert len(sums) == 2, list(scripts)  # the mean and the variance
+    x = np.random.default_rng(0).standard_normal((1, 1, 400)).astype("float32") + 3  # a mean to take away
+    assert error_against_torch(model, lowered, llvm_target, x) < 1e-5
+
+
+def test_a_work_dir_tuned_before_the_rewrite_keeps_its_group_norms(llvm_target):
+    before = {k: v for k, v in LoweringOptions().as_dict().items() if k != "channel_norms_as_products"}
+    kernels = [
+        gv.name_hint for gv, _ in _lowered(llvm_target, LoweringOptions.from_record(before))[1].functions_items()
+    ]
+    assert sum("group_norm" in name for name in kernels) == 2, kernels
