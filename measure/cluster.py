@@ -152,8 +152,14 @@ class ClusterEngine(Engine):
         return artifact
 
     def time_program(
-        self, artifact: Path, kind: str, args: Sequence, timing: TimingConfig | None = None
+        self,
+        artifact: Path,
+        kind: str,
+        args: Sequence,
+        timing: TimingConfig | None = None,
+        timeout: float | None = None,
     ) -> list[float]:
+        # no limit here: stopping the driver's call would take the cluster's driver down with it
         timing = timing or self.config.timing
         return self._call(
             "time_program", None, artifact=str(artifact), kind=kind, args=list(args), timing=timing.as_dict()

@@ -136,6 +136,12 @@ class Engine(ABC):
 
     @abstractmethod
     def time_program(
-        self, artifact: Path, kind: str, args: Sequence, timing: TimingConfig | None = None
+        self,
+        artifact: Path,
+        kind: str,
+        args: Sequence,
+        timing: TimingConfig | None = None,
+        timeout: float | None = None,
     ) -> list[float]:
-        """Seconds per call of a compiled model (``kind="relax"``) or kernel (``"tir"``)."""
+        """Seconds per call of a compiled model (``kind="relax"``) or kernel (``"tir"``); WorkerTimeout past
+        ``timeout`` seconds where the engine can stop a call."""

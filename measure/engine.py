@@ -378,13 +378,19 @@ class MeasureEngine(Engine):
         return artifact
 
     def time_program(
-        self, artifact: Path, kind: str, args: Sequence, timing: TimingConfig | None = None
+        self,
+        artifact: Path,
+        kind: str,
+        args: Sequence,
+        timing: TimingConfig | None = None,
+        timeout: float | None = None,
     ) -> list[float]:
-        """Time a compiled model (``kind="relax"``) or kernel (``"tir"``) in the measuring worker."""
+        """Time a compiled model (``kind="relax"``) or kernel (``"tir"``) in the measuring worker; past
+        ``timeout`` seconds the worker is stopped (and started again) and WorkerTimeout raised."""
         op = "time_model" if kind == "relax" else "time_kernel"
         timing = timing or self.config.timing
         outcome = self._runners.call_alone(
-            op, None, artifact=str(artifact), args=args, device_kind=self.device, timing=timing.as_dict()
+            op, timeout, artifact=str(artifact), args=args, device_kind=self.device, timing=timing.as_dict()
         )
         return outcome["samples"]
 

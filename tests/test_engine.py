@@ -179,3 +179,15 @@ def test_a_cold_cache_run_times_cpu_kernels_with_their_arguments_flushed(tmp_pat
         assert result.ok and len(result.samples) >= 3 and result.latency > 0
     with make_engine(llvm_target, tmp_path / "warm", 1, None) as engine:
         assert not engine.config.timing.for_device("cpu").flush_cache  # the default: as the kernel runs again
+
+
+def test_a_program_timed_past_its_timeout_raises_and_the_worker_comes_back(engine, tmp_path):
+    # the untuned program of a large model can take many minutes a call (tuner.run._untuned_latency)
+    from measure.worker import WorkerTimeout
+    from workloads import get_workload
+
+    artifact = engine.compile_program(tmp_path / "op.so", mod=get_workload("matmul-128").mod, kind="tir", schedules=[])
+    args = [["float32", [128, 128]]] * 3
+    with pytest.raises(WorkerTimeout):
+        engine.time_program(artifact, "tir", args, TimingConfig(warmup_seconds=1.0), timeout=0.01)
+    assert engine.time_program(artifact, "tir", args)[0] > 0

@@ -20,6 +20,7 @@ _MODEL_TIMING = TimingConfig(min_repeats=5, max_repeats=30, budget_seconds=0.5, 
 # TVM's default schedules can take minutes per call on a large model (a Llama layer): one
 # warm-up and as many samples as half a second affords, at least one.
 UNTUNED_TIMING = TimingConfig(min_repeats=1, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.0)
+UNTUNED_TIMEOUT_S = 300.0  # for the warm-up call and one timed call of TVM's default schedules
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,18 @@ def compile_workload(
 
 
 def time_workload(
-    engine: Engine, workload: Workload, artifact: Path, timing: TimingConfig = _MODEL_TIMING, windows: int = 3
+    engine: Engine,
+    workload: Workload,
+    artifact: Path,
+    timing: TimingConfig = _MODEL_TIMING,
+    windows: int = 3,
+    timeout: float | None = None,
 ) -> float:
     """Median seconds per run of a compiled workload, timed in the measuring worker: the lowest of
     ``windows`` separate timing windows. A shared machine's passing load (another process, a VM
     neighbour) lifts a window's median, never lowers it: one such window made a model tuned to
     12.5 ms report 26 ms."""
     args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
-    return min(statistics.median(engine.time_program(artifact, workload.kind, args, timing)) for _ in range(windows))
+    return min(
+        statistics.median(engine.time_program(artifact, workload.kind, args, timing, timeout)) for _ in range(windows)
+    )
