@@ -63,6 +63,17 @@ def test_every_kernel_of_the_attention_block_computes_something(llvm_target):
     assert not [t.name for t in tasks if "where" in t.name or "equal" in t.name]
 
 
+def test_attention_s_products_can_keep_their_layout_kernels_apart(llvm_target):
+    # LoweringOptions.fuse_layout_into_attention=False: the scores' and the context's matmuls read
+    # plain operands, their heads' transposes kernels of their own; the weights' products keep theirs
+    workload = get_workload("attention-block")
+    options = LoweringOptions(channels_last=False, fuse_layout_into_attention=False)
+    names = [t.name for t in extract_tasks(workload, llvm_target, lower_model(workload.mod, llvm_target, options))]
+    plain = [n for n in names if "matmul" in n and "layout" not in n]
+    assert len(plain) == 2 and all("add" not in n for n in plain), names  # scores and context
+    assert sum("layout_matmul" in n for n in names) == 2, names  # the projections in and out
+
+
 def test_convolutions_run_channels_last_with_one_transpose_at_the_input(llvm_target):
     """NCHW models get NHWC convolutions on a CPU; the transposes between them cancel, and only the
     image's own (NCHW in) is left as a kernel that moves data."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import tvm
 from tvm import relax
+from tvm.ir.expr import Constant
 from tvm.ir.module import IRModule
 
 from ..metaschedule import prim_func_flops
@@ -306,7 +307,7 @@ def _tensorized(unit: _Unit) -> bool:
 def _of_two_activations(unit: _Unit) -> bool:
     """Whether ``unit`` is a matmul of two activations (attention's scores or context), no weight in it."""
     matmuls = [step for step in unit.steps if "matmul" in step.prim.name_hint]
-    return bool(matmuls) and not any(isinstance(arg, relax.Constant) for step in matmuls for arg in step.args)
+    return bool(matmuls) and not any(isinstance(arg, Constant) for step in matmuls for arg in step.args)
 
 
 def _reshape_only(unit: _Unit) -> bool:
