@@ -72,3 +72,25 @@ def test_pools_and_concatenations_read_bf16_and_compute_the_same_bits(llvm_targe
 def test_a_work_dir_tuned_before_the_rewrite_keeps_its_casts_after_the_pools():
     before = {k: v for k, v in LoweringOptions(bfloat16=True).as_dict().items() if k != "bf16_round_before_moves"}
     assert not LoweringOptions.from_record(before).bf16_round_before_moves
+
+
+def test_a_bf16_concatenation_is_copied_a_vector_at_a_time(llvm_target):
+    # tuner.copy_rule: the concatenation's kernel names the design space, which vectorises its channels
+    # by lanes that both inputs' widths divide, and copies what the concatenation copies
+    import ml_dtypes
+
+    from tuner.copy_rule import BF16_COPY_RULE, schedule_bf16_copy
+
+    lowered = _lowered(llvm_target, True)
+    (concat,) = [func for gv, func in lowered.functions_items() if "concat" in gv.name_hint]
+    assert BF16_COPY_RULE in concat.script()
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": concat.with_attr("global_symbol", "main")}))
+    (block,) = sch.get_child_blocks(sch.get_sblock("root"))
+    (scheduled,) = schedule_bf16_copy(sch, block)
+    assert "T.vectorized" in scheduled.mod.script()
+    built = tvm.compile(scheduled.mod, target=llvm_target)
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal(tuple(int(d) for d in p.shape)).astype(ml_dtypes.bfloat16) for p in concat.params[:-1]]
+    out = tvm.runtime.tensor(np.zeros(tuple(int(d) for d in concat.params[-1].shape), ml_dtypes.bfloat16))
+    built["main"](*(tvm.runtime.tensor(p) for p in parts), out)
+    np.testing.assert_array_equal(out.numpy(), np.concatenate(parts, axis=-1))

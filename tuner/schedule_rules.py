@@ -13,6 +13,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import SBlockRV
 
 from .bf16_rule import BF16_GEMM_RULE, schedule_bf16_gemm
+from .copy_rule import BF16_COPY_RULE, schedule_bf16_copy
 from .strassen_rule import STRASSEN_OUTPUT_RULE, schedule_strassen_output
 
 EXPAND_DEPTHWISE_RULE = "tuner_expand_depthwise"
@@ -79,6 +80,7 @@ def register() -> None:
         (EXPAND_DEPTHWISE_RULE, schedule_expand_depthwise),
         (BF16_GEMM_RULE, schedule_bf16_gemm),
         (STRASSEN_OUTPUT_RULE, schedule_strassen_output),
+        (BF16_COPY_RULE, schedule_bf16_copy),
     )
     for name, rule in rules:
         tvm_ffi.register_global_func(f"s_tir.meta_schedule.cpu.{name}", rule, override=True)

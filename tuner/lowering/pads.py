@@ -31,6 +31,7 @@ from tvm.s_tir import Schedule
 
 from workloads.relax_functions import rewrite_functions
 
+from ..copy_rule import BF16_COPY_RULE
 from .inverted_residual import OPAQUE_PATTERN
 from .rewrites import conv2d_like, op_name
 
@@ -118,5 +119,20 @@ class KeepGrowingBlocksOutOfEpilogues:
             if not isinstance(func, tvm.tirx.PrimFunc) or not func.attrs or "op_pattern" not in func.attrs:
                 continue
             if int(func.attrs["op_pattern"]) == _INJECTIVE_PATTERN and grows_conditionally(func):
+                if gv.name_hint.startswith("concatenate"):
+                    func = _with_bf16_copy_rule(func)
                 mod[gv] = func.with_attr("op_pattern", OPAQUE_PATTERN)
         return mod
+
+
+def _with_bf16_copy_rule(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """A bf16 concatenation with ``tuner.copy_rule``'s design space named on its block (vectorised copies;
+    a pad's or a patch gather's condition varies along the innermost axis, and their own spaces stay)."""
+    if str(func.params[-1].dtype) != "bfloat16":
+        return func
+    sch = Schedule(tvm.IRModule({"main": func}))
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if len(blocks) != 1:
+        return func
+    sch.annotate(blocks[0], "schedule_rule", BF16_COPY_RULE)
+    return sch.mod["main"]

@@ -1,0 +1,37 @@
+"""A design space for bf16 kernels that copy by a condition (a concatenation, a pad).
+
+MetaSchedule vectorises an injective kernel only where the loops it fuses innermost fit its
+vector limit; a concatenation of two 55x55x64 bf16 activations into 128 channels fused none (the
+channel loop alone is 128), and its scalar 16-bit copies ran at 14.7 GB/s (105 us, SqueezeNet's
+fire modules): the same kernel in fp32 ran at 104 GB/s, which LLVM vectorised on its own. Here the
+innermost axis is split by the lanes that every buffer's innermost extent divides (so a
+concatenation's condition on that axis is the same for a whole vector) and vectorised: 21.5 us.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import SBlockRV
+
+BF16_COPY_RULE = "tuner_bf16_copy"
+MAX_LANES = 64  # two AVX-512 vectors of bf16
+
+
+def copy_lanes(extents: list[int]) -> int:
+    """The largest power of two up to ``MAX_LANES`` that divides every innermost extent."""
+    common = math.gcd(*extents)
+    return min(MAX_LANES, common & -common)
+
+
+def schedule_bf16_copy(sch: Schedule, block: SBlockRV) -> list[Schedule]:
+    buffers = [param for param in sch.mod["main"].params if hasattr(param, "shape")]
+    lanes = copy_lanes([int(buffer.shape[-1]) for buffer in buffers])
+    *outer, innermost = sch.get_loops(block)
+    if lanes > 1:
+        sch.vectorize(sch.split(innermost, [None, lanes])[1])
+    if outer:
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    sch.annotate(sch.get_sblock("root"), "schedule_rule", "None")  # no generic annotations on top
+    return [sch]
