@@ -243,6 +243,7 @@ class _Bfloat16Products(PyExprMutator):
                     bf16_padded_image, source.args[0], padding, extent, primfunc_name_hint="bf16_padded_image"
                 )
             )
+            padded = self.builder_.emit(relax.op.reshape(padded, (batch, extent[0], extent[1] * channels)))
             out_w = out_extent(width, padding[1], padding[3], kernel[1], stride)
             patches = self.builder_.call_te(
                 bf16_padded_patches,

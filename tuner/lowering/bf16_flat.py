@@ -180,7 +180,7 @@ def padded_image_extent(
     channels: int,
     window_rows: int,
 ) -> tuple[int, int]:
-    """[rows, length] of the padded image that ``bf16_padded_patches`` reads its ``rows`` positions'
+    """(rows, pixels) of the padded image that ``bf16_padded_patches`` reads its ``rows`` positions'
     patches from, every read inside it: zero rows below for the window rows past KH and the positions
     past the image's (their weights and results are zero or dropped), zero pixels to the right for a
     patch row's width past KW*C."""
@@ -188,23 +188,25 @@ def padded_image_extent(
     out_w = out_extent(width, left, right, kernel_w, stride)
     last_row = (rows - 1) // out_w * stride + window_rows
     length = (out_w - 1) * stride * channels + patch_width(kernel_w, channels)
-    return max(height + top + bottom, last_row), max((width + left + right) * channels, length)
+    return max(height + top + bottom, last_row), max(width + left + right, -(-length // channels))
 
 
 def bf16_padded_image(data: te.Tensor, padding: tuple[int, int, int, int], extent: tuple[int, int]) -> te.Tensor:
-    """An NCHW fp32 image (a model's input) channels-last in bf16, zero-padded, its rows flat: [N, rows,
-    length] (``padded_image_extent``), pixel (y, x)'s channels at row y + top, from (x + left) * C. A
-    network's first convolution reads the model's input through it: the transpose to channels-last, the
-    cast and the padding in one kernel, whose copy is what the transpose alone costs."""
+    """An NCHW fp32 image (a model's input) channels-last in bf16 and zero-padded: [N, rows, pixels, C]
+    (``padded_image_extent``), pixel (y, x) at (y + top, x + left); its rows flat, a view, are what
+    ``bf16_padded_patches`` reads. A network's first convolution reads the model's input through it: the
+    transpose to channels-last, the cast and the padding in one kernel, whose copy is what the
+    transpose alone costs. (Indexed by pixel and channel, not by position in the flat row: a division
+    and a test per value there ran at 7.6 GB/s.)"""
     batch, channels, height, width = (int(d) for d in data.shape)
     top, left = padding[0], padding[1]
 
-    def value(n, row, position):
-        y, x, c = row - top, position // channels - left, position % channels
+    def value(n, row, pixel, c):
+        y, x = row - top, pixel - left
         inside = tvm.tirx.all(y >= 0, y < height, x >= 0, x < width)
         return tvm.tirx.if_then_else(inside, data[n, c, y, x].astype(BF16), tvm.tirx.const(0, BF16))
 
-    return te.compute((batch, *extent), value, name="bf16_padded_image")
+    return te.compute((batch, *extent, channels), value, name="bf16_padded_image")
 
 
 def bf16_padded_patches(
