@@ -46,8 +46,8 @@ class _PerChannelNormsAsProducts(PyExprMutator):
         emit = self.builder_.emit
         x = emit(relax.op.reshape(call.args[0], (batch, positions, channels)))
         average = relax.const(np.full((1, 1, positions), 1.0 / positions, np.float32))
-        centered = emit(relax.op.subtract(x, emit(relax.op.matmul(average, x))))
-        variance = emit(relax.op.matmul(average, emit(relax.op.multiply(centered, centered))))
+        centered = emit(relax.op.subtract(x, self._sum(relax.op.matmul(average, x))))
+        variance = self._sum(relax.op.matmul(average, emit(relax.op.multiply(centered, centered))))
         epsilon = relax.const(np.float32(call.attrs.epsilon))
         normed = emit(relax.op.multiply(centered, emit(relax.op.rsqrt(relax.op.add(variance, epsilon)))))
         if bool(call.attrs.scale):
@@ -55,6 +55,13 @@ class _PerChannelNormsAsProducts(PyExprMutator):
         if bool(call.attrs.center):
             normed = emit(relax.op.add(normed, call.args[2]))
         return relax.op.reshape(normed, shape)
+
+    def _sum(self, product: Expr) -> Expr:
+        """A product's [N, 1, C] result squeezed and expanded back: the layout steps end its kernel there.
+        Read directly, the norm's element-wise steps became the product's epilogue, a [N, P, C] one
+        computed under a [N, 1, C] product's tiles (wav2vec 2.0's: 18 ms)."""
+        squeezed = self.builder_.emit(relax.op.squeeze(self.builder_.emit(product), axis=[1]))
+        return self.builder_.emit(relax.op.expand_dims(squeezed, axis=1))
 
 
 @tvm.transform.module_pass(opt_level=0, name="PerChannelNormsAsProducts")
