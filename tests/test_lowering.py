@@ -53,7 +53,9 @@ def test_every_kernel_of_the_attention_block_computes_something(llvm_target):
     convolutions are left out here: they add the image's own layout changes, tested below.)"""
     workload = get_workload("attention-block")
     tasks = extract_tasks(
-        workload, llvm_target, lower_model(workload.mod, llvm_target, LoweringOptions(channels_last=False))
+        workload,
+        llvm_target,
+        lower_model(workload.mod, llvm_target, LoweringOptions(channels_last=False, fuse_layout_into_attention=True)),
     )
     movers = [t.name for t in tasks if not _reduces(t)]
     assert len(movers) == 1 and "add" in movers[0], movers  # the residual add: convolutions take no producers
@@ -64,14 +66,16 @@ def test_every_kernel_of_the_attention_block_computes_something(llvm_target):
 
 
 def test_attention_s_products_can_keep_their_layout_kernels_apart(llvm_target):
-    # LoweringOptions.fuse_layout_into_attention=False: the scores' and the context's matmuls read
-    # plain operands, their heads' transposes kernels of their own; the weights' products keep theirs
+    # by default (fuse_layout_into_attention=False) the scores' and the context's matmuls read plain
+    # operands, their heads' transposes kernels of their own; the weights' products keep theirs
     workload = get_workload("attention-block")
-    options = LoweringOptions(channels_last=False, fuse_layout_into_attention=False)
+    options = LoweringOptions(channels_last=False)
     names = [t.name for t in extract_tasks(workload, llvm_target, lower_model(workload.mod, llvm_target, options))]
     plain = [n for n in names if "matmul" in n and "layout" not in n]
     assert len(plain) == 2 and all("add" not in n for n in plain), names  # scores and context
     assert sum("layout_matmul" in n for n in names) == 2, names  # the projections in and out
+    before = {k: v for k, v in LoweringOptions().as_dict().items() if k != "fuse_layout_into_attention"}
+    assert LoweringOptions.from_record(before).fuse_layout_into_attention  # a work dir tuned before keeps its kernels
 
 
 def test_convolutions_run_channels_last_with_one_transpose_at_the_input(llvm_target):
