@@ -1,4 +1,5 @@
-"""A design space for bf16 kernels that copy by a condition (a concatenation, a pad).
+"""A design space for bf16 kernels that copy by a condition (a concatenation; the first convolution's
+padded image, whose channels, 3, are its innermost axis and are not vectorised).
 
 MetaSchedule vectorises an injective kernel only where the loops it fuses innermost fit its
 vector limit; a concatenation of two 55x55x64 bf16 activations into 128 channels fused none (the
@@ -28,10 +29,13 @@ def copy_lanes(extents: list[int]) -> int:
 def schedule_bf16_copy(sch: Schedule, block: SBlockRV) -> list[Schedule]:
     buffers = [param for param in sch.mod["main"].params if hasattr(param, "shape")]
     lanes = copy_lanes([int(buffer.shape[-1]) for buffer in buffers])
-    *outer, innermost = sch.get_loops(block)
+    loops = sch.get_loops(block)
     if lanes > 1:
-        sch.vectorize(sch.split(innermost, [None, lanes])[1])
-    if outer:
-        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        sch.vectorize(sch.split(loops[-1], [None, lanes])[1])
+        parallel = loops[:-1]
+    else:  # rows in parallel, each row's loops serial (the padded image: 67 us, 149 with every loop fused)
+        parallel = loops[:-2] or loops[:1]
+    if parallel:
+        sch.parallel(sch.fuse(*parallel) if len(parallel) > 1 else parallel[0])
     sch.annotate(sch.get_sblock("root"), "schedule_rule", "None")  # no generic annotations on top
     return [sch]

@@ -26,6 +26,7 @@ from tvm import te
 from measure.bf16_dot import LANES, PAIR
 
 from ..bf16_rule import WINDOW_ANNOTATION, padded_rows, tile_efficiency
+from ..copy_rule import BF16_COPY_RULE
 from .bf16_kernels import BF16, F32, bf16_dense, gemm_attrs, out_extent, pack_dense_weight
 
 MIN_GAIN = 1.1  # what the flat form must win over tiles along one image row to pay for its gather
@@ -206,7 +207,11 @@ def bf16_padded_image(data: te.Tensor, padding: tuple[int, int, int, int], exten
         inside = tvm.tirx.all(y >= 0, y < height, x >= 0, x < width)
         return tvm.tirx.if_then_else(inside, data[n, c, y, x].astype(BF16), tvm.tirx.const(0, BF16))
 
-    return te.compute((batch, *extent, channels), value, name="bf16_padded_image")
+    # a fixed design space (parallel rows, the channels' short loop innermost): MetaSchedule's own, one
+    # candidate deep, vectorised MobileNetV2's across pixels and channels, a test and a gather per lane (260 us)
+    return te.compute(
+        (batch, *extent, channels), value, name="bf16_padded_image", attrs={"schedule_rule": BF16_COPY_RULE}
+    )
 
 
 def bf16_padded_patches(
