@@ -59,11 +59,11 @@ AMX_MIN_REDUCTION = PAIR * TILE_PAIRS  # one whole step of AMX's micro-kernel
 PATCHES_BELOW_CHANNELS = 8  # a first convolution's (RGB): its products over its window's patches
 
 
-def _is_fp32(expr: Expr) -> bool:
+def is_fp32(expr: Expr) -> bool:
     return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == F32
 
 
-def _is_bf16(expr: Expr) -> bool:
+def is_bf16(expr: Expr) -> bool:
     return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == BF16
 
 
@@ -77,7 +77,7 @@ class _Bfloat16Products(PyExprMutator):
 
     def _cast(self, expr: Expr) -> Expr:
         """``expr`` in bf16: as it is where it is bf16 already (patches), else cast (once per activation)."""
-        if _is_bf16(expr):
+        if is_bf16(expr):
             return expr
         narrowed = next((self.rounded[var] for var, wide in self.widened.items() if wide.same_as(expr)), None)
         if narrowed is not None:  # the fp32 copy of an activation another product read first: its bf16 original
@@ -104,7 +104,7 @@ class _Bfloat16Products(PyExprMutator):
         if self.rounded and any(isinstance(arg, relax.Var) and arg in self.rounded for arg in call.args):
             call = Call(call.op, [self._from_bf16(arg) for arg in call.args], call.attrs, call.ty_args)
         name = op_name(call)
-        if name not in ("relax.matmul", "relax.nn.conv2d") or not _is_fp32(call.args[0]):
+        if name not in ("relax.matmul", "relax.nn.conv2d") or not is_fp32(call.args[0]):
             return call
         if isinstance(call.args[0], Constant):  # a sum as a product (``channel_norms``): kept in fp32
             return call
@@ -157,7 +157,7 @@ class _Bfloat16Products(PyExprMutator):
         a, b = (static_shape(arg) for arg in call.args)
         if self.unit != AMX or not a or not b or len(a) != len(b) or len(a) < 3 or a[:-2] != b[:-2]:
             return call
-        if not _is_fp32(call.args[1]) or a[-1] + a[-1] % PAIR < AMX_MIN_REDUCTION:
+        if not is_fp32(call.args[1]) or a[-1] + a[-1] % PAIR < AMX_MIN_REDUCTION:
             return call
         rows = padded_rows(a[-2], -(-b[-1] // LANES), AMX)
         first, second = (self._cast(arg) for arg in call.args)

@@ -21,6 +21,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 from workloads.relax_functions import rewrite_functions
 
+from .bf16 import is_bf16
 from .bf16_kernels import BF16
 from .dataflow import Dataflow
 from .rewrites import op_name
@@ -55,7 +56,7 @@ class _RoundBeforeMoves(PyExprMutator):
         return None
 
     def _rounded(self, expr: Expr) -> Expr:
-        if isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == BF16:
+        if is_bf16(expr):
             return expr
         earlier = self._rounded_before(expr)
         return self.builder_.emit(earlier if earlier is not None else relax.op.astype(expr, BF16))
