@@ -185,6 +185,26 @@ class NvmlMonitor:
                 log.warning("NVML on %s stopped giving %s (%s): measurements go on without it", self.name, name, err)
             return None
 
+    def memory_by_process(self) -> dict[int, int] | None:
+        """Bytes of the watched GPU's memory each process holds, by pid (NVML's pids: those of this
+        machine's process namespace on a VM, the host's inside some containers); None without NVML."""
+        if not self.available:
+            return None
+        try:
+            processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        except self._nvml.NVMLError:
+            return None
+        return {p.pid: int(p.usedGpuMemory) for p in processes if p.usedGpuMemory is not None}
+
+    def total_memory(self) -> int | None:
+        """Bytes of memory on the watched GPU; None without NVML."""
+        if not self.available:
+            return None
+        try:
+            return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).total)
+        except self._nvml.NVMLError:
+            return None
+
     @contextmanager
     def watch(self) -> Iterator[list[MeasurementHealth]]:
         """``with monitor.watch() as health:`` ... afterwards ``health`` holds one

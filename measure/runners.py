@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from .context_memory import ContextMemoryGuard
 from .cuda_errors import poisons_the_context
 from .nvml import MeasurementHealth, NvmlMonitor
 from .timeouts import AdaptiveTimeout
@@ -80,6 +81,7 @@ class RunnerPool:
 
     def __post_init__(self) -> None:
         self.gate = TimedRegionGate(1)
+        self.memory_guard = ContextMemoryGuard.for_workers(self.monitor, len(self.workers))
         self._free: queue.Queue[WorkerProcess] = queue.Queue()
         for worker in self.workers:
             self._free.put(worker)
@@ -119,7 +121,7 @@ class RunnerPool:
         except WorkerCrashed as err:
             return MeasureResult(built.key, Status.RUN_CRASH, error=f"run crashed: {err}", **common)
         finally:
-            self._free.put(worker)
+            self._give_back(worker)
         self.timeout.record(outcome["seconds"])
         extra = {}
         if health:
@@ -155,7 +157,12 @@ class RunnerPool:
             replace_if_poisoned(worker, str(err))
             raise
         finally:
-            self._free.put(worker)
+            self._give_back(worker)
+
+    def _give_back(self, worker: WorkerProcess) -> None:
+        if self.memory_guard is not None:
+            self.memory_guard.check(worker)
+        self._free.put(worker)
 
     @contextmanager
     def _watch(self) -> Iterator[list[MeasurementHealth]]:

@@ -49,6 +49,9 @@ def describe_error(err: BaseException) -> str:
 
 def _load_handlers(role: str) -> dict:
     if role == "build":
+        # Compiling needs no GPU, and on one each CUDA context costs ~0.5 GB of its memory (16 build
+        # workers held 8 GB on an H100): hidden before anything can create one.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
         if os.environ.get(CUDA_BUILD_ENV) == "1":
             from .cuda_env import prepare_cuda_build_env
 

@@ -7,8 +7,10 @@ is what they test, not NVML. Its errors are pynvml's real exception classes."""
 
 import logging
 import time
+from types import SimpleNamespace
 
 import faulty
+import psutil
 import pynvml
 import pytest
 
@@ -93,6 +95,17 @@ class FakeNvml:
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle):  # mJ
         return self._answer("energy", handle, int(1e6 + self.watts * 1e3 * (time.monotonic() - self.started)))
+
+    context_bytes: int | None = None  # what each process under this one holds of the GPU (None: none listed)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        if self.context_bytes is None:
+            return []
+        children = psutil.Process().children(recursive=True)
+        return [SimpleNamespace(pid=child.pid, usedGpuMemory=self.context_bytes) for child in children]
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(total=80 << 30)
 
 
 def _pci_numbers(pci: str) -> list[int]:
@@ -224,3 +237,24 @@ def test_energy_at_dop_2_adds_up_to_what_the_device_spent_not_once_per_candidate
         assert any(d.dop == 2 for d in engine.dop_decisions)
     assert all(r.ok and r.energy_j is not None and r.energy_j >= 0 for r in results)
     assert sum(r.energy_j for r in results) <= watts * wall * 1.01
+
+
+def test_a_measuring_worker_holding_more_than_its_share_of_the_gpus_memory_is_restarted(tmp_path, llvm_target):
+    """A CUDA context keeps the local memory its greediest kernel needed: on an H100, nine workers
+    holding up to 17 GB each filled the GPU and an innocent kernel's launch failed."""
+    nvml = FakeNvml(H100S)
+    monitor = NvmlMonitor(device=DeviceIdentity(0, _uuid(0), None), nvml=nvml)
+    config = EngineConfig(
+        build_workers=1, max_dop=1, remember_dop=False, timing=TimingConfig(min_repeats=3, max_repeats=3)
+    )
+    inputs = [MeasureInput(f"c{i}", faulty.copy(1 << 12)) for i in range(4)]
+    with MeasureEngine(llvm_target, tmp_path, config, monitor=monitor) as engine:
+        builds = list(engine.build(inputs))
+        nvml.context_bytes = 1 << 30  # a fresh context's size: never above the cap
+        within = list(engine.measure_built(builds[:2], serial=True))
+        restarts_within = engine.worker_restarts
+        nvml.context_bytes = 80 << 30  # all of the GPU: above any worker's share
+        beyond = list(engine.measure_built(builds[2:], serial=True))
+        restarts_beyond = engine.worker_restarts
+    assert all(r.ok for r in within + beyond)
+    assert restarts_within == 0 and restarts_beyond == 2
