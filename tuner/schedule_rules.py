@@ -14,6 +14,8 @@ from tvm.s_tir.schedule import SBlockRV
 
 from .bf16_rule import BF16_GEMM_RULE, schedule_bf16_gemm
 from .copy_rule import BF16_COPY_RULE, schedule_bf16_copy
+from .pool_rule import BF16_POOL_RULE, schedule_bf16_pool
+from .softmax_rule import SOFTMAX_RULE, schedule_softmax
 from .strassen_rule import STRASSEN_OUTPUT_RULE, schedule_strassen_output
 
 EXPAND_DEPTHWISE_RULE = "tuner_expand_depthwise"
@@ -81,6 +83,8 @@ def register() -> None:
         (BF16_GEMM_RULE, schedule_bf16_gemm),
         (STRASSEN_OUTPUT_RULE, schedule_strassen_output),
         (BF16_COPY_RULE, schedule_bf16_copy),
+        (BF16_POOL_RULE, schedule_bf16_pool),
+        (SOFTMAX_RULE, schedule_softmax),
     )
     for name, rule in rules:
         tvm_ffi.register_global_func(f"s_tir.meta_schedule.cpu.{name}", rule, override=True)

@@ -34,6 +34,7 @@ from tvm.relax import pipeline as relax_pipeline
 from ..precision import bf16_unit
 from .attention_blocks import AttentionInQueryBlocks
 from .bf16 import Bfloat16Products
+from .bf16_pool import Bf16MaxPools
 from .bf16_rounding import RoundBeforeMoves
 from .channel_norms import PerChannelNormsAsProducts
 from .channels_last import ChannelsLastConvolutions
@@ -43,6 +44,7 @@ from .layout_free import KeepLayoutFreeWeightsOfReductions
 from .layout_fusion import FuseLayoutIntoConsumers
 from .pads import FoldPadsIntoConvolutions, KeepGrowingBlocksOutOfEpilogues
 from .rewrites import SimplifyImportedGraph
+from .softmax_rows import SoftmaxByRows
 from .strassen import StrassenMatmuls
 from .winograd import WinogradConvolutions
 
@@ -72,11 +74,16 @@ class LoweringOptions:
     attention_blocks: bool = False
     # in bf16, activations rounded before the max pools and concatenations that read them (same bits)
     bf16_round_before_moves: bool = True
+    # in bf16, max pools compared in fp32 registers, each value widened once (after the rounding above)
+    bf16_max_pools: bool = True
     # channels-last group norms of a channel per group with their sums as products (with channels_last)
     channel_norms_as_products: bool = True
     # layout kernels pulled into attention's fp32 products of two activations too (with fuse_layout): off,
     # BERT-base's scores with the keys' transpose inside ran at 59 GFLOP/s (423 us a layer), 123 us apart
     fuse_layout_into_attention: bool = False
+    # softmaxes a row per parallel task (tuner.softmax_rule): MetaSchedule's perfect tiles found none of
+    # ViT's 197-long rows' worth vectorising (308 us where DeiT's 198 took 77)
+    softmax_by_rows: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -96,8 +103,10 @@ _PREDATING_RECORDS = {
     "bfloat16": False,
     "attention_blocks": False,
     "bf16_round_before_moves": False,
+    "bf16_max_pools": False,
     "channel_norms_as_products": False,
     "fuse_layout_into_attention": True,
+    "softmax_by_rows": False,
 }
 
 
@@ -124,6 +133,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     passes.append(FoldPadsIntoConvolutions())
     if options.attention_blocks:
         passes.append(AttentionInQueryBlocks(fast_math=options.fast_math))
+    if options.softmax_by_rows:
+        passes.append(SoftmaxByRows())
     if _on_cpus_by_default(options.channels_last, target):
         if _on_cpus_by_default(options.conv1d_as_conv2d, target):
             passes.append(Conv1dAsConv2d())
@@ -144,6 +155,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         passes += [relax.transform.FoldConstant(), Bfloat16Products(unit=bf16_unit(target))]
         if options.bf16_round_before_moves:
             passes += [RoundBeforeMoves(), relax.transform.DeadCodeElimination(["main"])]
+        if options.bf16_max_pools:
+            passes.append(Bf16MaxPools())
     if options.fast_math:
         passes.append(relax.transform.FastMathTransform())
     return [

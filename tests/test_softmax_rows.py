@@ -1,0 +1,69 @@
+"""Softmaxes a row per parallel task (tuner.softmax_rule, named on the kernels by
+tuner.lowering.softmax_rows): the kernels the tuner sees carry the rule, and its schedule computes
+what the kernel computes, over rows of any length (ViT's 197 tokens, a prime, among them)."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from tuner.lowering import LoweringOptions, lower_model
+from tuner.lowering.rewrites import row_softmax
+from tuner.lowering.softmax_rows import by_rows
+from tuner.softmax_rule import SOFTMAX_RULE, schedule_softmax
+from tuner.tasks import extract_tasks
+from workloads import get_workload
+
+
+def _by_rows(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    quotient = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "softmax" in sch.get(b).name_hint]
+    (sch,) = schedule_softmax(sch, quotient[0])
+    return sch.mod
+
+
+def _run(mod: tvm.IRModule, target, arrays: list[np.ndarray]) -> np.ndarray:
+    tensors = [tvm.runtime.tensor(a) for a in arrays]
+    tvm.compile(mod, target=target)["main"](*tensors)
+    return tensors[-1].numpy()
+
+
+@pytest.mark.parametrize("safe", [False, True])
+def test_a_row_softmax_of_a_prime_length_is_computed_a_row_per_task(llvm_target, safe):
+    x = te.placeholder((3, 197, 197), name="x")
+    func = by_rows(te.create_prim_func([x, row_softmax(x, True, safe)]))
+    assert SOFTMAX_RULE in func.script()
+    mod = _by_rows(func)
+    assert "T.parallel" in mod.script() and "schedule_rule" in mod.script()
+    scores = np.random.default_rng(0).standard_normal((3, 197, 197)).astype("float32") * 4
+    expected = np.exp(scores - scores.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    out = _run(mod, llvm_target, [scores, np.zeros_like(scores)])
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_the_attention_blocks_softmax_kernel_carries_the_rule_and_keeps_its_results(llvm_target):
+    workload = get_workload("attention-block")
+    (softmax,) = [t for t in extract_tasks(workload, llvm_target) if "softmax" in t.name]
+    assert SOFTMAX_RULE in softmax.mod.script()
+    func = softmax.mod["main"]
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)) for p in func.params]
+    scheduled = _by_rows(func)
+    assert "T.parallel" in scheduled.script()
+    unscheduled = tvm.IRModule({"main": func})
+    np.testing.assert_allclose(
+        _run(scheduled, llvm_target, [a.copy() for a in arrays]),
+        _run(unscheduled, llvm_target, [a.copy() for a in arrays]),
+        rtol=1e-6,
+    )
+
+
+def test_without_the_option_and_in_work_dirs_tuned_before_softmaxes_keep_metaschedules_space(llvm_target):
+    workload = get_workload("attention-block")
+    options = LoweringOptions(softmax_by_rows=False)
+    tasks = extract_tasks(workload, llvm_target, lower_model(workload.mod, llvm_target, options))
+    (softmax,) = [t for t in tasks if "softmax" in t.name]
+    assert SOFTMAX_RULE not in softmax.mod.script()
+    before = {k: v for k, v in LoweringOptions().as_dict().items() if k != "softmax_by_rows"}
+    assert not LoweringOptions.from_record(before).softmax_by_rows
