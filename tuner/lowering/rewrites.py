@@ -93,19 +93,25 @@ def _fast_gelu_tanh(x: te.Tensor) -> te.Tensor:
     return te.compute(x.shape, lambda *i: x(*i) * const(0.5) * (const(1.0) + tanh(*i)), name="fast_gelu_tanh")
 
 
-def row_softmax(x: te.Tensor, fast: bool, safe: bool) -> te.Tensor:
+def whole_row(values: te.Tensor, reducer, combine, name: str, axis: str) -> te.Tensor:
+    """``reducer`` over the last axis of ``values``, in one reduction (``combine``: its binary form)."""
+    *outer, length = values.shape
+    over = te.reduce_axis((0, length), name=axis)
+    return te.compute(outer, lambda *i: reducer(values(*i, over), axis=over), name=name)
+
+
+def row_softmax(x: te.Tensor, fast: bool, safe: bool, reduction=whole_row) -> te.Tensor:
     """Softmax over the last axis as one kernel: the row's maximum, its exponentials, their sum,
     the quotient. The exponentials are stored once (MetaSchedule may not inline them into both
     their readers, which computed each exp twice). ``safe``: a row of -inf gives 0, as PyTorch's
     ``_safe_softmax`` does (scaled_dot_product_attention uses it); such a row is the one whose
-    maximum is -inf, so the softmax's own maximum decides."""
-    *outer, length = x.shape
-    k, j = te.reduce_axis((0, length), name="k"), te.reduce_axis((0, length), name="j")
-    row_max = te.compute(outer, lambda *i: te.max(x(*i, k), axis=k), name="row_max")
+    maximum is -inf, so the softmax's own maximum decides. ``reduction``: how the maximum and the
+    sum reduce a row (``whole_row``'s signature)."""
+    row_max = reduction(x, te.max, tvm.tirx.max, "row_max", "k")
     shifted = te.compute(x.shape, lambda *i: x(*i) - row_max(*i[:-1]), name="shifted")
     exp = topi.fast_exp(shifted) if fast else topi.exp(shifted)
     stored = te.compute(x.shape, lambda *i: exp(*i), name="exp", attrs={"meta_schedule.inline_rule": "disable"})
-    total = te.compute(outer, lambda *i: te.sum(stored(*i, j), axis=j), name="row_sum")
+    total = reduction(stored, te.sum, lambda a, b: a + b, "row_sum", "j")
     if not safe:
         return te.compute(x.shape, lambda *i: stored(*i) / total(*i[:-1]), name="softmax")
     zero, minus_inf = tvm.tirx.const(0.0, x.dtype), tvm.tirx.const(float("-inf"), x.dtype)

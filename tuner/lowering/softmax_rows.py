@@ -12,18 +12,19 @@ results are the same up to the order of the sum's additions.
 from __future__ import annotations
 
 import tvm
-from tvm import te, topi
+from tvm import te
 from tvm.ir.module import IRModule
 from tvm.s_tir import Schedule
 
 from ..softmax_rule import LANES, SOFTMAX_RULE
+from .rewrites import row_softmax
 
 _QUOTIENTS = ("softmax", "safe_softmax")
 
 
-def _row_reduction(values: te.Tensor, reducer, combine, name: str) -> te.Tensor:
-    """``reducer`` over the last axis of ``values``: over its whole vectors into ``LANES`` partial
-    results (``NAME_lanes``) and over those (``NAME_of_lanes``), and over the rest (``NAME_rest``)."""
+def in_lanes(values: te.Tensor, reducer, combine, name: str, axis: str) -> te.Tensor:
+    """``rewrites.whole_row``'s reduction over whole vectors into ``LANES`` partial results
+    (``NAME_lanes``) and over those (``NAME_of_lanes``), and over the rest (``NAME_rest``)."""
     *outer, length = values.shape
     whole, rest = divmod(int(length), LANES)
     pieces = []
@@ -34,29 +35,11 @@ def _row_reduction(values: te.Tensor, reducer, combine, name: str) -> te.Tensor:
         )
         pieces.append(te.compute(outer, lambda *i: reducer(lanes(*i, lane), axis=lane), name=f"{name}_of_lanes"))
     if rest:
-        t = te.reduce_axis((0, rest), "t")
+        t = te.reduce_axis((0, rest), axis)
         pieces.append(te.compute(outer, lambda *i: reducer(values(*i, whole * LANES + t), axis=t), name=f"{name}_rest"))
     if len(pieces) == 1:
         return pieces[0]
     return te.compute(outer, lambda *i: combine(pieces[0](*i), pieces[1](*i)), name=name)
-
-
-def lane_softmax(x: te.Tensor, fast: bool, safe: bool) -> te.Tensor:
-    """``row_softmax``'s softmax (the same ``fast`` exponentials, the same ``safe`` rows of -inf), its
-    reductions in lanes (module docstring)."""
-    row_max = _row_reduction(x, te.max, tvm.tirx.max, "row_max")
-    shifted = te.compute(x.shape, lambda *i: x(*i) - row_max(*i[:-1]), name="shifted")
-    exp = topi.fast_exp(shifted) if fast else topi.exp(shifted)
-    stored = te.compute(x.shape, lambda *i: exp(*i), name="exp")
-    total = _row_reduction(stored, te.sum, lambda a, b: a + b, "row_sum")
-    if not safe:
-        return te.compute(x.shape, lambda *i: stored(*i) / total(*i[:-1]), name="softmax")
-    zero, minus_inf = tvm.tirx.const(0.0, x.dtype), tvm.tirx.const(float("-inf"), x.dtype)
-    return te.compute(
-        x.shape,
-        lambda *i: tvm.tirx.Select(row_max(*i[:-1]) == minus_inf, zero, stored(*i) / total(*i[:-1])),
-        name="safe_softmax",
-    )
 
 
 def _block_names(func: tvm.tirx.PrimFunc) -> list[str]:
@@ -65,7 +48,7 @@ def _block_names(func: tvm.tirx.PrimFunc) -> list[str]:
 
 
 def by_rows(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    """A row softmax's kernel rebuilt as ``lane_softmax``, every block naming the rule; any other
+    """A row softmax's kernel rebuilt with its reductions ``in_lanes``, every block naming the rule; any other
     function unchanged."""
     names = _block_names(func)
     quotients = [name for name in _QUOTIENTS if name in names]
@@ -75,7 +58,8 @@ def by_rows(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     if len(buffers[0].shape) < 2:
         return func
     x = te.placeholder(buffers[0].shape, str(buffers[0].dtype), name="x")  # its index type (int64) kept for fusion
-    rebuilt = te.create_prim_func([x, lane_softmax(x, "T_fast_exp" in names, quotients[0] == "safe_softmax")])
+    fast, safe = "T_fast_exp" in names, quotients[0] == "safe_softmax"
+    rebuilt = te.create_prim_func([x, row_softmax(x, fast, safe, reduction=in_lanes)])
     sch = Schedule(IRModule({"main": rebuilt}))
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         sch.annotate(block, "schedule_rule", SOFTMAX_RULE)
