@@ -1,19 +1,18 @@
 """The design space of ``tuner.lowering.bf16_pool``'s max pools: one schedule.
 
-The window's maximum of ``lanes`` channels at a time stays in fp32 registers (the reduction's
-init and update vectorised over channels, under the window's loops), its rounding to bf16 is
-written right after, and rows of the output run in parallel.
+The window's highest and lowest 16-bit integers of ``lanes`` channels at a time stay in
+registers (each reduction's init and update vectorised over channels, under the window's loops),
+the choice between them is written right after, and rows of the output run in parallel.
 """
 
 from __future__ import annotations
 
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import SBlockRV
-from tvm.tirx import ForKind
 
 BF16_POOL_RULE = "tuner_bf16_pool"
-POOL_BLOCK = "bf16_pool_max"
-MAX_LANES = 32  # two AVX-512 vectors of fp32
+POOL_BLOCKS = ("bf16_pool_highest", "bf16_pool_lowest")  # the window's reductions, before their choice
+MAX_LANES = 32  # int16 in an AVX-512 vector
 
 
 def pool_lanes(channels: int) -> int:
@@ -22,21 +21,20 @@ def pool_lanes(channels: int) -> int:
 
 
 def schedule_bf16_pool(sch: Schedule, block: SBlockRV) -> list[Schedule]:
-    if sch.get(block).name_hint != POOL_BLOCK:  # the cast: placed with the pool it rounds
+    if sch.get(block).name_hint in POOL_BLOCKS:  # placed with the choice that reads them
         return [sch]
-    (cast,) = sch.get_consumers(block)
-    batch, row, column, channel, window_row, window_column = sch.get_loops(block)
-    lanes = pool_lanes(int(sch.get(channel).extent))
-    channel_block, lane = sch.split(channel, [None, lanes])
-    sch.reorder(channel_block, window_row, window_column, lane)
-    sch.reverse_compute_at(cast, channel_block)
-    # before the init is taken out: the update alone is no reduction block to TVM
+    batch, row, _, channel = sch.get_loops(block)
+    channel_block, lane = sch.split(channel, [None, pool_lanes(int(sch.get(channel).extent))])
     sch.vectorize(lane)
+    reductions = [sch.get_sblock(name) for name in POOL_BLOCKS]
+    for reduction in reductions:
+        sch.compute_at(reduction, channel_block, preserve_unit_loops=True)
+        *_, lanes, window_row, window_column = sch.get_loops(reduction)
+        sch.reorder(window_row, window_column, lanes)
+        sch.vectorize(lanes)  # before the init is taken out: the update alone is no reduction block to TVM
     sch.parallel(sch.fuse(batch, row))
-    init = sch.decompose_reduction(block, window_row)
-    for vector_block in (init, cast):
-        loop = sch.get_loops(vector_block)[-1]
-        if sch.get(loop).kind != ForKind.VECTORIZED:
-            sch.vectorize(loop)
+    for reduction in reductions:
+        init = sch.decompose_reduction(reduction, sch.get_loops(reduction)[-3])
+        sch.vectorize(sch.get_loops(init)[-1])
     sch.annotate(sch.get_sblock("root"), "schedule_rule", "None")  # no generic annotations on top
     return [sch]
