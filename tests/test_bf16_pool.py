@@ -64,7 +64,8 @@ def test_the_pool_is_the_windows_maximum_vectorised_over_channels(
 def test_a_models_bf16_pools_are_ours_and_compute_what_tvms_compute(llvm_target):
     from test_bf16_rounding import _Fire, _run  # noqa: PLC0415 - the fire module of SqueezeNet in small
 
-    from tuner.tasks import lower_workload
+    from tuner.metaschedule import design_spaces, make_context
+    from tuner.tasks import extract_tasks, lower_workload
     from workloads import load_workload
 
     torch.manual_seed(0)
@@ -77,6 +78,10 @@ def test_a_models_bf16_pools_are_ours_and_compute_what_tvms_compute(llvm_target)
     names = [gv.name_hint for gv, _ in ours.functions_items()]
     pools = [name for name in names if "pool" in name]
     assert len(pools) == 2 and all(name.startswith("bf16_max_pool2d") for name in pools), pools
+    for task in extract_tasks(module, llvm_target, ours):  # the design space the tuner searches
+        if "pool" in task.name:
+            (space,) = design_spaces(make_context(task.mod, llvm_target, 0))
+            assert "T.vectorized" in space.mod.script() and "T.parallel" in space.mod.script()
     x = np.random.default_rng(0).standard_normal((1, 3, 33, 33)).astype("float32")
     np.testing.assert_array_equal(_run(ours, llvm_target, x), _run(theirs, llvm_target, x))
 

@@ -10,6 +10,7 @@ from tvm import te
 from tuner.lowering import LoweringOptions, lower_model
 from tuner.lowering.rewrites import row_softmax
 from tuner.lowering.softmax_rows import by_rows
+from tuner.metaschedule import design_spaces, make_context
 from tuner.softmax_rule import SOFTMAX_RULE, schedule_softmax
 from tuner.tasks import extract_tasks
 from workloads import get_workload
@@ -46,6 +47,8 @@ def test_the_attention_blocks_softmax_kernel_carries_the_rule_and_keeps_its_resu
     workload = get_workload("attention-block")
     (softmax,) = [t for t in extract_tasks(workload, llvm_target) if "softmax" in t.name]
     assert SOFTMAX_RULE in softmax.mod.script()
+    (space,) = design_spaces(make_context(softmax.mod, llvm_target, 0))  # what the tuner searches
+    assert "T.parallel" in space.mod.script() and "T.vectorized" in space.mod.script()
     func = softmax.mod["main"]
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)) for p in func.params]

@@ -12,6 +12,7 @@ from tvm.s_tir.schedule import SBlockRV
 
 BF16_POOL_RULE = "tuner_bf16_pool"
 POOL_BLOCKS = ("bf16_pool_highest", "bf16_pool_lowest")  # the window's reductions, before their choice
+POOL_OUTPUT = "bf16_pool"  # the choice: the block the schedule starts from
 MAX_LANES = 32  # int16 in an AVX-512 vector
 
 
@@ -21,7 +22,7 @@ def pool_lanes(channels: int) -> int:
 
 
 def schedule_bf16_pool(sch: Schedule, block: SBlockRV) -> list[Schedule]:
-    if sch.get(block).name_hint in POOL_BLOCKS:  # placed with the choice that reads them
+    if sch.get(block).name_hint != POOL_OUTPUT:  # the reductions (and, decomposed, their inits and updates)
         return [sch]
     batch, row, _, channel = sch.get_loops(block)
     channel_block, lane = sch.split(channel, [None, pool_lanes(int(sch.get(channel).extent))])

@@ -21,7 +21,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 from workloads.relax_functions import rewrite_functions
 
-from ..pool_rule import BF16_POOL_RULE, POOL_BLOCKS
+from ..pool_rule import BF16_POOL_RULE, POOL_BLOCKS, POOL_OUTPUT
 from .bf16 import is_bf16
 from .bf16_kernels import BF16
 from .inverted_residual import OPAQUE_PATTERN
@@ -60,7 +60,7 @@ def bf16_max_pool2d(
     def largest(*i):  # a window holding a value >= +0 has it as its highest; one of negatives, as its lowest
         return tvm.tirx.reinterpret(BF16, tvm.tirx.Select(highest(*i) >= 0, highest(*i), lowest(*i)))
 
-    return te.compute(out_shape, largest, name="bf16_pool", attrs=rule)
+    return te.compute(out_shape, largest, name=POOL_OUTPUT, attrs=rule)
 
 
 @expr_functor.mutator
