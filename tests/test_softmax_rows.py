@@ -12,6 +12,7 @@ from tuner.lowering.rewrites import row_softmax
 from tuner.lowering.softmax_rows import by_rows
 from tuner.metaschedule import design_spaces, make_context
 from tuner.softmax_rule import SOFTMAX_RULE, schedule_softmax
+from tuner.targets import resolve_target
 from tuner.tasks import extract_tasks
 from workloads import get_workload
 
@@ -70,3 +71,7 @@ def test_without_the_option_and_in_work_dirs_tuned_before_softmaxes_keep_metasch
     assert SOFTMAX_RULE not in softmax.mod.script()
     before = {k: v for k, v in LoweringOptions().as_dict().items() if k != "softmax_by_rows"}
     assert not LoweringOptions.from_record(before).softmax_by_rows
+    # the rule is a CPU design space: a GPU's softmaxes keep MetaSchedule's
+    gpu = resolve_target("cuda -arch=sm_90")
+    (on_gpu,) = [t for t in extract_tasks(workload, gpu) if "softmax" in t.name]
+    assert SOFTMAX_RULE not in on_gpu.mod.script()

@@ -74,15 +74,15 @@ class LoweringOptions:
     attention_blocks: bool = False
     # in bf16, activations rounded before the max pools and concatenations that read them (same bits)
     bf16_round_before_moves: bool = True
-    # in bf16, max pools compared in fp32 registers, each value widened once (after the rounding above)
+    # in bf16, max pools of our own: the values' bits compared as 16-bit integers (after the rounding above)
     bf16_max_pools: bool = True
     # channels-last group norms of a channel per group with their sums as products (with channels_last)
     channel_norms_as_products: bool = True
     # layout kernels pulled into attention's fp32 products of two activations too (with fuse_layout): off,
     # BERT-base's scores with the keys' transpose inside ran at 59 GFLOP/s (423 us a layer), 123 us apart
     fuse_layout_into_attention: bool = False
-    # softmaxes a row per parallel task (tuner.softmax_rule): MetaSchedule's perfect tiles found none of
-    # ViT's 197-long rows' worth vectorising (308 us where DeiT's 198 took 77)
+    # on CPUs, softmaxes a row per parallel task (tuner.softmax_rule): MetaSchedule's perfect tiles found
+    # none of ViT's 197-long rows' worth vectorising (308 us where DeiT's 198 took 77)
     softmax_by_rows: bool = True
 
     def as_dict(self) -> dict:
@@ -133,7 +133,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     passes.append(FoldPadsIntoConvolutions())
     if options.attention_blocks:
         passes.append(AttentionInQueryBlocks(fast_math=options.fast_math))
-    if options.softmax_by_rows:
+    if options.softmax_by_rows and _on_cpus_by_default(None, target):  # its rule is a CPU design space
         passes.append(SoftmaxByRows())
     if _on_cpus_by_default(options.channels_last, target):
         if _on_cpus_by_default(options.conv1d_as_conv2d, target):
