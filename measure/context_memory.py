@@ -3,7 +3,7 @@
 A CUDA context keeps the largest local-memory (stack) reservation any kernel it launched needed:
 the driver sizes it for every thread the GPU can hold at once, and no longer gives it back after
 the launch. One candidate that spills heavily (MetaSchedule's GPU design spaces have such) can
-leave its worker holding 17 GB on an H100; seen on the first GPU validation run, where nine
+leave its worker holding 17 GB on an H100; seen in a GPU validation run (2026-11-27), where nine
 measuring workers holding 4-17 GB each filled the 80 GB and an innocent kernel's launch then
 failed with CUDA_ERROR_OUT_OF_MEMORY. After each request a worker that holds more than its share
 is ended; the next request starts a fresh one (about a second).
@@ -32,7 +32,6 @@ class ContextMemoryGuard:
 
     def __init__(self, monitor: NvmlMonitor, cap: int):
         self.monitor, self.cap = monitor, cap
-        self.restarts = 0
 
     @classmethod
     def for_workers(cls, monitor: NvmlMonitor | None, workers: int) -> ContextMemoryGuard | None:
@@ -51,5 +50,4 @@ class ContextMemoryGuard:
             held / 1e9,
             self.cap / 1e9,
         )
-        worker.kill()
-        self.restarts += 1
+        worker.kill()  # counted in the worker's restarts

@@ -16,10 +16,8 @@ from tvm import te
 from tvm.ir.module import IRModule
 from tvm.s_tir import Schedule
 
-from ..softmax_rule import LANES, SOFTMAX_RULE
+from ..softmax_rule import LANES, QUOTIENTS, SOFTMAX_RULE
 from .rewrites import row_softmax
-
-_QUOTIENTS = ("softmax", "safe_softmax")
 
 
 def in_lanes(values: te.Tensor, reducer, combine, name: str, axis: str) -> te.Tensor:
@@ -51,7 +49,7 @@ def by_rows(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """A row softmax's kernel rebuilt with its reductions ``in_lanes``, every block naming the rule; any other
     function unchanged."""
     names = _block_names(func)
-    quotients = [name for name in _QUOTIENTS if name in names]
+    quotients = [name for name in QUOTIENTS if name in names]
     buffers = [param for param in func.params if hasattr(param, "shape")]
     if len(quotients) != 1 or not {"row_max", "exp", "row_sum"} <= set(names) or len(buffers) != 2:
         return func
