@@ -90,11 +90,16 @@ def _configure(config: str, tag: str) -> list[str]:
 class Window:
     """A stride-1 convolution's window over an activation whose image rows are laid end to end
     (``tuner.lowering.bf16_flat``): tap (y, x) reads the rows ``y * columns + x`` further on, and the
-    weight ``y * B's stride over y + x * its stride over x`` further on."""
+    weight ``y * B's stride over y + x * its stride over x`` further on.
+
+    ``overlap``: the activation's rows are ``overlap`` values apart in one flat buffer, fewer than a
+    step reads (a first convolution's image read in place, ``bf16_flat.bf16_conv2d_image_windows``:
+    each row's 32 values run over the next rows' pixels); 0 for rows of their own."""
 
     height: int
     width: int
     columns: int
+    overlap: int = 0
 
     @property
     def taps(self) -> int:

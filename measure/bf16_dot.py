@@ -30,13 +30,16 @@ LANES = 16  # fp32 accumulators per vector
 PAIR = 2  # bf16 products summed into each
 AVX512 = "bf16"  # the units computing a tile, as intrinsic names spell them
 AMX = "amx"
-_NAME = re.compile(r"tensor_tuner_(bf16|amx)_r(\d+)_v(\d+)_p(\d+)(?:_w(\d+)x(\d+)c(\d+))?")
+_NAME = re.compile(r"tensor_tuner_(bf16|amx)_r(\d+)_v(\d+)_p(\d+)(?:_w(\d+)x(\d+)c(\d+)(?:o(\d+))?)?")
 _lock = threading.Lock()
 
 
 def intrinsic_name(rows: int, vectors: int, pairs: int, unit: str = AVX512, window: Window | None = None) -> str:
     name = f"tensor_tuner_{unit}_r{rows}_v{vectors}_p{pairs}"
-    return name if window is None else f"{name}_w{window.height}x{window.width}c{window.columns}"
+    if window is None:
+        return name
+    overlap = f"o{window.overlap}" if window.overlap else ""
+    return f"{name}_w{window.height}x{window.width}c{window.columns}{overlap}"
 
 
 def _micro_kernel_ir(name: str, rows: int, vectors: int) -> str:
@@ -235,6 +238,66 @@ def _window_intrinsic(rows: int, vectors: int, pairs: int, window: Window):
     return description, implementation
 
 
+def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window):
+    """``_window_intrinsic`` over an activation whose rows overlap (``Window.overlap``): one flat buffer,
+    row r of window row y starting ``(r + y * columns) * overlap`` values on, its reduction the run of
+    values from there (a window row's taps are one run: the window is one tap wide)."""
+    width, reduction, lda = vectors * LANES, pairs * PAIR, window.overlap
+    height, taps_w, columns = window.height, window.width, window.columns
+    assert taps_w == 1, "an overlapping window's rows are one run each"
+    span = (rows - 1 + (height - 1) * columns) * lda + reduction
+    b_shape = (height, taps_w, vectors, pairs, LANES, PAIR)
+    kernel = intrinsic_name(rows, vectors, pairs, AMX, window).replace("tensor_tuner_", "tensor_tuner_kernel_")
+    ir_text = amx_micro_kernel_ir(kernel, rows, vectors, pairs, window)
+
+    @T.prim_func(s_tir=True)
+    def description(a: T.handle, b: T.handle, c: T.handle) -> None:
+        ldb, ldc, sbh, sbw = T.int32(), T.int32(), T.int32(), T.int32()
+        A = T.match_buffer(a, (span,), "bfloat16", offset_factor=1)
+        B = T.match_buffer(b, b_shape, "bfloat16", strides=[sbh, sbw, ldb, 32, 2, 1], offset_factor=1)
+        C = T.match_buffer(c, (rows, width), "float32", strides=[ldc, 1], offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:rows, 0:width], A[0:span], B[0:height, 0:taps_w, 0:vectors, 0:pairs, 0:LANES, 0:PAIR])
+            T.writes(C[0:rows, 0:width])
+            for ty, r, v, p, lane, e in T.grid(height, rows, vectors, pairs, LANES, PAIR):
+                with T.sblock("update"):
+                    vr = T.axis.spatial(rows, r)
+                    vn = T.axis.spatial(width, v * LANES + lane)
+                    vy = T.axis.reduce(height, ty)
+                    vk = T.axis.reduce(reduction, p * PAIR + e)
+                    C[vr, vn] = C[vr, vn] + T.cast(A[(vr + vy * columns) * lda + vk], "float32") * T.cast(
+                        B[vy, 0, vn // LANES, vk // PAIR, vn % LANES, vk % PAIR], "float32"
+                    )
+
+    @T.prim_func(s_tir=True)
+    def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
+        ldb, ldc, sbh, sbw = T.int32(), T.int32(), T.int32(), T.int32()
+        A = T.match_buffer(a, (span,), "bfloat16", offset_factor=1)
+        B = T.match_buffer(b, b_shape, "bfloat16", strides=[sbh, sbw, ldb, 32, 2, 1], offset_factor=1)
+        C = T.match_buffer(c, (rows, width), "float32", strides=[ldc, 1], offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:rows, 0:width], A[0:span], B[0:height, 0:taps_w, 0:vectors, 0:pairs, 0:LANES, 0:PAIR])
+            T.writes(C[0:rows, 0:width])
+            T.attr(0, "pragma_import_llvm", ir_text)
+            T.evaluate(
+                T.call_extern(
+                    "void",
+                    kernel,
+                    C.access_ptr("rw"),
+                    T.Cast("int64", ldc),
+                    T.tvm_access_ptr(T.type_annotation("uint16"), A.data, A.elem_offset, span, 1),
+                    T.int64(lda),
+                    T.tvm_access_ptr(T.type_annotation("uint16"), B.data, B.elem_offset, height * sbh, 1),
+                    T.Cast("int64", ldb),
+                    T.int64(pairs),
+                    T.Cast("int64", sbh),
+                    T.Cast("int64", sbw),
+                )
+            )
+
+    return description, implementation
+
+
 def register_bf16_tile(rows: int, vectors: int, pairs: int, unit: str = AVX512, window: Window | None = None) -> str:
     """Register the intrinsic of one tile shape on ``unit`` (over a ``window``'s taps too, on AMX) in this
     process (idempotent); returns its name."""
@@ -243,6 +306,8 @@ def register_bf16_tile(rows: int, vectors: int, pairs: int, unit: str = AVX512, 
         if TensorIntrin.get(name, allow_missing=True) is None:
             if window is None:
                 TensorIntrin.register(name, *_intrinsic(rows, vectors, pairs, unit))
+            elif window.overlap:
+                TensorIntrin.register(name, *_overlap_intrinsic(rows, vectors, pairs, window))
             else:
                 TensorIntrin.register(name, *_window_intrinsic(rows, vectors, pairs, window))
     return name
@@ -254,6 +319,6 @@ def register_if_ours(name: str) -> bool:
     match = _NAME.fullmatch(name)
     if match:
         unit, rows, vectors, pairs, *window = match.groups()
-        taps = Window(*(int(d) for d in window)) if window[0] is not None else None
+        taps = Window(*(int(d or 0) for d in window)) if window[0] is not None else None
         register_bf16_tile(int(rows), int(vectors), int(pairs), unit, taps)
     return match is not None

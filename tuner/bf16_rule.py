@@ -29,6 +29,8 @@ BF16_GEMM_RULE = "tuner_bf16_gemm"
 UNIT_ANNOTATION = "tensor_tuner_bf16_unit"  # on the GEMM's block: the unit its micro-kernels run on
 # on a stride-1 convolution's block over image rows laid end to end: the columns of a row (amx_dot.Window)
 WINDOW_ANNOTATION = "tensor_tuner_window_columns"
+# with it, on a first convolution reading its padded image in place: the values between its rows (amx_dot.Window)
+OVERLAP_ANNOTATION = "tensor_tuner_window_overlap"
 MAX_ROWS = 7
 VECTOR_CHOICES = (4, 3, 2, 1)
 MAX_ACCUMULATORS = 24  # of AVX-512's 32 registers; the rest hold a step's weight vectors and activation pair
@@ -226,10 +228,17 @@ def _window(
     convolution's over image rows laid end to end (``WINDOW_ANNOTATION``: their columns), whose
     reduction is whole steps; None for a product whose calls each take one tap."""
     columns = sch.get(gemm).annotations.get(WINDOW_ANNOTATION)
-    if unit != AMX or columns is None or len(window) != 2 or rows == 1 or pairs % amx_dot.TILE_PAIRS:
+    overlap = int(sch.get(gemm).annotations.get(OVERLAP_ANNOTATION, 0))  # a window one run wide: its rows alone
+    if (
+        unit != AMX
+        or columns is None
+        or len(window) != (1 if overlap else 2)
+        or rows == 1
+        or pairs % amx_dot.TILE_PAIRS
+    ):
         return None
-    height, width = (int(sch.get(loop).extent) for loop in window)
-    return amx_dot.Window(height, width, int(columns)) if height * width > 1 else None
+    height, width = (int(sch.get(loop).extent) for loop in window) if not overlap else (sch.get(window[0]).extent, 1)
+    return amx_dot.Window(int(height), width, int(columns), overlap) if height * width > 1 else None
 
 
 def schedule_bf16_gemm(sch: Schedule, gemm: SBlockRV) -> list[Schedule]:

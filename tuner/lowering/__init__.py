@@ -84,6 +84,8 @@ class LoweringOptions:
     # on CPUs, softmaxes a row per parallel task (tuner.softmax_rule): MetaSchedule's perfect tiles found
     # none of ViT's 197-long rows' worth vectorising (308 us where DeiT's 198 took 77)
     softmax_by_rows: bool = True
+    # in bf16 on AMX, a first convolution reading its padded image in place rather than its patches
+    bf16_image_windows: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -107,6 +109,7 @@ _PREDATING_RECORDS = {
     "channel_norms_as_products": False,
     "fuse_layout_into_attention": True,
     "softmax_by_rows": False,
+    "bf16_image_windows": False,
 }
 
 
@@ -152,7 +155,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     if _on_cpus_by_default(options.strassen, target):
         passes += [relax.transform.FoldConstant(), StrassenMatmuls()]  # the weights, transposed, as constants
     if options.bfloat16:
-        passes += [relax.transform.FoldConstant(), Bfloat16Products(unit=bf16_unit(target))]
+        passes += [relax.transform.FoldConstant(), Bfloat16Products(bf16_unit(target), options.bf16_image_windows)]
         if options.bf16_round_before_moves:
             passes += [RoundBeforeMoves(), relax.transform.DeadCodeElimination(["main"])]
         if options.bf16_max_pools:

@@ -30,16 +30,20 @@ from workloads.relax_functions import rewrite_functions
 from ..bf16_rule import padded_rows
 from .bf16_flat import (
     bf16_conv2d_flat,
+    bf16_conv2d_image_windows,
     bf16_padded_image,
     bf16_padded_patches,
     bf16_patches,
     bf16_patches_product,
     flat_rows,
     has_flat_view,
+    image_windows_extent,
     pack_patch_weight,
+    pack_window_rows_weight,
     padded_image_extent,
     patch_rows,
     patch_width,
+    window_row_fits,
 )
 from .bf16_kernels import (
     BF16,
@@ -69,9 +73,10 @@ def is_bf16(expr: Expr) -> bool:
 
 @expr_functor.mutator
 class _Bfloat16Products(PyExprMutator):
-    def __init__(self, mod: IRModule, unit: str | None) -> None:
+    def __init__(self, mod: IRModule, unit: str | None, image_windows: bool) -> None:
         super().__init__(mod)
         self.unit = unit  # the CPU's bf16 dot product (AVX512_BF16, AMX): our kernels, packed weights
+        self.image_windows = image_windows  # a first convolution on AMX reads its padded image in place
         self.rounded: dict[relax.Var, Expr] = {}  # an activation cast to bf16 for a product: that cast
         self.widened: dict[relax.Var, Expr] = {}  # and the cast back, for the activation's other readers
 
@@ -185,7 +190,8 @@ class _Bfloat16Products(PyExprMutator):
     def _packed_conv2d(self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]) -> Expr:
         image, kernel = static_shape(data)[1:3], weight.shape[:2]
         if kernel[0] * kernel[1] > 1 and self._over_patches(weight.shape[2]):
-            return self._patches_conv2d(data, weight, stride, padding)
+            in_place = self._image_windows_conv2d(data, weight, stride, padding)
+            return in_place if in_place is not None else self._patches_conv2d(data, weight, stride, padding)
         unit = self._unit_for(weight.shape[2] + weight.shape[2] % PAIR)
         # on AMX whole steps: a rest loads a second tile configuration and the accumulators twice per call
         packed = pack_conv_weight(weight, AMX_MIN_REDUCTION if unit == AMX else PAIR)  # [KH, KW, N/16, C/2, 16, 2]
@@ -211,6 +217,46 @@ class _Bfloat16Products(PyExprMutator):
         least = AMX_MIN_REDUCTION if self.unit == AMX else PATCHES_BELOW_CHANNELS
         return channels + channels % PAIR < least
 
+    def _image_windows_conv2d(
+        self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]
+    ) -> Expr | None:
+        """A first convolution on AMX over its padded image read in place (``bf16_conv2d_image_windows``);
+        None where it cannot be: not on AMX, not the model's input, a window row longer than a step reads.
+        Its patches were a pass over 5.6 MB for ResNet's 7x7 window (107 us) and as much again read back."""
+        kernel, (batch, height, width, channels) = weight.shape[:2], static_shape(data)
+        source = self._transposed_input(data)
+        if not self.image_windows or self.unit != AMX or source is None or not window_row_fits(kernel[1], channels):
+            return None
+        packed = pack_window_rows_weight(weight)  # [KH, 1, N/16, 16, 16, 2]
+        out_h = out_extent(height, padding[0], padding[2], kernel[0], stride)
+        out_w = out_extent(width, padding[1], padding[3], kernel[1], stride)
+        columns = padded_rows(out_w, packed.shape[2], AMX)
+        extent = image_windows_extent((height, width), tuple(kernel), stride, padding, columns, channels)
+        padded = self.builder_.emit(
+            self.builder_.call_te(
+                bf16_padded_image,
+                source.args[0],
+                padding,
+                extent,
+                primfunc_name_hint="bf16_padded_image",
+                primfunc_attrs={"op_pattern": OPAQUE_PATTERN},  # its own kernel: the product reads it in place
+            )
+        )
+        flat = self.builder_.emit(relax.op.reshape(padded, (batch, extent[0] * extent[1] * channels)))
+        flops = 2.0 * batch * out_h * out_w * weight.shape[3] * kernel[0] * kernel[1] * channels
+        image = (out_h, columns, extent[1], channels)
+        out = self._packed_product(
+            bf16_conv2d_image_windows, flat, packed, image, stride, AMX, flops, name="bf16_conv2d"
+        )
+        return self._computed(out, out_w, weight.shape[3])
+
+    def _transposed_input(self, data: Expr) -> Call | None:
+        """The transpose to channels-last that ``data`` is, of the model's NCHW input; else None."""
+        source = self.lookup_binding(data) if isinstance(data, relax.Var) else None
+        if op_name(source) == "relax.permute_dims" and ints(source.attrs.axes) == [0, 2, 3, 1]:
+            return source
+        return None
+
     def _patches_conv2d(self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]) -> Expr:
         kernel, (batch, height, width, channels) = weight.shape[:2], static_shape(data)
         row_width = patch_width(kernel[1], channels)
@@ -235,8 +281,8 @@ class _Bfloat16Products(PyExprMutator):
         read through a padded copy in bf16 that replaces the transpose's kernel; of an activation, read
         from it (its cast in its producer's epilogue) with a test for the padding at each value."""
         batch, height, width, channels = static_shape(data)
-        source = self.lookup_binding(data) if isinstance(data, relax.Var) else None
-        if op_name(source) == "relax.permute_dims" and ints(source.attrs.axes) == [0, 2, 3, 1]:
+        source = self._transposed_input(data)
+        if source is not None:
             extent = padded_image_extent((height, width), kernel, stride, padding, rows, channels, window_rows)
             padded = self.builder_.emit(
                 self.builder_.call_te(
@@ -280,8 +326,9 @@ class Bfloat16Products:
     """Convolutions and matmuls by constant weights from bf16 operands into fp32 (module docstring);
     ``unit``: the target CPU's bf16 dot product (``tuner.precision.bf16_unit``), None where it has none."""
 
-    def __init__(self, unit: str | None) -> None:
+    def __init__(self, unit: str | None, image_windows: bool = True) -> None:
         self.unit = unit
+        self.image_windows = image_windows
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
-        return rewrite_functions(_Bfloat16Products(mod, self.unit), mod)
+        return rewrite_functions(_Bfloat16Products(mod, self.unit, self.image_windows), mod)

@@ -11,7 +11,11 @@ positions, across image rows too. Each image row computes X - out_w outputs past
 (the padding's), dropped when the result is gathered back to [N, OH, OW, O]: 2 of 9 on a 7x7
 image with a 3x3 window, none for a 1x1 convolution.
 
-``bf16_conv2d_patches``, for a network's first convolution (3 channels: a micro-kernel's call over
+``bf16_conv2d_image_windows``, for a network's first convolution on AMX: each output position's
+window rows read in place from the padded image, an activation tile's rows overlapping (ResNet's 7x7
+window at stride 2 over 3 channels: rows 6 values apart, each reading the 32 from there), no patches.
+
+``bf16_conv2d_patches``, for a network's first convolution elsewhere (3 channels: a micro-kernel's call over
 its 4 packed channels does little more than set up and store its accumulators): the window's
 pixels of each output position copied into one row (im2col), one window row's KW*C pixels'
 channels (contiguous in NHWC) a micro-kernel call's reduction.
@@ -23,13 +27,15 @@ import numpy as np
 import tvm
 from tvm import te
 
+from measure.amx_dot import TILE_PAIRS
 from measure.bf16_dot import LANES, PAIR
 
-from ..bf16_rule import WINDOW_ANNOTATION, padded_rows, tile_efficiency
+from ..bf16_rule import OVERLAP_ANNOTATION, WINDOW_ANNOTATION, padded_rows, tile_efficiency
 from ..copy_rule import BF16_COPY_RULE
-from .bf16_kernels import BF16, F32, bf16_dense, gemm_attrs, out_extent, pack_dense_weight
+from .bf16_kernels import BF16, F32, bf16_dense, gemm_attrs, out_extent, pack_conv_weight, pack_dense_weight
 
 MIN_GAIN = 1.1  # what the flat form must win over tiles along one image row to pay for its gather
+TAP_VALUES = PAIR * TILE_PAIRS  # the values an AMX step reads from each window row of an image read in place
 
 
 def _positions(size: int, before: int, after: int, stride: int) -> int:
@@ -241,4 +247,65 @@ def bf16_patches_product(
         (int(by_position.shape[0]), out_h, out_w, outputs),
         lambda n, y, x, o: gemm[n, y * out_w + x, o],
         name="bf16_rows",
+    )
+
+
+def window_row_fits(kernel_w: int, channels: int) -> bool:
+    """Whether a window row's KW*C values fit the run an AMX step reads (``bf16_conv2d_image_windows``)."""
+    return kernel_w * channels <= TAP_VALUES
+
+
+def image_windows_extent(
+    image: tuple[int, int],
+    kernel: tuple[int, int],
+    stride: int,
+    padding: tuple[int, int, int, int],
+    columns: int,
+    channels: int,
+) -> tuple[int, int]:
+    """(rows, pixels) of the padded image ``bf16_conv2d_image_windows`` reads its ``columns`` output
+    columns' windows from, every read inside it (the last column's run of ``TAP_VALUES``), its pixels a
+    multiple of the stride (a window row's taps are whole tile rows apart)."""
+    (height, width), (kernel_h, _), (top, left, bottom, right) = image, kernel, padding
+    out_h = out_extent(height, top, bottom, kernel_h, stride)
+    rows = max(height + top + bottom, (out_h - 1) * stride + kernel_h)
+    pixels = max(width + left + right, (columns - 1) * stride + -(-TAP_VALUES // channels))
+    return rows, -(-pixels // stride) * stride
+
+
+def pack_window_rows_weight(weight: np.ndarray) -> np.ndarray:
+    """HWIO [KH, KW, C, N] -> [KH, 1, N/16, 16, 16, 2]: each window row's KW*C values (as they lie in an
+    image row, channels innermost), zeros after them up to ``TAP_VALUES``."""
+    kh, kw, c, n = weight.shape
+    rows = np.pad(weight.reshape(kh, 1, kw * c, n), [(0, 0), (0, 0), (0, TAP_VALUES - kw * c), (0, 0)])
+    return pack_conv_weight(rows, TAP_VALUES)
+
+
+def bf16_conv2d_image_windows(
+    flat: te.Tensor,
+    packed: te.Tensor,
+    image: tuple[int, int, int, int],
+    stride: int,
+    unit: str,
+    flops: float,
+) -> te.Tensor:
+    """The convolution of the padded image (``bf16_padded_image``, flat: [N, rows * pixels * C]) by
+    ``pack_window_rows_weight``'s weight: [N, out_h, columns, outputs] in fp32 (``image``: out_h,
+    columns, pixels, C), output (y, x)'s window row r the ``TAP_VALUES`` values from pixel
+    (y * stride + r, x * stride) on. The values past a window row's KW*C meet zero weights (finite: the
+    image's own or its padding)."""
+    out_h, columns, pixels, channels = image
+    kernel_h, outputs = int(packed.shape[0]), int(packed.shape[2]) * LANES
+    overlap, row_columns = stride * channels, pixels // stride  # a tile row's values, an image row's tile rows
+    ry = te.reduce_axis((0, kernel_h), "ry")
+    rc = te.reduce_axis((0, TAP_VALUES), "rc")
+    return te.compute(
+        (int(flat.shape[0]), out_h, columns, outputs),
+        lambda n, y, x, o: te.sum(
+            flat[n, ((y * stride + ry) * row_columns + x) * overlap + rc].astype(F32)
+            * packed[ry, 0, o // LANES, rc // PAIR, o % LANES, rc % PAIR].astype(F32),
+            axis=[ry, rc],
+        ),
+        name="bf16_conv2d",
+        attrs={**gemm_attrs(flops, unit), WINDOW_ANNOTATION: row_columns, OVERLAP_ANNOTATION: overlap},
     )

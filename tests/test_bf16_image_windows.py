@@ -1,0 +1,128 @@
+"""A first convolution on AMX reading its padded image in place: each activation tile's rows overlap
+(a stride's pixels apart, each reading a step's 32 values from there), one micro-kernel call sums the
+window's rows; against PyTorch's convolution of the same bf16 values, scheduled and as the lowering
+makes it."""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import tvm
+from bf16_builds import bf16_array, needs_amx, run_built, te_module
+from tvm import relax, te
+
+from measure.bf16_dot import AMX, register_if_ours
+from tuner.bf16_rule import _tile, padded_rows, tile_shapes
+from tuner.lowering.bf16 import Bfloat16Products
+from tuner.lowering.bf16_flat import (
+    bf16_conv2d_image_windows,
+    image_windows_extent,
+    pack_window_rows_weight,
+    window_row_fits,
+)
+from tuner.lowering.bf16_kernels import out_extent
+from tuner.targets import resolve_target
+
+# ResNet's 7x7 at stride 2, SqueezeNet's and MobileNetV2's 3x3 at stride 2, ConvNeXt's 4x4 at stride 4
+CONVOLUTIONS = [(23, 7, 2, 3, 64), (21, 3, 2, 0, 64), (20, 3, 2, 1, 32), (24, 4, 4, 0, 96)]
+
+
+def _expected(image: np.ndarray, weight: np.ndarray, stride: int, pad: int) -> np.ndarray:
+    """NHWC image, HWIO weight (values bf16 can hold): PyTorch's fp32 convolution, NHWC."""
+    return (
+        torch.nn.functional.conv2d(
+            torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
+            torch.from_numpy(weight.astype(np.float32)).permute(3, 2, 0, 1),
+            stride=stride,
+            padding=pad,
+        )
+        .permute(0, 2, 3, 1)
+        .numpy()
+    )
+
+
+@needs_amx
+@pytest.mark.parametrize(("size", "kernel", "stride", "pad", "outputs"), CONVOLUTIONS)
+def test_the_scheduled_product_over_the_image_in_place_is_the_convolution(size, kernel, stride, pad, outputs) -> None:
+    image, weight = bf16_array((1, size, size, 3), 1), bf16_array((kernel, kernel, 3, outputs), 2)
+    packed = pack_window_rows_weight(weight)
+    out_h, out_w = (out_extent(size, pad, pad, kernel, stride),) * 2
+    columns = padded_rows(out_w, packed.shape[2], AMX)
+    rows, pixels = image_windows_extent((size, size), (kernel, kernel), stride, (pad,) * 4, columns, 3)
+    padded = np.zeros((1, rows, pixels, 3), ml_dtypes.bfloat16)
+    padded[:, pad : pad + size, pad : pad + size] = image
+    flat_t = te.placeholder((1, rows * pixels * 3), "bfloat16", name="flat")
+    kernel_t = te.placeholder(packed.shape, "bfloat16", name="kernel")
+    conv = bf16_conv2d_image_windows(flat_t, kernel_t, (out_h, columns, pixels, 3), stride, AMX, 1.0)
+    sch = tvm.s_tir.Schedule(te_module([flat_t, kernel_t, conv]), seed=1)
+    _tile(sch, sch.get_sblock("bf16_conv2d"), *tile_shapes(columns, packed.shape[2], AMX)[0], AMX)
+    script = sch.mod.script()
+    # one call per tile over the window's rows, its activation rows a stride's pixels (3 values each) apart
+    (name,) = set(
+        re.findall(rf"tensor_tuner_kernel_(amx_r\d+_v\d+_p16_w{kernel}x1c{pixels // stride}o{3 * stride})\b", script)
+    )
+    assert register_if_ours(f"tensor_tuner_{name}")  # a stored trace naming it replays in another process
+    built = tvm.compile(sch.mod, target=resolve_target("llvm"))
+    got = run_built(built, [padded.reshape(1, -1), packed], tuple(int(d) for d in conv.shape))
+    expected = _expected(image, weight, stride, pad)
+    np.testing.assert_allclose(got[:, :, :out_w], expected, rtol=1e-4, atol=1e-3)
+
+
+def _first_convolution(image_nchw: np.ndarray, weight: np.ndarray, stride: int, pad: int) -> tvm.IRModule:
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(image_nchw.shape, "float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            data = builder.emit(relax.op.permute_dims(x, [0, 2, 3, 1]))
+            conv = relax.op.nn.conv2d(
+                data, relax.const(weight), strides=stride, padding=pad, data_layout="NHWC", kernel_layout="HWIO"
+            )
+            out = builder.emit_output(builder.emit(conv))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+@pytest.mark.parametrize("image_windows", [True, False])
+def test_the_lowering_reads_a_model_s_input_in_place_on_amx_and_computes_its_convolution(image_windows) -> None:
+    # built with TVM's default schedules: what the lowering computes, on any CPU
+    size, kernel, stride, pad, outputs = CONVOLUTIONS[0]
+    image = np.random.default_rng(1).standard_normal((1, 3, size, size)).astype(np.float32)
+    weight = np.random.default_rng(2).standard_normal((kernel, kernel, 3, outputs)).astype(np.float32)
+    lowered = Bfloat16Products(AMX, image_windows)(_first_convolution(image, weight, stride, pad))
+    lowered = relax.transform.DeadCodeElimination(["main"])(lowered)
+    script = lowered.script()
+    assert ("bf16_patches" in script) != image_windows and "bf16_padded_image" in script
+    run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
+    got = run["main"](tvm.runtime.tensor(image)).numpy()
+    rounded = [a.astype(ml_dtypes.bfloat16) for a in (image.transpose(0, 2, 3, 1), weight)]
+    np.testing.assert_allclose(got, _expected(*rounded, stride, pad), rtol=1e-4, atol=1e-3)
+
+
+def test_a_window_row_longer_than_a_step_keeps_its_patches() -> None:
+    assert window_row_fits(7, 3) and window_row_fits(4, 8) and not window_row_fits(11, 3)
+    image = np.zeros((1, 3, 32, 32), np.float32)
+    lowered = Bfloat16Products(AMX)(_first_convolution(image, np.ones((11, 11, 3, 16), np.float32), 4, 2))
+    assert "bf16_patches" in lowered.script()
+
+
+@needs_amx
+def test_a_stem_tuned_in_bf16_on_amx_searches_its_first_convolution_in_place_and_matches_pytorch(tmp_path) -> None:
+    import tuner
+
+    torch.manual_seed(0)
+    stem = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, 2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1)).eval()
+    x = torch.randn(1, 3, 40, 40)
+    result = tuner.tune(
+        stem, example_inputs=[x], target="llvm", dtype="bfloat16", trials_per_task=4, work_dir=tmp_path / "wd"
+    )
+    (first,) = [t for t in result.tasks if "bf16_conv2d" in t.name]
+    assert first.trials and first.verified and not first.fell_back, result.summary()
+    assert not any("patches" in t.name for t in result.tasks), result.summary()
+    with torch.no_grad():
+        expected = stem(x).numpy()
+    got = np.asarray(result.run(x.numpy()))
+    assert np.max(np.abs(got - expected)) <= 3e-2 * np.max(np.abs(expected))
