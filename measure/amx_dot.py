@@ -134,14 +134,20 @@ def _tap_end(window: Window) -> list[str]:
     ]
 
 
-def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int, window: Window | None = None) -> str:
+def amx_micro_kernel_ir(
+    name: str, rows: int, vectors: int, pairs: int, window: Window | None = None, zero: bool = False
+) -> str:
     """LLVM IR of ``name``(C, ldc, A, lda, B, ldb, pairs), as ``measure.bf16_dot``'s micro-kernels:
     C[r, 16v + l] += sum_p A[r, 2p:2p+2] . B[v, p, l, :], for a reduction of ``pairs`` pairs.
 
     With a ``window`` (and two more arguments, the weight's strides over the window's rows and
     columns), one call sums over every tap of the window as well: the accumulators are loaded and
     stored once per tile rather than once per tap (a 3x3 window over 64 channels loaded and stored them
-    as often as it loaded its operands). Whole steps only: a rest would switch configurations per tap."""
+    as often as it loaded its operands). Whole steps only: a rest would switch configurations per tap.
+
+    ``zero``: the call is its tile's whole reduction, and C holds zeros (the schedule's initialisation):
+    its accumulators start as zero tiles rather than loaded from C, which the initialisation's vector
+    stores have only just written (AMX's tile loads wait for them to reach the cache)."""
     if not fits(rows, vectors):
         raise ValueError(f"an AMX tile of {rows} rows x {vectors} channel blocks needs more than 8 tile registers")
     counts = row_tiles(rows)
@@ -199,8 +205,11 @@ def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int, window: 
         out += [f"  call void @llvm.x86.tdpbf16ps(i8 {t}, i8 {a_tile[i]}, i8 {b_tile[v]})" for i, v, t in blocks]
         return out
 
+    def start(tag: str) -> list[str]:
+        return [f"  call void @llvm.x86.tilezero(i8 {tile})" for *_, tile in blocks] if zero else c_blocks(True, tag)
+
     if steps:
-        lines += [*_configure(f"@{name}_steps", "s"), *c_blocks(True, "l")]
+        lines += [*_configure(f"@{name}_steps", "s"), *start("l")]
         a, b, entry, done = "%a", "%b", "%configureds", "steps_done"
         if window is not None:
             lines += _tap_start(window)
@@ -218,7 +227,7 @@ def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int, window: 
         if rest:  # loading another configuration clears the tiles: the accumulators go through memory
             lines += c_blocks(False, "m")
     if rest:
-        lines += [*_configure(f"@{name}_rest", "r"), *c_blocks(True, "r")]
+        lines += [*_configure(f"@{name}_rest", "r"), *(c_blocks(True, "r") if steps else start("r"))]
         lines += step("r", f"{steps * TILE_PAIRS}")
     lines += c_blocks(False, "s")
     lines += [
@@ -229,6 +238,7 @@ def amx_micro_kernel_ir(name: str, rows: int, vectors: int, pairs: int, window: 
         "declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)",
         "declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)",
         "declare void @llvm.x86.tdpbf16ps(i8 immarg, i8 immarg, i8 immarg)",
+        "declare void @llvm.x86.tilezero(i8 immarg)",
         'attributes #0 = { alwaysinline "target-features"="+amx-tile,+amx-bf16" }',
     ]
     return "\n".join(lines) + "\n"

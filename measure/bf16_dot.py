@@ -30,16 +30,19 @@ LANES = 16  # fp32 accumulators per vector
 PAIR = 2  # bf16 products summed into each
 AVX512 = "bf16"  # the units computing a tile, as intrinsic names spell them
 AMX = "amx"
-_NAME = re.compile(r"tensor_tuner_(bf16|amx)_r(\d+)_v(\d+)_p(\d+)(?:_w(\d+)x(\d+)c(\d+)(?:o(\d+))?)?")
+_NAME = re.compile(r"tensor_tuner_(bf16|amx)_r(\d+)_v(\d+)_p(\d+)(?:_w(\d+)x(\d+)c(\d+)(?:o(\d+))?)?(_z)?")
 _lock = threading.Lock()
 
 
-def intrinsic_name(rows: int, vectors: int, pairs: int, unit: str = AVX512, window: Window | None = None) -> str:
+def intrinsic_name(
+    rows: int, vectors: int, pairs: int, unit: str = AVX512, window: Window | None = None, zero: bool = False
+) -> str:
+    """``zero`` (AMX): a call that is its tile's whole reduction, its accumulators starting from zero tiles."""
     name = f"tensor_tuner_{unit}_r{rows}_v{vectors}_p{pairs}"
-    if window is None:
-        return name
-    overlap = f"o{window.overlap}" if window.overlap else ""
-    return f"{name}_w{window.height}x{window.width}c{window.columns}{overlap}"
+    if window is not None:
+        overlap = f"o{window.overlap}" if window.overlap else ""
+        name += f"_w{window.height}x{window.width}c{window.columns}{overlap}"
+    return name + ("_z" if zero else "")
 
 
 def _micro_kernel_ir(name: str, rows: int, vectors: int) -> str:
@@ -100,11 +103,13 @@ def _micro_kernel_ir(name: str, rows: int, vectors: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _intrinsic(rows: int, vectors: int, pairs: int, unit: str):
+def _intrinsic(rows: int, vectors: int, pairs: int, unit: str, zero: bool):
     width = vectors * LANES
-    kernel = intrinsic_name(rows, vectors, pairs, unit).replace("tensor_tuner_", "tensor_tuner_kernel_")
+    kernel = intrinsic_name(rows, vectors, pairs, unit, None, zero).replace("tensor_tuner_", "tensor_tuner_kernel_")
     ir_text = (
-        amx_micro_kernel_ir(kernel, rows, vectors, pairs) if unit == AMX else _micro_kernel_ir(kernel, rows, vectors)
+        amx_micro_kernel_ir(kernel, rows, vectors, pairs, None, zero)
+        if unit == AMX
+        else _micro_kernel_ir(kernel, rows, vectors)
     )
 
     @T.prim_func(s_tir=True)
@@ -171,15 +176,15 @@ def _intrinsic(rows: int, vectors: int, pairs: int, unit: str):
     return (description if rows > 1 else one_row_description), implementation
 
 
-def _window_intrinsic(rows: int, vectors: int, pairs: int, window: Window):
+def _window_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero: bool):
     """The AMX tile summed over a stride-1 convolution's window too (``amx_dot.Window``): the activation
     rows of every tap (``span`` of them from the tile's first), the packed weight [KH, KW, ...]."""
     width, reduction = vectors * LANES, pairs * PAIR
     height, taps_w, columns = window.height, window.width, window.columns
     span = rows + (height - 1) * columns + taps_w - 1
     b_shape = (height, taps_w, vectors, pairs, LANES, PAIR)
-    kernel = intrinsic_name(rows, vectors, pairs, AMX, window).replace("tensor_tuner_", "tensor_tuner_kernel_")
-    ir_text = amx_micro_kernel_ir(kernel, rows, vectors, pairs, window)
+    kernel = intrinsic_name(rows, vectors, pairs, AMX, window, zero).replace("tensor_tuner_", "tensor_tuner_kernel_")
+    ir_text = amx_micro_kernel_ir(kernel, rows, vectors, pairs, window, zero)
 
     @T.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -238,7 +243,7 @@ def _window_intrinsic(rows: int, vectors: int, pairs: int, window: Window):
     return description, implementation
 
 
-def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window):
+def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero: bool):
     """``_window_intrinsic`` over an activation whose rows overlap (``Window.overlap``): one flat buffer,
     row r of window row y starting ``(r + y * columns) * overlap`` values on, its reduction the run of
     values from there (a window row's taps are one run: the window is one tap wide)."""
@@ -247,8 +252,8 @@ def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window):
     assert taps_w == 1, "an overlapping window's rows are one run each"
     span = (rows - 1 + (height - 1) * columns) * lda + reduction
     b_shape = (height, taps_w, vectors, pairs, LANES, PAIR)
-    kernel = intrinsic_name(rows, vectors, pairs, AMX, window).replace("tensor_tuner_", "tensor_tuner_kernel_")
-    ir_text = amx_micro_kernel_ir(kernel, rows, vectors, pairs, window)
+    kernel = intrinsic_name(rows, vectors, pairs, AMX, window, zero).replace("tensor_tuner_", "tensor_tuner_kernel_")
+    ir_text = amx_micro_kernel_ir(kernel, rows, vectors, pairs, window, zero)
 
     @T.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -298,18 +303,21 @@ def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window):
     return description, implementation
 
 
-def register_bf16_tile(rows: int, vectors: int, pairs: int, unit: str = AVX512, window: Window | None = None) -> str:
+def register_bf16_tile(
+    rows: int, vectors: int, pairs: int, unit: str = AVX512, window: Window | None = None, zero: bool = False
+) -> str:
     """Register the intrinsic of one tile shape on ``unit`` (over a ``window``'s taps too, on AMX) in this
     process (idempotent); returns its name."""
-    name = intrinsic_name(rows, vectors, pairs, unit, window)
+    zero = zero and unit == AMX
+    name = intrinsic_name(rows, vectors, pairs, unit, window, zero)
     with _lock:
         if TensorIntrin.get(name, allow_missing=True) is None:
             if window is None:
-                TensorIntrin.register(name, *_intrinsic(rows, vectors, pairs, unit))
+                TensorIntrin.register(name, *_intrinsic(rows, vectors, pairs, unit, zero))
             elif window.overlap:
-                TensorIntrin.register(name, *_overlap_intrinsic(rows, vectors, pairs, window))
+                TensorIntrin.register(name, *_overlap_intrinsic(rows, vectors, pairs, window, zero))
             else:
-                TensorIntrin.register(name, *_window_intrinsic(rows, vectors, pairs, window))
+                TensorIntrin.register(name, *_window_intrinsic(rows, vectors, pairs, window, zero))
     return name
 
 
@@ -318,7 +326,7 @@ def register_if_ours(name: str) -> bool:
     whether it was."""
     match = _NAME.fullmatch(name)
     if match:
-        unit, rows, vectors, pairs, *window = match.groups()
+        unit, rows, vectors, pairs, *window, zero = match.groups()
         taps = Window(*(int(d or 0) for d in window)) if window[0] is not None else None
-        register_bf16_tile(int(rows), int(vectors), int(pairs), unit, taps)
+        register_bf16_tile(int(rows), int(vectors), int(pairs), unit, taps, zero is not None)
     return match is not None

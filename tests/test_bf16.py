@@ -44,7 +44,8 @@ def test_amx_micro_kernels_compute_the_bf16_product_numpy_computes(m: int, k: in
     # tiles of two activation tiles (28 = 16 + 12 rows) and of one
     n = 96
     built = built_tiled(dense_module(m, n, k), "gemm", rows, vectors, AMX)
-    assert "tdpbf16ps" in built.mod.inspect_source("asm")
+    # each call is its tile's whole reduction: its accumulators start as zero tiles, not loaded from C
+    assert "tdpbf16ps" in built.mod.inspect_source("asm") and "tilezero" in built.mod.inspect_source("asm")
     data, weight = bf16_array((m, k), 1), bf16_array((k, n), 2)
     expected = data.astype(np.float32) @ weight.astype(np.float32)
     out = run_built(built, [data, pack_dense_weight(weight)], (m, n))

@@ -61,10 +61,10 @@ def test_the_scheduled_product_over_the_image_in_place_is_the_convolution(size, 
     sch = tvm.s_tir.Schedule(te_module([flat_t, kernel_t, conv]), seed=1)
     _tile(sch, sch.get_sblock("bf16_conv2d"), *tile_shapes(columns, packed.shape[2], AMX)[0], AMX)
     script = sch.mod.script()
-    # one call per tile over the window's rows, its activation rows a stride's pixels (3 values each) apart
-    (name,) = set(
-        re.findall(rf"tensor_tuner_kernel_(amx_r\d+_v\d+_p16_w{kernel}x1c{pixels // stride}o{3 * stride})\b", script)
-    )
+    # one call per tile over the window's rows, its activation rows a stride's pixels (3 values each) apart,
+    # its accumulators starting from zero tiles (the call is the tile's whole reduction)
+    window = f"w{kernel}x1c{pixels // stride}o{3 * stride}"
+    (name,) = set(re.findall(rf"tensor_tuner_kernel_(amx_r\d+_v\d+_p16_{window}_z)\b", script))
     assert register_if_ours(f"tensor_tuner_{name}")  # a stored trace naming it replays in another process
     built = tvm.compile(sch.mod, target=resolve_target("llvm"))
     got = run_built(built, [padded.reshape(1, -1), packed], tuple(int(d) for d in conv.shape))

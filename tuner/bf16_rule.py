@@ -214,7 +214,9 @@ def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int
     init = sch.decompose_reduction(gemm, window[0] if window else tile_rows)
     sch.vectorize(sch.split(sch.get_loops(init)[-1], [None, LANES])[1])
     taps = _window(sch, gemm, window, unit, tile_rows_count, pairs_extent)
-    name = register_bf16_tile(tile_rows_count, vector_count, pairs_extent, unit, taps)
+    # a call that is its tile's whole reduction (no window loop outside it) starts from zero tiles on AMX
+    whole = taps is not None or not window
+    name = register_bf16_tile(tile_rows_count, vector_count, pairs_extent, unit, taps, zero=whole)
     inner = window[0] if taps else tile_rows if tile_rows_count > 1 else vectors
     sch.tensorize(sch.blockize(inner, preserve_unit_iters=False), name)
     # keeps MetaSchedule's generic rules (parallelising, vectorising, unrolling) off the loops above
