@@ -79,19 +79,6 @@ def padded_rows(rows: int, channel_blocks: int, unit: str = AVX512) -> int:
     return best if worth(best) >= MIN_PADDING_GAIN * worth(rows) else rows
 
 
-def padded_output_blocks(blocks: int, unit: str) -> int:
-    """How many 16-channel blocks of outputs a product is best computed over: ``blocks``, or one zero
-    block more where an odd count rules out AMX's 32x2 tiles (a classifier's 1000 outputs: 63 blocks
-    allow 16x3 tiles at best, three weight tiles loaded per three ``tdpbf16ps``)."""
-    if unit != AMX:
-        return blocks
-
-    def worth(padded: int) -> float:
-        return tile_efficiency(AMX_MAX_ROWS, padded, unit) * blocks / padded
-
-    return blocks + 1 if worth(blocks + 1) >= MIN_PADDING_GAIN * worth(blocks) else blocks
-
-
 def _shape(sch: Schedule, block: SBlockRV) -> list[int]:
     return [int(d) for d in sch.get(block).writes[0].source.shape]
 

@@ -27,7 +27,7 @@ from measure.amx_dot import TILE_PAIRS
 from measure.bf16_dot import AMX, AVX512, LANES, PAIR
 from workloads.relax_functions import rewrite_functions
 
-from ..bf16_rule import padded_output_blocks, padded_rows
+from ..bf16_rule import padded_rows
 from .bf16_flat import (
     bf16_conv2d_flat,
     bf16_conv2d_image_windows,
@@ -55,7 +55,6 @@ from .bf16_kernels import (
     pack_conv_weight,
     pack_dense_weight,
     to_bf16,
-    with_output_blocks,
 )
 from .inverted_residual import OPAQUE_PATTERN
 from .rewrites import conv2d_like, ints, op_name, static_shape
@@ -131,18 +130,12 @@ class _Bfloat16Products(PyExprMutator):
         not over a network's first convolution's 3 channels."""
         return self.unit if self.unit != AMX or reduction >= AMX_MIN_REDUCTION else AVX512
 
-    @staticmethod
-    def _tileable_outputs(weight: np.ndarray, unit: str) -> np.ndarray:
-        """``weight`` with a zero block of outputs where that lets AMX's larger tiles take it."""
-        return with_output_blocks(weight, padded_output_blocks(-(-weight.shape[-1] // LANES), unit))
-
     def _computed(self, out: Expr, rows: int | None, outputs: int) -> Expr:
         """``out`` without the zero rows (its second to last axis: a matmul's rows, a convolution's
-        columns) and zero outputs (up to whole blocks of 16) it was computed with."""
+        columns) and zero outputs (up to a multiple of 16) it was computed with."""
         out = self.builder_.normalize(out)
         ndim = out.ty.ndim
-        computed = out.ty.shape.values[ndim - 1]  # known: the packed weight's blocks, though rows may not be
-        kept = [(ndim - 1, outputs)] if int(computed) != outputs else []
+        kept = [(ndim - 1, outputs)] if outputs % LANES else []
         if rows is not None and static_shape(out)[ndim - 2] != rows:
             kept.insert(0, (ndim - 2, rows))
         if not kept:
@@ -155,10 +148,10 @@ class _Bfloat16Products(PyExprMutator):
     def _matmul(self, call: Call) -> Expr:
         data, weight = call.args[0], call.args[1].value.numpy()
         if self.unit and weight.ndim == 2 and weight.shape[0] % PAIR == 0:
+            packed = pack_dense_weight(weight)  # [N/16, K/2, 16, 2]
             shape = static_shape(data)
             rows = shape[-2] if shape and len(shape) >= 2 else None  # none to pad, or known only at run time
             unit = self._unit_for(weight.shape[0])
-            packed = pack_dense_weight(self._tileable_outputs(weight, unit))  # [N/16, K/2, 16, 2]
             padded = padded_rows(rows, packed.shape[0], unit) if rows else None
             out = self._packed_product(bf16_dense, data, packed, padded, unit, name="bf16_dense")
             return self._computed(out, rows, weight.shape[1])
@@ -201,8 +194,7 @@ class _Bfloat16Products(PyExprMutator):
             return in_place if in_place is not None else self._patches_conv2d(data, weight, stride, padding)
         unit = self._unit_for(weight.shape[2] + weight.shape[2] % PAIR)
         # on AMX whole steps: a rest loads a second tile configuration and the accumulators twice per call
-        multiple = AMX_MIN_REDUCTION if unit == AMX else PAIR
-        packed = pack_conv_weight(self._tileable_outputs(weight, unit), multiple)  # [KH, KW, N/16, C/2, 16, 2]
+        packed = pack_conv_weight(weight, AMX_MIN_REDUCTION if unit == AMX else PAIR)  # [KH, KW, N/16, C/2, 16, 2]
         flat = flat_rows(image, kernel, stride, padding, packed.shape[2], unit) if unit == AMX else None
         if flat is not None:
             view = None

@@ -33,11 +33,6 @@ def _padded(weight: np.ndarray, axis: int, multiple: int) -> np.ndarray:
     return np.pad(weight, widths)
 
 
-def with_output_blocks(weight: np.ndarray, blocks: int) -> np.ndarray:
-    """``weight`` (outputs on its last axis) with zero outputs up to ``blocks`` blocks of 16."""
-    return _padded(weight, weight.ndim - 1, blocks * LANES) if blocks * LANES > weight.shape[-1] else weight
-
-
 def pack_dense_weight(weight: np.ndarray) -> np.ndarray:
     """[K, N] -> [N/16, K/2, 16, 2] (N padded with zero outputs to a multiple of 16)."""
     weight = _padded(weight, 1, LANES)
