@@ -53,6 +53,22 @@ def test_amx_micro_kernels_compute_the_bf16_product_numpy_computes(m: int, k: in
 
 
 @needs_amx
+def test_amx_tiles_can_still_start_from_c_and_compute_the_same_product() -> None:
+    # experiments/amx_zero_tiles.py compares the two starts on one schedule
+    from tuner.bf16_rule import _tile
+    from tuner.targets import resolve_target
+
+    m, n, k = 64, 64, 96
+    sch = tvm.s_tir.Schedule(dense_module(m, n, k), seed=1)
+    _tile(sch, sch.get_sblock("gemm"), 32, 2, AMX, zero_tiles=False)
+    built = tvm.compile(sch.mod, target=resolve_target("llvm"))
+    assert "tilezero" not in built.mod.inspect_source("asm")
+    data, weight = bf16_array((m, k), 1), bf16_array((k, n), 2)
+    out = run_built(built, [data, pack_dense_weight(weight)], (m, n))
+    np.testing.assert_allclose(out, data.astype(np.float32) @ weight.astype(np.float32), rtol=1e-5, atol=1e-4)
+
+
+@needs_amx
 def test_amx_micro_kernels_of_other_tile_shapes_called_in_turn_each_load_their_own_configuration() -> None:
     # a micro-kernel loads its tile configuration only when the thread holds another: kernels of two
     # shapes called in turn on the same threads must each find theirs replaced and load it again

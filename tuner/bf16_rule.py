@@ -173,7 +173,11 @@ def _spatial_and_reduction(sch: Schedule, gemm: SBlockRV) -> tuple[list[LoopRV],
     return spatial, [loop for loop, kind in zip(loops, kinds, strict=True) if kind != IterVar.DataPar]
 
 
-def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int, unit: str = AVX512) -> None:
+def _tile(
+    sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int, unit: str = AVX512, zero_tiles: bool = True
+) -> None:
+    """Tile ``gemm`` for the micro-kernel of ``tile_rows_count`` x ``vector_count`` on ``unit``; ``zero_tiles``
+    (AMX): a call that is its tile's whole reduction starts from zero tiles (off: loads C's zeros, to compare)."""
     _inline_prologue(sch, gemm)
     for producer in _around(sch, gemm, sch.get_producers):
         _parallel_loop_nest(sch, producer)
@@ -215,7 +219,7 @@ def _tile(sch: Schedule, gemm: SBlockRV, tile_rows_count: int, vector_count: int
     sch.vectorize(sch.split(sch.get_loops(init)[-1], [None, LANES])[1])
     taps = _window(sch, gemm, window, unit, tile_rows_count, pairs_extent)
     # a call that is its tile's whole reduction (no window loop outside it) starts from zero tiles on AMX
-    whole = taps is not None or not window
+    whole = zero_tiles and (taps is not None or not window)
     name = register_bf16_tile(tile_rows_count, vector_count, pairs_extent, unit, taps, zero=whole)
     inner = window[0] if taps else tile_rows if tile_rows_count > 1 else vectors
     sch.tensorize(sch.blockize(inner, preserve_unit_iters=False), name)
