@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 TILE_ROWS = 16  # of an activation tile and an accumulator block
 TILE_PAIRS = 16  # pairs of the reduction per step (64 bytes of an activation row)
+STEP_VALUES = 2 * TILE_PAIRS  # bf16 values of the reduction per step
 TILE_REGISTERS = 8
 _SYS_ARCH_PRCTL = 158
 _ARCH_REQ_XCOMP_PERM = 0x1023

@@ -23,7 +23,7 @@ from tvm.ir.expr import Constant
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
-from measure.amx_dot import TILE_PAIRS
+from measure.amx_dot import STEP_VALUES
 from measure.bf16_dot import AMX, AVX512, LANES, PAIR
 from workloads.relax_functions import rewrite_functions
 
@@ -59,7 +59,7 @@ from .bf16_kernels import (
 from .inverted_residual import OPAQUE_PATTERN
 from .rewrites import conv2d_like, ints, op_name, static_shape
 
-AMX_MIN_REDUCTION = PAIR * TILE_PAIRS  # one whole step of AMX's micro-kernel
+AMX_MIN_REDUCTION = STEP_VALUES  # one whole step of AMX's micro-kernel
 PATCHES_BELOW_CHANNELS = 8  # a first convolution's (RGB): its products over its window's patches
 
 

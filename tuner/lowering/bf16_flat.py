@@ -27,7 +27,7 @@ import numpy as np
 import tvm
 from tvm import te
 
-from measure.amx_dot import TILE_PAIRS
+from measure.amx_dot import STEP_VALUES
 from measure.bf16_dot import LANES, PAIR
 
 from ..bf16_rule import OVERLAP_ANNOTATION, WINDOW_ANNOTATION, padded_rows, tile_efficiency
@@ -35,7 +35,6 @@ from ..copy_rule import BF16_COPY_RULE
 from .bf16_kernels import BF16, F32, bf16_dense, gemm_attrs, out_extent, pack_conv_weight, pack_dense_weight
 
 MIN_GAIN = 1.1  # what the flat form must win over tiles along one image row to pay for its gather
-TAP_VALUES = PAIR * TILE_PAIRS  # the values an AMX step reads from each window row of an image read in place
 
 
 def _positions(size: int, before: int, after: int, stride: int) -> int:
@@ -252,7 +251,7 @@ def bf16_patches_product(
 
 def window_row_fits(kernel_w: int, channels: int) -> bool:
     """Whether a window row's KW*C values fit the run an AMX step reads (``bf16_conv2d_image_windows``)."""
-    return kernel_w * channels <= TAP_VALUES
+    return kernel_w * channels <= STEP_VALUES
 
 
 def image_windows_extent(
@@ -264,21 +263,21 @@ def image_windows_extent(
     channels: int,
 ) -> tuple[int, int]:
     """(rows, pixels) of the padded image ``bf16_conv2d_image_windows`` reads its ``columns`` output
-    columns' windows from, every read inside it (the last column's run of ``TAP_VALUES``), its pixels a
+    columns' windows from, every read inside it (the last column's run of ``STEP_VALUES``), its pixels a
     multiple of the stride (a window row's taps are whole tile rows apart)."""
     (height, width), (kernel_h, _), (top, left, bottom, right) = image, kernel, padding
     out_h = out_extent(height, top, bottom, kernel_h, stride)
     rows = max(height + top + bottom, (out_h - 1) * stride + kernel_h)
-    pixels = max(width + left + right, (columns - 1) * stride + -(-TAP_VALUES // channels))
+    pixels = max(width + left + right, (columns - 1) * stride + -(-STEP_VALUES // channels))
     return rows, -(-pixels // stride) * stride
 
 
 def pack_window_rows_weight(weight: np.ndarray) -> np.ndarray:
     """HWIO [KH, KW, C, N] -> [KH, 1, N/16, 16, 16, 2]: each window row's KW*C values (as they lie in an
-    image row, channels innermost), zeros after them up to ``TAP_VALUES``."""
+    image row, channels innermost), zeros after them up to ``STEP_VALUES``."""
     kh, kw, c, n = weight.shape
-    rows = np.pad(weight.reshape(kh, 1, kw * c, n), [(0, 0), (0, 0), (0, TAP_VALUES - kw * c), (0, 0)])
-    return pack_conv_weight(rows, TAP_VALUES)
+    rows = np.pad(weight.reshape(kh, 1, kw * c, n), [(0, 0), (0, 0), (0, STEP_VALUES - kw * c), (0, 0)])
+    return pack_conv_weight(rows, STEP_VALUES)
 
 
 def bf16_conv2d_image_windows(
@@ -291,14 +290,14 @@ def bf16_conv2d_image_windows(
 ) -> te.Tensor:
     """The convolution of the padded image (``bf16_padded_image``, flat: [N, rows * pixels * C]) by
     ``pack_window_rows_weight``'s weight: [N, out_h, columns, outputs] in fp32 (``image``: out_h,
-    columns, pixels, C), output (y, x)'s window row r the ``TAP_VALUES`` values from pixel
+    columns, pixels, C), output (y, x)'s window row r the ``STEP_VALUES`` values from pixel
     (y * stride + r, x * stride) on. The values past a window row's KW*C meet zero weights (finite: the
     image's own or its padding)."""
     out_h, columns, pixels, channels = image
     kernel_h, outputs = int(packed.shape[0]), int(packed.shape[2]) * LANES
     overlap, row_columns = stride * channels, pixels // stride  # a tile row's values, an image row's tile rows
     ry = te.reduce_axis((0, kernel_h), "ry")
-    rc = te.reduce_axis((0, TAP_VALUES), "rc")
+    rc = te.reduce_axis((0, STEP_VALUES), "rc")
     return te.compute(
         (int(flat.shape[0]), out_h, columns, outputs),
         lambda n, y, x, o: te.sum(
