@@ -14,7 +14,7 @@ from tvm import te
 
 import tuner
 from measure.amx_dot import fits
-from measure.bf16_dot import AMX, AVX512
+from measure.bf16_dot import AMX, AVX512, PAIR
 from tuner.bf16_rule import padded_rows, tile_shapes
 from tuner.errors import TargetError
 from tuner.lowering.bf16_kernels import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
@@ -66,6 +66,23 @@ def test_amx_tiles_can_still_start_from_c_and_compute_the_same_product() -> None
     data, weight = bf16_array((m, k), 1), bf16_array((k, n), 2)
     out = run_built(built, [data, pack_dense_weight(weight)], (m, n))
     np.testing.assert_allclose(out, data.astype(np.float32) @ weight.astype(np.float32), rtol=1e-5, atol=1e-4)
+
+
+@needs_amx
+def test_amx_tiles_taking_the_reduction_in_chunks_compute_the_same_product() -> None:
+    # the accumulators of a task's tiles go through memory between chunks; the first chunk starts from C's zeros
+    from tuner.bf16_rule import AMX_REDUCTION_CHUNK, _tile
+    from tuner.targets import resolve_target
+
+    m, n, k = 96, 64, 3 * AMX_REDUCTION_CHUNK * PAIR
+    sch = tvm.s_tir.Schedule(dense_module(m, n, k), seed=1)
+    _tile(sch, sch.get_sblock("gemm"), 32, 2, AMX, chunks=True)
+    assert f"_p{AMX_REDUCTION_CHUNK}" in str(sch.mod)  # the intrinsic of a chunk's pairs
+    built = tvm.compile(sch.mod, target=resolve_target("llvm"))
+    assert "tilezero" not in built.mod.inspect_source("asm")
+    data, weight = bf16_array((m, k), 1), bf16_array((k, n), 2)
+    out = run_built(built, [data, pack_dense_weight(weight)], (m, n))
+    np.testing.assert_allclose(out, data.astype(np.float32) @ weight.astype(np.float32), rtol=1e-5, atol=2e-4)
 
 
 @needs_amx
