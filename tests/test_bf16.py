@@ -4,6 +4,8 @@ instruction gets (a warning, or a refusal before anything starts)."""
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -68,6 +70,42 @@ def test_amx_tiles_can_still_start_from_c_and_compute_the_same_product() -> None
     np.testing.assert_allclose(out, data.astype(np.float32) @ weight.astype(np.float32), rtol=1e-5, atol=1e-4)
 
 
+def _amx_space_intrinsics(mod: tvm.IRModule, block: str) -> list[set[str]]:
+    from tuner.bf16_rule import UNIT_ANNOTATION, schedule_bf16_gemm
+
+    sch = tvm.s_tir.Schedule(mod, seed=1)
+    sch.annotate(sch.get_sblock(block), UNIT_ANNOTATION, AMX)
+    return [
+        set(re.findall(r"tensor_tuner_amx_\w+", str(space.trace)))
+        for space in schedule_bf16_gemm(sch, sch.get_sblock(block))
+    ]
+
+
+def _conv_module(channels: int, window: int) -> tvm.IRModule:
+    image_t = te.placeholder((1, 4, 32, channels), "bfloat16", name="image")
+    kernel_t = te.placeholder(pack_conv_weight(bf16_array((window, window, channels, 32), 1)).shape, "bfloat16")
+    pad = window // 2
+    return te_module([image_t, kernel_t, bf16_conv2d_nhwc(image_t, kernel_t, 1, (pad, pad, pad, pad), 32, AMX)])
+
+
+def test_amx_design_spaces_take_a_long_reduction_whole_and_in_chunks_where_a_call_is_one_tap() -> None:
+    from tuner.bf16_rule import AMX_REDUCTION_CHUNK
+
+    k = 3 * AMX_REDUCTION_CHUNK * PAIR
+    for mod, block in [(dense_module(64, 32, k), "gemm"), (_conv_module(k, 1), "bf16_conv2d")]:
+        spaces = _amx_space_intrinsics(mod, block)
+        assert any(f"_p{3 * AMX_REDUCTION_CHUNK}" in name for names in spaces for name in names)
+        assert any(name.endswith(f"_p{AMX_REDUCTION_CHUNK}") for names in spaces for name in names)
+    # a reduction of one chunk (the same call), or a 3x3 window's, is taken whole
+    chunk = AMX_REDUCTION_CHUNK
+    for mod, block, pairs in [
+        (dense_module(64, 32, chunk * PAIR), "gemm", chunk),
+        (_conv_module(k, 3), "bf16_conv2d", k // PAIR),
+    ]:
+        names = set().union(*_amx_space_intrinsics(mod, block))
+        assert names and all(f"_p{pairs}" in name for name in names)
+
+
 @needs_amx
 def test_amx_tiles_taking_the_reduction_in_chunks_compute_the_same_product() -> None:
     # the accumulators of a task's tiles go through memory between chunks; the first chunk starts from C's zeros
@@ -77,12 +115,21 @@ def test_amx_tiles_taking_the_reduction_in_chunks_compute_the_same_product() -> 
     m, n, k = 96, 64, 3 * AMX_REDUCTION_CHUNK * PAIR
     sch = tvm.s_tir.Schedule(dense_module(m, n, k), seed=1)
     _tile(sch, sch.get_sblock("gemm"), 32, 2, AMX, chunks=True)
-    assert f"_p{AMX_REDUCTION_CHUNK}" in str(sch.mod)  # the intrinsic of a chunk's pairs
+    assert f"_p{AMX_REDUCTION_CHUNK}" in str(sch.trace)  # the intrinsic of a chunk's pairs
     built = tvm.compile(sch.mod, target=resolve_target("llvm"))
     assert "tilezero" not in built.mod.inspect_source("asm")
     data, weight = bf16_array((m, k), 1), bf16_array((k, n), 2)
     out = run_built(built, [data, pack_dense_weight(weight)], (m, n))
     np.testing.assert_allclose(out, data.astype(np.float32) @ weight.astype(np.float32), rtol=1e-5, atol=2e-4)
+    # a 1x1 convolution's window of one tap: chunked the same way
+    sch = tvm.s_tir.Schedule(_conv_module(k, 1), seed=1)
+    _tile(sch, sch.get_sblock("bf16_conv2d"), 32, 2, AMX, chunks=True)
+    image, kernel = bf16_array((1, 4, 32, k), 3), bf16_array((1, 1, k, 32), 1)  # _conv_module's shapes
+    got = run_built(
+        tvm.compile(sch.mod, target=resolve_target("llvm")), [image, pack_conv_weight(kernel)], (1, 4, 32, 32)
+    )
+    expected = image.astype(np.float32) @ kernel[0, 0].astype(np.float32)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-4)
 
 
 @needs_amx

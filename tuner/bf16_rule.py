@@ -185,11 +185,12 @@ def _tile(
     vector_count: int,
     unit: str = AVX512,
     zero_tiles: bool = True,
-    chunks: bool | None = None,
+    chunks: bool = False,
 ) -> None:
     """Tile ``gemm`` for the micro-kernel of ``tile_rows_count`` x ``vector_count`` on ``unit``; ``zero_tiles``
     (AMX): a call that is its tile's whole reduction starts from zero tiles (off: loads C's zeros, to compare);
-    ``chunks`` (AMX): whether calls take the reduction in ``AMX_REDUCTION_CHUNK``s, sampled where None."""
+    ``chunks``: calls take the reduction in ``AMX_REDUCTION_CHUNK``s, where ``takes_chunks``."""
+    chunks = chunks and takes_chunks(sch, gemm, unit)
     _inline_prologue(sch, gemm)
     for producer in _around(sch, gemm, sch.get_producers):
         _parallel_loop_nest(sch, producer)
@@ -219,15 +220,10 @@ def _tile(
     row_tiles, row_blocks = sch.split(row_groups, sch.sample_perfect_tile(row_groups, n=2))
     pairs, pair = sch.split(inputs, [None, PAIR], preserve_unit_iters=False)
     chunk_loops = []
-    if unit == AMX and not window and pairs_extent % AMX_REDUCTION_CHUNK == 0 and pairs_extent > AMX_REDUCTION_CHUNK:
-        if chunks is None:
-            chunks = sch.sample_categorical([0, 1], [0.5, 0.5]) == 1
-        if chunks:
-            chunk, pairs = sch.split(pairs, [None, AMX_REDUCTION_CHUNK], preserve_unit_iters=False)
-            chunk_loops, pairs_extent = [chunk], AMX_REDUCTION_CHUNK
+    if chunks:
+        chunk, pairs = sch.split(pairs, [None, AMX_REDUCTION_CHUNK], preserve_unit_iters=False)
+        chunk_loops, pairs_extent = [chunk], AMX_REDUCTION_CHUNK
     tasks = [*outer, row_tiles, channel_tiles]
-    if sch.sample_categorical([0, 1], [0.5, 0.5]) == 1:  # a task's weights stay in its cache over all rows
-        tasks = [channel_tiles, *outer, row_tiles]
     sch.reorder(*tasks, *chunk_loops, row_blocks, *window, tile_rows, vectors, pairs, lanes, pair)
     parallel = sch.fuse(*tasks)
     sch.parallel(parallel)
@@ -245,6 +241,15 @@ def _tile(
     sch.tensorize(sch.blockize(inner, preserve_unit_iters=False), name)
     # keeps MetaSchedule's generic rules (parallelising, vectorising, unrolling) off the loops above
     sch.annotate(sch.get_sblock("root"), "schedule_rule", "None")
+
+
+def takes_chunks(sch: Schedule, gemm: SBlockRV, unit: str) -> bool:
+    """Whether ``gemm``'s AMX calls can take its reduction in chunks (``AMX_REDUCTION_CHUNK``): one tap
+    (a product, a 1x1 convolution), a reduction of more than one chunk and whole chunks."""
+    *window, inputs = _spatial_and_reduction(sch, gemm)[1]
+    pairs = int(sch.get(inputs).extent) // PAIR
+    whole_chunks = pairs > AMX_REDUCTION_CHUNK and pairs % AMX_REDUCTION_CHUNK == 0
+    return unit == AMX and _extent(sch, window) == 1 and whole_chunks
 
 
 def _window(
@@ -272,8 +277,10 @@ def schedule_bf16_gemm(sch: Schedule, gemm: SBlockRV) -> list[Schedule]:
     rows_extent, channels_extent = (int(sch.get(loop).extent) for loop in (rows_loop, channels_loop))
     unit = str(sch.get(gemm).annotations.get(UNIT_ANNOTATION, AVX512))
     spaces = []
+    chunk_choices = (False, True) if takes_chunks(sch, gemm, unit) else (False,)
     for rows, vectors in tile_shapes(rows_extent, channels_extent // LANES, unit):
-        space = sch.copy()
-        _tile(space, gemm, rows, vectors, unit)
-        spaces.append(space)
+        for chunks in chunk_choices:
+            space = sch.copy()
+            _tile(space, gemm, rows, vectors, unit, chunks=chunks)
+            spaces.append(space)
     return spaces
