@@ -240,6 +240,33 @@ def test_a_linear_layer_over_197_tokens_is_computed_over_198_and_sliced_back() -
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3)
 
 
+def test_the_work_after_a_slice_of_padded_rows_and_outputs_is_one_pass_over_the_output() -> None:
+    # 13 tokens computed over 14 rows and 40 outputs over 48: the copy dropping the rows, the slice dropping
+    # the outputs, the bias and the activation after them were each a parallel pass of their own
+    from tuner.bf16_rule import _tile
+    from tuner.targets import resolve_target
+
+    tokens, k, n = 13, 34, 40
+    data, weight = bf16_array((tokens, k), 1), bf16_array((k, n), 2)
+    bias = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    packed = pack_dense_weight(weight)
+    data_t = te.placeholder(data.shape, "bfloat16", name="data")
+    packed_t = te.placeholder(packed.shape, "bfloat16", name="packed")
+    bias_t = te.placeholder((n,), "float32", name="bias")
+    product = bf16_dense(data_t, packed_t, rows=14)
+    rows = te.compute((tokens, packed.shape[0] * 16), lambda i, j: product[i, j], name="rows")
+    sliced = te.compute((tokens, n), lambda i, j: rows[i, j], name="sliced")
+    biased = te.compute((tokens, n), lambda i, j: sliced[i, j] + bias_t[j], name="biased")
+    relu = te.compute((tokens, n), lambda i, j: te.max(biased[i, j], tvm.tirx.const(0, "float32")), name="relu")
+    sch = tvm.s_tir.Schedule(te_module([data_t, packed_t, bias_t, relu]), seed=1)
+    _tile(sch, sch.get_sblock("bf16_dense"), 7, 1)
+    after = re.findall(r'T.sblock\("(\w+)"\)', sch.mod.script().split("bf16_dense_global")[-1])
+    assert len(after) == 1, after
+    got = run_built(tvm.compile(sch.mod, target=resolve_target("llvm")), [data, packed, bias], (tokens, n))
+    expected = np.maximum(data.astype(np.float32) @ weight.astype(np.float32) + bias, 0)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+
+
 class _SmallNet(torch.nn.Module):
     """Every kind of bf16 kernel: a padded convolution of 3 channels (a zero channel added) into 24
     (8 zero outputs added, and on 13 image columns a 14th: both sliced off), a depthwise one (bf16
