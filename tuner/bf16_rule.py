@@ -10,8 +10,8 @@ input channels and are written out once per window position, the last time throu
 epilogue (bias, activation, the cast of the next layer's input).
 
 A tile's shape is fixed per design space (its intrinsic is named by it, and the search's mutations
-must not change it under a stored trace); the search samples how tiles group into tasks and the
-order of the task loops.
+must not change it under a stored trace), and so is whether an AMX call takes a long reduction whole
+or in chunks; the search samples how tiles group into tasks.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ MIN_PADDING_GAIN = 1.15  # what padding rows must win to pay for the copy it add
 # the eight tile registers
 AMX_MAX_ROWS = 2 * amx_dot.TILE_ROWS
 AMX_SATURATING = 4 * amx_dot.TILE_ROWS
-# pairs of the reduction per call where a product's calls take it in chunks (a sampled choice): a 32-row
+# pairs of the reduction per call where a product's calls take it in chunks (design spaces of their own): a 32-row
 # activation chunk (16 KB) and a two-block weight chunk (16 KB) stay in L1 beside each other, where a whole
-# reduction of 768 streams 96 KB per call from L2: 6-11% faster alone on BERT's and ResNet-50's products
+# reduction of 768 streams 96 KB per call from L2: 0-12% faster alone on BERT's products and ResNet-50's 1x1s
 # (experiments/amx_reduction_chunks.py)
 AMX_REDUCTION_CHUNK = 128
 
