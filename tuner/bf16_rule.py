@@ -93,19 +93,21 @@ def _size(sch: Schedule, block: SBlockRV) -> int:
     return math.prod(_shape(sch, block))
 
 
-def _inline_epilogue(sch: Schedule, writeback: SBlockRV) -> None:
-    """Merge the element-wise consumers of the GEMM's output into the block that writes it back. A
-    consumer of another shape (the slice that drops padded outputs) stays a block: TVM would inline it
-    with the indices it reads, and the write-back loop, sized by the GEMM, would write past its end."""
+def _inline_epilogue(sch: Schedule, writeback: SBlockRV) -> bool:
+    """Merge the element-wise consumers of the GEMM's output into the block that writes it back; whether
+    any was. A consumer of another shape (the slice that drops padded outputs) stays a block: TVM would
+    inline it with the indices it reads, and the write-back loop, sized by the GEMM, would write past its end."""
+    merged = False
     while True:
         consumers = sch.get_consumers(writeback)
         if len(consumers) != 1 or _shape(sch, consumers[0]) != _shape(sch, writeback):
-            return
+            return merged
         _inline_other_producers(sch, consumers[0], writeback)
         try:
             sch.reverse_compute_inline(consumers[0])
         except Exception:  # noqa: BLE001 - TVM refuses a consumer that is not element-wise: it stays a block
-            return
+            return merged
+        merged = True
 
 
 def _merge_after_slices(sch: Schedule, writeback: SBlockRV) -> None:
@@ -113,23 +115,20 @@ def _merge_after_slices(sch: Schedule, writeback: SBlockRV) -> None:
     that reads it, and the element-wise work after a slice (a bias, an activation) into the slice.
     Each was a parallel pass of its own over the whole output: SqueezeNet's classifier convolution (169
     positions computed over 176, 1000 outputs over 1008) made four, the product itself a fraction of its time."""
-    merged = True
-    while merged:
-        merged = False
-        for block in _around(sch, writeback, sch.get_consumers):
-            count = len(_around(sch, writeback, sch.get_consumers))
-            if _is_copy(sch, block) and sch.get_consumers(block):
-                try:
-                    sch.compute_inline(block)
-                except Exception:  # noqa: BLE001 - TVM refuses it (a reader that is not element-wise): it stays
-                    pass
-                else:
-                    merged = True
-                    break
-            _inline_epilogue(sch, block)
-            if len(_around(sch, writeback, sch.get_consumers)) != count:
-                merged = True
-                break
+    # each merge removes blocks: the consumers are looked up afresh after every one
+    while any(_merge_once(sch, block) for block in _around(sch, writeback, sch.get_consumers)):
+        pass
+
+
+def _merge_once(sch: Schedule, block: SBlockRV) -> bool:
+    """Merge ``block`` into its reader if it is a copy, else its element-wise readers into it; whether it did."""
+    if _is_copy(sch, block) and sch.get_consumers(block):
+        try:
+            sch.compute_inline(block)
+            return True
+        except Exception:  # noqa: BLE001 - TVM refuses it (a reader that is not element-wise): it stays
+            pass
+    return _inline_epilogue(sch, block)
 
 
 def _is_copy(sch: Schedule, block: SBlockRV) -> bool:
