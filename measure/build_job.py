@@ -16,6 +16,7 @@ from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
 from .contract import is_cuda
 from .tensor_cores import ensure_intrinsics_of
+from .weight_prefetch import tir_pipeline
 
 
 class BuildError(RuntimeError):
@@ -48,7 +49,7 @@ def build_kernel(mod: tvm.IRModule, target: str, artifact: str, keep_layout_rewr
         mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     start = time.perf_counter()
     with tvm_target:
-        executable = tvm.compile(mod, target=tvm_target)
+        executable = tvm.compile(mod, target=tvm_target, tir_pipeline=tir_pipeline(tvm_target))
     if is_cuda(tvm_target) and not _has_device_code(executable):
         raise BuildError("no CUDA kernel was generated: the schedule binds no GPU threads")
     executable.export_library(artifact)
@@ -156,7 +157,9 @@ def build_lowered_model(
             *backend.dataflow_lower_passes(target),
             *backend.finalize_passes(target),
         ]
-        return relax.build(mod, target=target, relax_pipeline=tvm.transform.Sequential(passes))
+        return relax.build(
+            mod, target=target, relax_pipeline=tvm.transform.Sequential(passes), tir_pipeline=tir_pipeline(target)
+        )
 
 
 def _layout_rewrite_splits(func: tvm.tirx.PrimFunc) -> bool:

@@ -107,6 +107,7 @@ def test_lowering_folds_same_padding_and_keeps_growing_blocks_out_of_epilogues()
     assert any(name.startswith("pad") for name in names) and any(name.startswith("concatenate") for name in names)
 
 
+@pytest.mark.slow  # over 45 s on 2 cores; CI's time goes to the rest
 def test_every_candidate_of_a_same_padded_model_verifies(tmp_path):
     """Tuned with a real search, every candidate measured computes what the unscheduled kernel does,
     and the model matches PyTorch."""

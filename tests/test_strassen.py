@@ -92,6 +92,7 @@ class _GatedFeedForward(torch.nn.Module):
         return torch.nn.functional.silu(self.gate(x)) * self.up(x)
 
 
+@pytest.mark.slow  # over 45 s on 2 cores; CI's time goes to the rest
 def test_the_output_kernel_loops_over_strassen_blocks_and_computes_what_the_reference_does(llvm_target):
     """A gated feed-forward's two Strassen outputs and the SiLU between them are one kernel; its design
     space loops over the output by Strassen's blocks (rows and columns split in two halves, the columns

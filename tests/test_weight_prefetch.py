@@ -1,0 +1,104 @@
+"""The weights' prefetches (measure/weight_prefetch.py): where a product re-reads blocks of its weight,
+the next block is asked for while this one is computed; nothing changes in what a kernel computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import tirx as T
+
+from measure.weight_prefetch import DISABLE_ENV, tir_pipeline
+from tuner.targets import resolve_target
+
+ROWS, BLOCKS, COLUMN_GROUPS, STEPS, LANES = 32, 4, 8, 32, 16  # 16 KB weight blocks: the smallest helped
+
+
+def _product(weight_rows_per_block: int = STEPS) -> tvm.IRModule:
+    """C = A @ W with W packed [BLOCKS, COLUMN_GROUPS, STEPS, LANES], tiled as MetaSchedule tiles a
+    product: each reduction block of the weight re-read by two groups of eight rows."""
+    k, n = BLOCKS * weight_rows_per_block, COLUMN_GROUPS * LANES
+
+    @T.prim_func(s_tir=True)
+    def main(
+        a: T.Buffer((ROWS, k), "float32"),
+        w: T.Buffer((BLOCKS, COLUMN_GROUPS, weight_rows_per_block, LANES), "float32"),
+        c: T.Buffer((ROWS, n), "float32"),
+    ):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        for task in T.parallel(2):
+            for rows, group, row in T.grid(2, COLUMN_GROUPS, 8):
+                for lane in T.vectorized(LANES):
+                    with T.sblock("init"):
+                        vi = T.axis.spatial(ROWS, task * 16 + rows * 8 + row)
+                        vj = T.axis.spatial(n, group * LANES + lane)
+                        c[vi, vj] = T.float32(0)
+            for block, rows, group, step, row in T.grid(BLOCKS, 2, COLUMN_GROUPS, weight_rows_per_block, 8):
+                for lane in T.vectorized(LANES):
+                    with T.sblock("update"):
+                        vi = T.axis.spatial(ROWS, task * 16 + rows * 8 + row)
+                        vj = T.axis.spatial(n, group * LANES + lane)
+                        vk = T.axis.reduce(k, block * weight_rows_per_block + step)
+                        c[vi, vj] = (
+                            c[vi, vj]
+                            + a[vi, vk]
+                            * w[vk // weight_rows_per_block, vj // LANES, vk % weight_rows_per_block, vj % LANES]
+                        )
+
+    return tvm.IRModule({"main": main})
+
+
+def _built(mod: tvm.IRModule) -> tvm.runtime.Executable:
+    target = resolve_target("llvm")
+    with target:
+        return tvm.compile(mod, target=target, tir_pipeline=tir_pipeline(target))
+
+
+def _prefetches(executable: tvm.runtime.Executable) -> int:
+    return executable.mod.inspect_source("asm").count("prefetch")
+
+
+def _check_product(executable: tvm.runtime.Executable, weight_rows_per_block: int) -> None:
+    rng = np.random.default_rng(0)
+    k = BLOCKS * weight_rows_per_block
+    a = rng.standard_normal((ROWS, k)).astype("float32")
+    w = rng.standard_normal((k, COLUMN_GROUPS * LANES)).astype("float32")
+    packed = w.reshape(BLOCKS, weight_rows_per_block, COLUMN_GROUPS, LANES).transpose(0, 2, 1, 3).copy()
+    dev = tvm.cpu()
+    c = tvm.runtime.tensor(np.zeros((ROWS, COLUMN_GROUPS * LANES), "float32"), dev)
+    executable["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(packed, dev), c)
+    np.testing.assert_allclose(c.numpy(), a @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_a_product_re_reading_weight_blocks_asks_for_the_next_block_and_computes_the_same(monkeypatch):
+    with_prefetches = _built(_product())
+    assert _prefetches(with_prefetches) > 0
+    _check_product(with_prefetches, STEPS)
+    monkeypatch.setenv(DISABLE_ENV, "0")
+    without = _built(_product())
+    assert _prefetches(without) == 0
+    _check_product(without, STEPS)
+
+
+@pytest.mark.parametrize("steps", [8, 4096])
+def test_blocks_that_stay_in_l1_or_overflow_l2_are_left_alone(steps):
+    # 8 steps: 4 KB blocks, in L1 anyway; 4096 steps: 2 MB each, two would not fit a core's L2 together
+    executable = _built(_product(steps))
+    assert _prefetches(executable) == 0
+    if steps == 8:
+        _check_product(executable, steps)
+
+
+def test_a_kernel_that_reads_its_arguments_once_gets_no_prefetch():
+    @T.prim_func(s_tir=True)
+    def add(a: T.Buffer((64, 1024), "float32"), b: T.Buffer((64, 1024), "float32"), c: T.Buffer((64, 1024), "float32")):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        for i in T.parallel(64):
+            for j0 in range(64):
+                for j1 in T.vectorized(16):
+                    with T.sblock("add"):
+                        vi = T.axis.spatial(64, i)
+                        vj = T.axis.spatial(1024, j0 * 16 + j1)
+                        c[vi, vj] = a[vi, vj] + b[vi, vj]
+
+    assert _prefetches(_built(tvm.IRModule({"main": add}))) == 0
