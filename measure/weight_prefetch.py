@@ -36,6 +36,16 @@ _EXPR_CHILDREN = ("a", "b", "value", "args", "indices", "condition", "true_value
 
 
 @dataclass(frozen=True)
+class _Read:
+    """``length`` contiguous elements of the buffer at ``data``, from ``start``."""
+
+    data: tirx.Var
+    dtype: str
+    start: tirx.Expr
+    length: int
+
+
+@dataclass(frozen=True)
 class _Loop:
     var: tirx.Var
     min: tirx.Expr
@@ -53,7 +63,7 @@ def with_weight_prefetches(func: tirx.PrimFunc) -> tirx.PrimFunc:
             stored.add(stmt.buffer.data)
 
     _walk_stmts(func.body, note_writes)
-    read_only = lambda buffer: buffer.data not in allocated and buffer.data not in stored  # noqa: E731
+    read_only = lambda data: data not in allocated and data not in stored  # noqa: E731
     body = _Rewriter(read_only).visit(func.body, None, {})
     return func if body.same_as(func.body) else func.with_body(body)
 
@@ -69,14 +79,14 @@ def weight_prefetch(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.I
                 updates[gv] = new
     if not updates:
         return mod
-    mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else mod
+    mod = mod.clone()
     for gv, func in updates.items():
         mod.update_func(gv, func)
     return mod
 
 
 class _Rewriter:
-    def __init__(self, read_only: Callable[[tirx.Buffer], bool]):
+    def __init__(self, read_only: Callable[[tirx.Var], bool]):
         self.read_only = read_only
         self.before_loop: dict[tirx.Var, list[s.Stmt]] = {}  # prefetches to put before a reduction loop
 
@@ -122,18 +132,19 @@ class _Rewriter:
         return s.SeqStmt([*prefetches, loop]) if prefetches else loop
 
     def _plan_prefetches(self, body: s.Stmt, loops: list[_Loop], lets: dict) -> None:
-        """Notes, for the loop they go before, the prefetches the vector loads of ``body`` want."""
+        """Notes the prefetches the vector loads of ``body`` (the innermost loop's) want, for the loop
+        they go before."""
         _walk_stmts(body, lambda node: lets.__setitem__(node.var, node.value) if isinstance(node, s.Bind) else None)
         reduction = _innermost_reduction_loop(body, loops)
         if reduction is None:
             return
-        buffers = []
-        for load in _vector_loads(body):
-            if not self.read_only(load.source) or any(load.source.same_as(b) for b in buffers):
+        placed: list[tirx.Var] = []
+        for read in _vector_reads(body):
+            if not self.read_only(read.data) or any(read.data.same_as(data) for data in placed):
                 continue
-            prefetches = _next_block_prefetches(load, loops, reduction, lets)
+            prefetches = _next_block_prefetches(read, loops, reduction, lets)
             if prefetches:
-                buffers.append(load.source)
+                placed.append(read.data)
                 self.before_loop.setdefault(loops[reduction].var, []).extend(prefetches)
 
 
@@ -159,18 +170,16 @@ def _innermost_reduction_loop(body: s.Stmt, loops: list[_Loop]) -> int | None:
     return None
 
 
-def _next_block_prefetches(load: tvm.ir.TensorLoad, loops: list[_Loop], reduction: int, lets: dict) -> list[s.Stmt]:
-    """Prefetches of the next block of ``load``'s buffer, a share of it before each run of the
+def _next_block_prefetches(read: _Read, loops: list[_Loop], reduction: int, lets: dict) -> list[s.Stmt]:
+    """Prefetches of the next block of ``read``'s buffer, a share of it before each run of the
     reduction loop ``loops[reduction]``; none where the pattern is not there."""
-    ramp = load.indices[0]
     analyzer = Analyzer()
     for var, value in lets.items():
         try:
             analyzer.bind(var, value)
         except TypeError:  # a pointer, not index arithmetic
             continue
-    base = analyzer.simplify(ramp.base)
-    coefficients = detect_linear_equation(base, [loop.var for loop in loops])
+    coefficients = detect_linear_equation(analyzer.simplify(read.start), [loop.var for loop in loops])
     if not coefficients:
         return []
     steps = [int(c) if isinstance(c, tirx.IntImm) else None for c in coefficients[:-1]]
@@ -181,15 +190,14 @@ def _next_block_prefetches(load: tvm.ir.TensorLoad, loops: list[_Loop], reductio
     if not blocks or blocks[-1] >= reduction:
         return []
     block = blocks[-1]
-    lane_bytes = load.source.dtype.bits // 8
+    lane_bytes = tvm.DataType(read.dtype).bits // 8
     block_bytes = steps[block] * lane_bytes
-    span = sum(steps[i] * (loops[i].extent - 1) for i in range(block + 1, len(loops))) + int(ramp.lanes)
+    span = sum(steps[i] * (loops[i].extent - 1) for i in range(block + 1, len(loops))) + read.length
     if span != steps[block] or not MIN_BLOCK_BYTES <= block_bytes <= MAX_BLOCK_BYTES:
         return []  # not one contiguous block, or one that needs no help or does not fit twice in L2
     sharing = loops[block + 1 : reduction]  # each run of the reduction loop gets a share of the lines
     runs = math.prod(loop.extent for loop in sharing)
-    lines = -(-block_bytes // CACHE_LINE)
-    per_run = -(-lines // runs)
+    per_run = math.ceil(math.ceil(block_bytes / CACHE_LINE) / runs)
     if per_run > MAX_LINES_PER_RUN:
         return []
     run = tirx.const(0, "int32")
@@ -204,7 +212,13 @@ def _next_block_prefetches(load: tvm.ir.TensorLoad, loops: list[_Loop], reductio
             tirx.call_llvm_intrin(
                 "void",
                 "llvm.prefetch.p0",
-                tirx.address_of(tirx.BufferLoad(load.source, [first + (run * per_run + line) * per_line])),
+                tirx.tvm_access_ptr(
+                    tirx.type_annotation(read.dtype),
+                    read.data,
+                    first + (run * per_run + line) * per_line,
+                    1,
+                    1,
+                ),
                 0,
                 _LOCALITY_L2,
                 1,
@@ -248,18 +262,18 @@ def _vars_of(expr: tirx.Expr) -> list[tirx.Var]:
     return found
 
 
-def _vector_loads(stmt: s.Stmt) -> list[tvm.ir.TensorLoad]:
+def _vector_reads(stmt: s.Stmt) -> list[_Read]:
     """Loads of contiguous vectors (one ``Ramp`` index of stride 1) anywhere in ``stmt``."""
-    loads: list[tvm.ir.TensorLoad] = []
+    reads: list[_Read] = []
 
     def note(expr: tirx.Expr) -> None:
         if isinstance(expr, tvm.ir.TensorLoad) and len(expr.indices) == 1:
             index = expr.indices[0]
             if isinstance(index, tirx.Ramp) and isinstance(index.stride, tirx.IntImm) and int(index.stride) == 1:
-                loads.append(expr)
+                reads.append(_Read(expr.source.data, str(expr.source.dtype), index.base, int(index.lanes)))
 
     _walk_stmts(stmt, lambda node: [_walk_expr(expr, note) for expr in _exprs_of(node)])
-    return loads
+    return reads
 
 
 def _walk_stmts(stmt: s.Stmt, visit: Callable[[s.Stmt], None]) -> None:
