@@ -161,9 +161,13 @@ def _innermost_reduction_loop(body: s.Stmt, loops: list[_Loop]) -> int | None:
     _walk_stmts(body, note)
     lets_inside = {}
     _walk_stmts(body, lambda node: lets_inside.__setitem__(node.var, node.value) if isinstance(node, s.Bind) else None)
-    for var in list(stored_vars):
-        if var in lets_inside:
-            stored_vars.update(_vars_of(lets_inside[var]))
+    pending = [var for var in stored_vars if var in lets_inside]
+    while pending:  # a let's value may name other lets of the body
+        value = lets_inside.pop(pending.pop(), None)
+        for var in [] if value is None else _vars_of(value):
+            stored_vars.add(var)
+            if var in lets_inside:
+                pending.append(var)
     for i in range(len(loops) - 1, -1, -1):
         if not any(loops[i].var.same_as(v) for v in stored_vars):
             return i

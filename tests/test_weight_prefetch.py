@@ -102,3 +102,21 @@ def test_a_kernel_that_reads_its_arguments_once_gets_no_prefetch():
                         c[vi, vj] = a[vi, vj] + b[vi, vj]
 
     assert _prefetches(_built(tvm.IRModule({"main": add}))) == 0
+
+
+def test_a_store_through_lets_of_lets_still_moves_with_its_row_loop():
+    # C[b] with b = a + 1 and a = row * 4, as TVM's common-subexpression pass writes it: the row loop
+    # is not a reduction loop, the step loop (not named) is
+    from measure.weight_prefetch import _innermost_reduction_loop, _Loop
+
+    step, row, a, b = (tvm.tirx.Var(name, "int32") for name in ("step", "row", "a", "b"))
+    out = tvm.tirx.decl_buffer((64,), "float32", name="out")
+    body = tvm.tirx.SeqStmt(
+        [
+            tvm.tirx.stmt.Bind(a, row * 4),
+            tvm.tirx.stmt.Bind(b, a + 1),
+            tvm.tirx.stmt.BufferStore(out, tvm.tirx.const(0.0, "float32"), [b]),
+        ]
+    )
+    loops = [_Loop(step, tvm.tirx.const(0, "int32"), 8), _Loop(row, tvm.tirx.const(0, "int32"), 8)]
+    assert _innermost_reduction_loop(body, loops) == 0
