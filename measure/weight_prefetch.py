@@ -31,15 +31,17 @@ CACHE_LINE = 64  # bytes
 MIN_BLOCK_BYTES = 16 << 10  # a smaller block stays in L1 and needs no help
 MAX_BLOCK_BYTES = 1 << 20  # the block being computed and the next one must both fit a core's L2
 MAX_LINES_PER_RUN = 64  # more at once and the prefetches queue behind each other
+MIN_CHUNK = 16  # iterations of a reduction loop cut into chunks, each with its prefetches before it
+MAX_TASKS_EXAMINED = 256  # parallel tasks whose reads are worked out to find how many share a block
 _LOCALITY_L2 = 2  # prefetcht1: into L2, where the next block waits for its turn
 _EXPR_CHILDREN = ("a", "b", "value", "args", "indices", "condition", "true_value", "false_value", "base", "vectors")
 
 
 @dataclass(frozen=True)
 class _Read:
-    """``length`` contiguous elements of the buffer at ``data``, from ``start``."""
+    """``length`` contiguous elements of ``buffer`` (TVM 0.27: a variable of buffer type), from ``start``."""
 
-    data: tirx.Var
+    buffer: tirx.Var
     dtype: str
     start: tirx.Expr
     length: int
@@ -54,16 +56,14 @@ class _Loop:
 
 def with_weight_prefetches(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with prefetches of the next weight block (see the module's docstring), or itself."""
-    allocated, stored = set(), set()
+    written: list[tirx.Var] = []  # buffers allocated or stored to here (compared by identity: same_as)
 
     def note_writes(stmt: s.Stmt) -> None:
-        if isinstance(stmt, s.AllocBuffer):
-            allocated.add(stmt.buffer.data)
-        elif isinstance(stmt, s.BufferStore):
-            stored.add(stmt.buffer.data)
+        if isinstance(stmt, (s.AllocBuffer, s.BufferStore)):
+            written.append(stmt.buffer)
 
     _walk_stmts(func.body, note_writes)
-    read_only = lambda data: data not in allocated and data not in stored  # noqa: E731
+    read_only = lambda buffer: not any(buffer.same_as(other) for other in written)  # noqa: E731
     body = _Rewriter(read_only).visit(func.body, None, {})
     return func if body.same_as(func.body) else func.with_body(body)
 
@@ -88,7 +88,8 @@ def weight_prefetch(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.I
 class _Rewriter:
     def __init__(self, read_only: Callable[[tirx.Var], bool]):
         self.read_only = read_only
-        self.before_loop: dict[tirx.Var, list[s.Stmt]] = {}  # prefetches to put before a reduction loop
+        self.before_loop: dict[tirx.Var, _Planned] = {}  # prefetches to put before (a chunk of) a loop
+        self.parallel: _Loop | None = None  # the innermost parallel loop around the statement visited
 
     def visit(self, stmt: s.Stmt, loops: list[_Loop] | None, lets: dict) -> s.Stmt:
         """``loops``: the serial loops inside the innermost parallel loop so far (None outside one)."""
@@ -114,12 +115,13 @@ class _Rewriter:
         return stmt
 
     def _visit_for(self, loop: s.For, loops: list[_Loop] | None, lets: dict) -> s.Stmt:
+        extent = int(loop.extent) if isinstance(loop.extent, tirx.IntImm) else None
         if loop.kind == s.ForKind.PARALLEL:
             inner: list[_Loop] | None = []
+            self.parallel = _Loop(loop.loop_var, loop.min, extent)
         elif loops is None:
             inner = None
         else:
-            extent = int(loop.extent) if isinstance(loop.extent, tirx.IntImm) else None
             inner = [*loops, _Loop(loop.loop_var, loop.min, extent)]
         if inner and not _contains_loop(loop.body):
             self._plan_prefetches(loop.body, inner, dict(lets))
@@ -128,8 +130,17 @@ class _Rewriter:
             body = self.visit(loop.body, inner, dict(lets))
         if not body.same_as(loop.body):
             loop = s.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, loop.annotations)
-        prefetches = self.before_loop.pop(loop.loop_var, None)
-        return s.SeqStmt([*prefetches, loop]) if prefetches else loop
+        planned = self.before_loop.pop(loop.loop_var, None)
+        if planned is None:
+            return loop
+        if planned.chunks == 1:
+            return s.SeqStmt([*planned.prefetches, loop])
+        dtype = str(loop.extent.ty)
+        length = tirx.const(int(loop.extent) // planned.chunks, dtype)
+        chunk = s.For(loop.loop_var, loop.min + planned.chunk * length, length, loop.kind, loop.body)
+        chunks = tirx.const(planned.chunks, dtype)
+        body = s.SeqStmt([*planned.prefetches, chunk])
+        return s.For(planned.chunk, tirx.const(0, dtype), chunks, s.ForKind.SERIAL, body)
 
     def _plan_prefetches(self, body: s.Stmt, loops: list[_Loop], lets: dict) -> None:
         """Notes the prefetches the vector loads of ``body`` (the innermost loop's) want, for the loop
@@ -138,14 +149,28 @@ class _Rewriter:
         reduction = _innermost_reduction_loop(body, loops)
         if reduction is None:
             return
-        placed: list[tirx.Var] = []
-        for read in _vector_reads(body):
-            if not self.read_only(read.data) or any(read.data.same_as(data) for data in placed):
+        analyzer = _with_lets(lets)
+        by_buffer: list[list[_Read]] = []  # TVM's variables compare by identity with same_as, not ==
+        for read in filter(lambda read: self.read_only(read.buffer), _vector_reads(body)):
+            group = next((reads for reads in by_buffer if reads[0].buffer.same_as(read.buffer)), None)
+            if group is None:
+                by_buffer.append([read])
+            else:
+                group.append(read)
+        for reads in by_buffer:
+            pattern = _pattern(reads, loops, analyzer)
+            if pattern is None or any(loop.extent is None for loop in loops):
                 continue
-            prefetches = _next_block_prefetches(read, loops, reduction, lets)
-            if prefetches:
-                placed.append(read.data)
-                self.before_loop.setdefault(loops[reduction].var, []).extend(prefetches)
+            planned = _next_block_in_task(pattern, loops, reduction) or _next_block_across_tasks(
+                pattern, loops, reduction, self.parallel, lets
+            )
+            already = self.before_loop.get(loops[reduction].var)
+            if planned is None or (already is not None and (already.chunks, planned.chunks) != (1, 1)):
+                continue  # one chunking of a loop at most
+            if already is None:
+                self.before_loop[loops[reduction].var] = planned
+            else:
+                already.prefetches.extend(planned.prefetches)
 
 
 def _innermost_reduction_loop(body: s.Stmt, loops: list[_Loop]) -> int | None:
@@ -174,55 +199,154 @@ def _innermost_reduction_loop(body: s.Stmt, loops: list[_Loop]) -> int | None:
     return None
 
 
-def _next_block_prefetches(read: _Read, loops: list[_Loop], reduction: int, lets: dict) -> list[s.Stmt]:
-    """Prefetches of the next block of ``read``'s buffer, a share of it before each run of the
-    reduction loop ``loops[reduction]``; none where the pattern is not there."""
+@dataclass(frozen=True)
+class _Pattern:
+    """Where a kernel's reads of one buffer go: ``offset`` (the loops at their first values) plus
+    ``steps[i]`` elements per iteration of ``loops[i]``, ``length`` contiguous elements each time."""
+
+    buffer: tirx.Var
+    dtype: str
+    steps: list[int]
+    offset: tirx.Expr
+    length: int
+
+    def block_bytes(self, elements: int) -> int:
+        return elements * tvm.DataType(self.dtype).bits // 8
+
+
+def _with_lets(lets: dict, **constants: int) -> Analyzer:
+    """An analyzer that knows the lets' values (and, by name, loop variables' constant values)."""
     analyzer = Analyzer()
     for var, value in lets.items():
+        if var.name in constants:
+            continue
         try:
             analyzer.bind(var, value)
         except TypeError:  # a pointer, not index arithmetic
             continue
-    coefficients = detect_linear_equation(analyzer.simplify(read.start), [loop.var for loop in loops])
-    if not coefficients:
-        return []
-    steps = [int(c) if isinstance(c, tirx.IntImm) else None for c in coefficients[:-1]]
+    return analyzer
+
+
+def _pattern(reads: list[_Read], loops: list[_Loop], analyzer: Analyzer) -> _Pattern | None:
+    """The reads of one buffer as one pattern (the vectors of an unrolled tile side by side), or None
+    where they do not move together by constant steps."""
+    steps, base, low, high = None, None, 0, 0
+    for read in reads:
+        coefficients = detect_linear_equation(analyzer.simplify(read.start), [loop.var for loop in loops])
+        if not coefficients or not all(isinstance(c, tirx.IntImm) for c in coefficients[:-1]):
+            return None
+        these = [int(c) for c in coefficients[:-1]]
+        if steps is None:
+            steps, base, high = these, coefficients[-1], read.length
+            continue
+        delta = analyzer.simplify(coefficients[-1] - base)
+        if these != steps or not isinstance(delta, tirx.IntImm):
+            return None
+        low, high = min(low, int(delta)), max(high, int(delta) + read.length)
+    offset = base + low
+    for step, loop in zip(steps, loops, strict=True):
+        offset = offset + step * loop.min
+    return _Pattern(reads[0].buffer, reads[0].dtype, steps, offset, high - low)
+
+
+def _next_block_in_task(pattern: _Pattern, loops: list[_Loop], reduction: int) -> _Planned | None:
+    """The next block when a loop of the task moves between blocks and a loop inside it re-reads one."""
+    steps = pattern.steps
     rereaders = [i for i, step in enumerate(steps) if step == 0]
-    if not rereaders or None in steps or any(loop.extent is None for loop in loops):
-        return []
-    blocks = [i for i in range(rereaders[0]) if steps[i]]
+    blocks = [i for i in range(rereaders[0]) if steps[i]] if rereaders else []
     if not blocks or blocks[-1] >= reduction:
-        return []
+        return None
     block = blocks[-1]
-    lane_bytes = tvm.DataType(read.dtype).bits // 8
-    block_bytes = steps[block] * lane_bytes
-    span = sum(steps[i] * (loops[i].extent - 1) for i in range(block + 1, len(loops))) + read.length
-    if span != steps[block] or not MIN_BLOCK_BYTES <= block_bytes <= MAX_BLOCK_BYTES:
-        return []  # not one contiguous block, or one that needs no help or does not fit twice in L2
-    sharing = loops[block + 1 : reduction]  # each run of the reduction loop gets a share of the lines
+    span = sum(steps[i] * (loops[i].extent - 1) for i in range(block + 1, len(loops))) + pattern.length
+    if span != steps[block]:
+        return None  # not one contiguous block
+    start = pattern.offset + steps[block]  # the next block, the loops inside this one at their first
+    for i in range(block + 1):
+        start = start + steps[i] * (loops[i].var - loops[i].min)
+    return _spread(pattern, start, steps[block], loops[block + 1 : reduction], None, 1, None)
+
+
+def _next_block_across_tasks(
+    pattern: _Pattern, loops: list[_Loop], reduction: int, parallel: _Loop | None, lets: dict
+) -> _Planned | None:
+    """The next block when consecutive parallel tasks (a thread runs a contiguous range of them) each
+    read the whole of one block, ``repeat`` tasks a block (or one task, reading it more than once):
+    each asks for its share of the next."""
+    if parallel is None or parallel.extent is None:
+        return None
+    span = sum(step * (loop.extent - 1) for step, loop in zip(pattern.steps, loops, strict=True)) + pattern.length
+    starts = []
+    for task in range(min(parallel.extent, MAX_TASKS_EXAMINED)):
+        analyzer = _with_lets(lets, **{parallel.var.name: task})
+        analyzer.bind(parallel.var, parallel.min + task)
+        value = analyzer.simplify(pattern.offset)
+        if not isinstance(value, tirx.IntImm):
+            return None
+        starts.append(int(value))
+    repeat = next((i for i, start in enumerate(starts) if start != starts[0]), None)
+    rereads = 0 in pattern.steps  # the task reads its block more than once itself
+    if repeat is None or (repeat < 2 and not rereads) or 2 * repeat > len(starts) or starts[repeat] - starts[0] != span:
+        return None
+    if any(starts[i] != starts[0] + (i // repeat) * span for i in range(2 * repeat)):
+        return None
+    share = tirx.floormod(parallel.var - parallel.min, repeat)
+    return _spread(pattern, pattern.offset + span, span, loops[:reduction], loops[reduction], repeat, share)
+
+
+@dataclass
+class _Planned:
+    """Prefetches for before a loop, or (``chunks`` > 1) before each of its ``chunks`` chunks, whose
+    index is ``chunk``."""
+
+    prefetches: list[s.Stmt]
+    chunks: int = 1
+    chunk: tirx.Var | None = None
+
+
+def _spread(
+    pattern: _Pattern,
+    start: tirx.Expr,
+    elements: int,
+    sharing: list[_Loop],
+    split: _Loop | None,
+    tasks: int,
+    task: tirx.Expr | None,
+) -> _Planned | None:
+    """Prefetches of the ``elements`` from ``start``: this task's 1/``tasks`` of them (``task`` its
+    index among them), a share before each run of the loop after ``sharing``, or where that gives one
+    run too many lines, before each chunk of it (``split``, the loop, cut into chunks of at least
+    ``MIN_CHUNK`` iterations: LLVM stores the accumulators between chunks)."""
+    block_bytes = pattern.block_bytes(elements)
+    if not MIN_BLOCK_BYTES <= block_bytes <= MAX_BLOCK_BYTES:
+        return None  # a block that needs no help, or one that does not fit twice in L2
+    per_task = math.ceil(math.ceil(block_bytes / CACHE_LINE) / tasks)
     runs = math.prod(loop.extent for loop in sharing)
-    per_run = math.ceil(math.ceil(block_bytes / CACHE_LINE) / runs)
-    if per_run > MAX_LINES_PER_RUN:
-        return []
+    chunks = 1
+    while math.ceil(per_task / (runs * chunks)) > MAX_LINES_PER_RUN:
+        chunks += 1
+        if split is None or split.extent // chunks < MIN_CHUNK:
+            return None
+        while split.extent % chunks:
+            chunks += 1
+    per_run = math.ceil(per_task / (runs * chunks))
+    per_line = CACHE_LINE // pattern.block_bytes(1)
     run = tirx.const(0, "int32")
     for loop in sharing:
         run = run * loop.extent + (loop.var - loop.min)
-    first = coefficients[-1] + steps[block]  # the next block's start: the loops inside this one at their first
-    for i, loop in enumerate(loops):
-        first = first + steps[i] * (loop.var if i <= block else loop.min)
-    per_line = CACHE_LINE // lane_bytes
-    return [
+    chunk = tirx.Var("chunk", str(split.min.ty)) if chunks > 1 else None
+    if chunk is not None:
+        run = run * chunks + chunk
+    first = start if task is None else start + task * per_task * per_line
+
+    def address(line: int) -> tirx.Expr:
+        return first + (run * per_run + line) * per_line
+
+    prefetches = [
         s.Evaluate(
             tirx.call_llvm_intrin(
                 "void",
                 "llvm.prefetch.p0",
-                tirx.tvm_access_ptr(
-                    tirx.type_annotation(read.dtype),
-                    read.data,
-                    first + (run * per_run + line) * per_line,
-                    1,
-                    1,
-                ),
+                tirx.tvm_access_ptr(tirx.type_annotation(pattern.dtype), pattern.buffer.data, address(line), 1, 1),
                 0,
                 _LOCALITY_L2,
                 1,
@@ -230,6 +354,7 @@ def _next_block_prefetches(read: _Read, loops: list[_Loop], reduction: int, lets
         )
         for line in range(per_run)
     ]
+    return _Planned(prefetches, chunks, chunk)
 
 
 def _contains_loop(stmt: s.Stmt) -> bool:
@@ -274,7 +399,7 @@ def _vector_reads(stmt: s.Stmt) -> list[_Read]:
         if isinstance(expr, tvm.ir.TensorLoad) and len(expr.indices) == 1:
             index = expr.indices[0]
             if isinstance(index, tirx.Ramp) and isinstance(index.stride, tirx.IntImm) and int(index.stride) == 1:
-                reads.append(_Read(expr.source.data, str(expr.source.dtype), index.base, int(index.lanes)))
+                reads.append(_Read(expr.source, str(expr.source.dtype), index.base, int(index.lanes)))
 
     _walk_stmts(stmt, lambda node: [_walk_expr(expr, note) for expr in _exprs_of(node)])
     return reads

@@ -120,3 +120,42 @@ def test_a_store_through_lets_of_lets_still_moves_with_its_row_loop():
     )
     loops = [_Loop(step, tvm.tirx.const(0, "int32"), 8), _Loop(row, tvm.tirx.const(0, "int32"), 8)]
     assert _innermost_reduction_loop(body, loops) == 0
+
+
+def test_tasks_that_read_a_weight_slice_in_turn_each_ask_for_a_share_of_the_next_slice():
+    # the row tiles fused into the parallel loop, innermost: four consecutive tasks (one thread's, in
+    # turn) read the same 32 KB slice whole; the reduction loop is cut in two for the prefetches
+    slices, tiles, k = 4, 4, 256
+
+    @T.prim_func(s_tir=True)
+    def main(
+        a: T.Buffer((tiles * 8, k), "float32"),
+        w: T.Buffer((slices, k, 32), "float32"),
+        c: T.Buffer((tiles * 8, slices * 32), "float32"),
+    ):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        for task in T.parallel(slices * tiles):
+            for row in range(8):
+                for lane in T.vectorized(32):
+                    with T.sblock("init"):
+                        vi = T.axis.spatial(tiles * 8, task % tiles * 8 + row)
+                        vj = T.axis.spatial(slices * 32, task // tiles * 32 + lane)
+                        c[vi, vj] = T.float32(0)
+            for step, row in T.grid(k, 8):
+                for lane in T.vectorized(32):
+                    with T.sblock("update"):
+                        vi = T.axis.spatial(tiles * 8, task % tiles * 8 + row)
+                        vj = T.axis.spatial(slices * 32, task // tiles * 32 + lane)
+                        vk = T.axis.reduce(k, step)
+                        c[vi, vj] = c[vi, vj] + a[vi, vk] * w[vj // 32, vk, vj % 32]
+
+    built = _built(tvm.IRModule({"main": main}))
+    assert _prefetches(built) > 0
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((tiles * 8, k)).astype("float32")
+    w = rng.standard_normal((k, slices * 32)).astype("float32")
+    dev = tvm.cpu()
+    c = tvm.runtime.tensor(np.zeros((tiles * 8, slices * 32), "float32"), dev)
+    packed = w.reshape(k, slices, 32).transpose(1, 0, 2).copy()
+    built["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(packed, dev), c)
+    np.testing.assert_allclose(c.numpy(), a @ w, rtol=1e-4, atol=1e-4)
