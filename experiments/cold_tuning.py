@@ -59,17 +59,7 @@ def main() -> None:
     openvino = [c for c in fw.openvino(module, inputs, torch.get_num_threads()) if c.call is not None]
     fw.time_interleaved([*tuned_contenders, *openvino], rounds=args.rounds)
     _, errors = fw.errors_against_eager([eager, *tuned_contenders, *openvino])
-    for contender in openvino:
-        name = f"{contender.name} ({contender.precision})"
-        print(f"{name}: {contender.median * 1e3:.3f} ms, error {errors[contender.name]:.1e}")
-    for contender in tuned_contenders:
-        in_model = sum(libraries[contender.name].kernel_times(*inputs).values())
-        print(
-            f"{contender.name}: {contender.median * 1e3:.3f} ms, kernels in the model {in_model * 1e3:.3f} ms, "
-            f"error {errors[contender.name]:.1e}"
-        )
-    warm, cold = (c.round_medians for c in tuned_contenders)
-    print("cold / warm by round:", [round(c / w, 3) for c, w in zip(cold, warm, strict=True)])
+    fw.print_two_builds(tuned_contenders, libraries, openvino, errors, inputs)
 
 
 if __name__ == "__main__":

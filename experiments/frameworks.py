@@ -283,6 +283,27 @@ def time_interleaved(
             contender.round_medians.append(statistics.median(samples))
 
 
+def print_two_builds(
+    ours: Sequence[Contender], libraries: dict, others: Sequence[Contender], errors: dict, inputs: Sequence[Any]
+) -> None:
+    """Prints two builds of one model (``ours``, their libraries by contender name) timed beside
+    ``others``: each latency and error, the builds' kernels timed inside the model, and the second
+    build's time over the first's, by round and overall."""
+    for contender in others:
+        name = f"{contender.name} ({contender.precision})"
+        print(f"{name}: {contender.median * 1e3:.3f} ms, error {errors[contender.name]:.1e}")
+    for contender in ours:
+        in_model = sum(libraries[contender.name].kernel_times(*inputs).values())
+        print(
+            f"{contender.name}: {contender.median * 1e3:.3f} ms, kernels in the model {in_model * 1e3:.3f} ms, "
+            f"error {errors[contender.name]:.1e}"
+        )
+    first, second = ours
+    by_round = [round(b / a, 3) for a, b in zip(first.round_medians, second.round_medians, strict=True)]
+    print(f"{second.name} / {first.name} by round:", by_round)
+    print(f"{second.name} / {first.name}: {second.median / first.median:.3f}")
+
+
 def module_and_inputs(name: str) -> tuple:
     """(module, [inputs]) of a zoo model, an operator of operator_modules.py or a transformers model
     of workloads/hf_models.py."""

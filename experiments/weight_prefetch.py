@@ -47,19 +47,7 @@ def main() -> None:
     others = [c for c in others if c.call is not None]
     fw.time_interleaved([*ours, *others], rounds=args.rounds)
     _, errors = fw.errors_against_eager([eager, *ours, *others])
-    for contender in others:
-        print(
-            f"{contender.name} ({contender.precision}): {contender.median * 1e3:.3f} ms, error {errors[contender.name]:.1e}"
-        )
-    for contender in ours:
-        in_model = sum(libraries[contender.name].kernel_times(*inputs).values())
-        print(
-            f"ours {contender.name}: {contender.median * 1e3:.3f} ms, kernels in the model {in_model * 1e3:.3f} ms, "
-            f"error {errors[contender.name]:.1e}"
-        )
-    without, with_ = (c.round_medians for c in ours)
-    print("with / without by round:", [round(w / o, 3) for w, o in zip(with_, without, strict=True)])
-    print(f"with / without: {ours[1].median / ours[0].median:.3f}")
+    fw.print_two_builds(ours, libraries, others, errors, inputs)
 
 
 if __name__ == "__main__":
