@@ -124,8 +124,8 @@ def test_a_store_through_lets_of_lets_still_moves_with_its_row_loop():
 
 def test_tasks_that_read_a_weight_slice_in_turn_each_ask_for_a_share_of_the_next_slice():
     # the row tiles fused into the parallel loop, innermost: four consecutive tasks (one thread's, in
-    # turn) read the same 32 KB slice whole; the reduction loop is cut in two for the prefetches
-    slices, tiles, k = 4, 4, 256
+    # turn) read the same 16 KB slice whole, each asking for a quarter of the next
+    slices, tiles, k = 4, 4, 128
 
     @T.prim_func(s_tir=True)
     def main(
