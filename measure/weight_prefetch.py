@@ -123,7 +123,7 @@ class _Rewriter:
         else:
             inner = [*loops, _Loop(loop.loop_var, loop.min, extent)]
         if inner and not _contains_loop(loop.body):
-            self._plan_prefetches(loop.body, inner, dict(lets))
+            self._plan_prefetches(loop.body, inner, lets)
             body = loop.body
         else:
             body = self.visit(loop.body, inner, dict(lets))
@@ -135,11 +135,11 @@ class _Rewriter:
     def _plan_prefetches(self, body: s.Stmt, loops: list[_Loop], lets: dict) -> None:
         """Notes the prefetches the vector loads of ``body`` (the innermost loop's) want, for the loop
         they go before."""
-        _walk_stmts(body, lambda node: lets.__setitem__(node.var, node.value) if isinstance(node, s.Bind) else None)
-        reduction = _innermost_reduction_loop(body, loops)
-        if reduction is None:
+        lets_inside = _binds(body)
+        reduction = _innermost_reduction_loop(body, loops, lets_inside)
+        if reduction is None or any(loop.extent is None for loop in loops):
             return
-        analyzer = _with_lets(lets)
+        analyzer = _with_lets({**lets, **lets_inside})
         by_buffer: list[list[_Read]] = []  # TVM's variables compare by identity with same_as, not ==
         for read in filter(lambda read: self.read_only(read.buffer), _vector_reads(body)):
             group = next((reads for reads in by_buffer if reads[0].buffer.same_as(read.buffer)), None)
@@ -149,18 +149,18 @@ class _Rewriter:
                 group.append(read)
         for reads in by_buffer:
             pattern = _pattern(reads, loops, analyzer)
-            if pattern is None or any(loop.extent is None for loop in loops):
+            if pattern is None:
                 continue
             prefetches = _next_block_in_task(pattern, loops, reduction) or _next_block_across_tasks(
-                pattern, loops, reduction, self.parallel, lets
+                pattern, loops, reduction, self.parallel
             )
             if prefetches:
                 self.before_loop.setdefault(loops[reduction].var, []).extend(prefetches)
 
 
-def _innermost_reduction_loop(body: s.Stmt, loops: list[_Loop]) -> int | None:
+def _innermost_reduction_loop(body: s.Stmt, loops: list[_Loop], lets_inside: dict) -> int | None:
     """Index in ``loops`` of the innermost loop that no store of ``body`` moves with (LLVM keeps the
-    stored values in registers across it), or None."""
+    stored values in registers across it), or None. ``lets_inside``: the lets ``body`` binds."""
     stored_vars: set = set()
 
     def note(node: s.Stmt) -> None:
@@ -169,8 +169,7 @@ def _innermost_reduction_loop(body: s.Stmt, loops: list[_Loop]) -> int | None:
                 stored_vars.update(_vars_of(index))
 
     _walk_stmts(body, note)
-    lets_inside = {}
-    _walk_stmts(body, lambda node: lets_inside.__setitem__(node.var, node.value) if isinstance(node, s.Bind) else None)
+    lets_inside = dict(lets_inside)  # consumed below
     pending = [var for var in stored_vars if var in lets_inside]
     while pending:  # a let's value may name other lets of the body
         value = lets_inside.pop(pending.pop(), None)
@@ -250,7 +249,7 @@ def _next_block_in_task(pattern: _Pattern, loops: list[_Loop], reduction: int) -
 
 
 def _next_block_across_tasks(
-    pattern: _Pattern, loops: list[_Loop], reduction: int, parallel: _Loop | None, lets: dict
+    pattern: _Pattern, loops: list[_Loop], reduction: int, parallel: _Loop | None
 ) -> list[s.Stmt]:
     """The next block when consecutive parallel tasks (a thread runs a contiguous range of them) each
     read the whole of one block, ``repeat`` tasks a block (or one task, reading it more than once):
@@ -260,7 +259,7 @@ def _next_block_across_tasks(
     span = sum(step * (loop.extent - 1) for step, loop in zip(pattern.steps, loops, strict=True)) + pattern.length
     starts = []
     for task in range(min(parallel.extent, MAX_TASKS_EXAMINED)):
-        analyzer = _with_lets(lets)
+        analyzer = Analyzer()  # the offset names no let: the analyzer that made it put in their values
         analyzer.bind(parallel.var, parallel.min + task)
         value = analyzer.simplify(pattern.offset)
         if not isinstance(value, tirx.IntImm):
@@ -326,22 +325,25 @@ def _contains_loop(stmt: s.Stmt) -> bool:
 def _walk_expr(expr: tirx.Expr, visit: Callable[[tirx.Expr], None]) -> None:
     visit(expr)
     for name in _EXPR_CHILDREN:
-        child = getattr(expr, name, None)
-        for item in child if isinstance(child, (list, tuple, tvm.ir.Array)) else [child]:
-            if isinstance(item, tirx.Expr):
-                _walk_expr(item, visit)
+        for item in _exprs_in(getattr(expr, name, None)):
+            _walk_expr(item, visit)
 
 
 def _exprs_of(stmt: s.Stmt) -> list[tirx.Expr]:
     """The expressions ``stmt`` holds itself (not its body's)."""
-    found = []
-    for name in ("value", "condition", "indices"):
-        child = getattr(stmt, name, None)
-        found.extend(
-            x
-            for x in (child if isinstance(child, (list, tuple, tvm.ir.Array)) else [child])
-            if isinstance(x, tirx.Expr)
-        )
+    return [expr for name in ("value", "condition", "indices") for expr in _exprs_in(getattr(stmt, name, None))]
+
+
+def _exprs_in(child: object) -> list[tirx.Expr]:
+    """The expressions a node's field holds: itself, or the items of a list of them."""
+    items = child if isinstance(child, (list, tuple, tvm.ir.Array)) else [child]
+    return [item for item in items if isinstance(item, tirx.Expr)]
+
+
+def _binds(stmt: s.Stmt) -> dict:
+    """The lets ``stmt`` binds, anywhere in it: variable -> value."""
+    found = {}
+    _walk_stmts(stmt, lambda node: found.__setitem__(node.var, node.value) if isinstance(node, s.Bind) else None)
     return found
 
 

@@ -107,7 +107,7 @@ def test_a_kernel_that_reads_its_arguments_once_gets_no_prefetch():
 def test_a_store_through_lets_of_lets_still_moves_with_its_row_loop():
     # C[b] with b = a + 1 and a = row * 4, as TVM's common-subexpression pass writes it: the row loop
     # is not a reduction loop, the step loop (not named) is
-    from measure.weight_prefetch import _innermost_reduction_loop, _Loop
+    from measure.weight_prefetch import _binds, _innermost_reduction_loop, _Loop
 
     step, row, a, b = (tvm.tirx.Var(name, "int32") for name in ("step", "row", "a", "b"))
     out = tvm.tirx.decl_buffer((64,), "float32", name="out")
@@ -119,7 +119,7 @@ def test_a_store_through_lets_of_lets_still_moves_with_its_row_loop():
         ]
     )
     loops = [_Loop(step, tvm.tirx.const(0, "int32"), 8), _Loop(row, tvm.tirx.const(0, "int32"), 8)]
-    assert _innermost_reduction_loop(body, loops) == 0
+    assert _innermost_reduction_loop(body, loops, _binds(body)) == 0
 
 
 def test_tasks_that_read_a_weight_slice_in_turn_each_ask_for_a_share_of_the_next_slice():
