@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm import te
 
-from measure.bf16_dot import AVX512
+from measure.bf16_dot import AMX, AVX512
 from measure.host import host_has_amx
 from tuner.bf16_rule import BF16_GEMM_RULE, _tile
 from tuner.precision import host_has_bf16
@@ -16,6 +16,8 @@ from tuner.targets import resolve_target
 
 needs_bf16 = pytest.mark.skipif(not host_has_bf16(), reason="this CPU has no AVX512_BF16 (vdpbf16ps)")
 needs_amx = pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX (tdpbf16ps)")
+# each bf16 unit, run where this CPU has it
+EACH_UNIT = [pytest.param(AVX512, marks=needs_bf16), pytest.param(AMX, marks=needs_amx)]
 
 
 def te_module(tensors: list[te.Tensor]) -> tvm.IRModule:

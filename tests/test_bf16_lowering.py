@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from bf16_builds import bf16_array, built_tiled, needs_amx, needs_bf16, run_built, te_module
+from bf16_builds import EACH_UNIT, bf16_array, built_tiled, needs_amx, needs_bf16, run_built, te_module
 from tvm import te
 
 from measure.bf16_dot import AMX, AVX512
@@ -234,19 +234,19 @@ def test_a_convolution_on_amx_over_channels_short_of_whole_steps_gets_zero_chann
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
 
 
-@needs_amx
-def test_a_product_of_two_activations_packs_its_second_operand_in_the_kernel() -> None:
+@pytest.mark.parametrize("unit", EACH_UNIT)
+def test_a_product_of_two_activations_packs_its_second_operand_in_the_kernel(unit: str) -> None:
     from tuner.lowering.bf16_kernels import bf16_batch_matmul
 
     a = np.random.default_rng(1).standard_normal((2, 3, 20, 40)).astype(np.float32)
     b = np.random.default_rng(2).standard_normal((2, 3, 40, 30)).astype(np.float32)
-    rows = padded_rows(20, 2, AMX)
+    rows = padded_rows(20, 2, unit)
     a_t, b_t = te.placeholder(a.shape, "bfloat16", name="a"), te.placeholder(b.shape, "bfloat16", name="b")
-    product = bf16_batch_matmul(a_t, b_t, rows, AMX)
+    product = bf16_batch_matmul(a_t, b_t, rows, unit)
     module = te_module([a_t, b_t, product])
     as_bf16 = [x.astype(ml_dtypes.bfloat16) for x in (a, b)]
     expected = as_bf16[0].astype(np.float32) @ as_bf16[1].astype(np.float32)
-    built = built_tiled(module, "bf16_dense", *tile_shapes(rows, 2, AMX)[0], AMX)
+    built = built_tiled(module, "bf16_dense", *tile_shapes(rows, 2, unit)[0], unit)
     np.testing.assert_allclose(run_built(built, as_bf16, (2, 3, 20, 30)), expected, rtol=1e-4, atol=1e-3)
     # the unscheduled kernel, which verification checks candidates against, computes the same
     reference = tvm.compile(module, target=resolve_target("llvm"))

@@ -86,6 +86,8 @@ class LoweringOptions:
     softmax_by_rows: bool = True
     # in bf16 on AMX, a first convolution reading its padded image in place rather than its patches
     bf16_image_windows: bool = True
+    # in bf16 on vdpbf16ps (no AMX), attention's products of two activations bf16 products too (on AMX always)
+    bf16_activation_products_avx512: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -110,6 +112,7 @@ _PREDATING_RECORDS = {
     "fuse_layout_into_attention": True,
     "softmax_by_rows": False,
     "bf16_image_windows": False,
+    "bf16_activation_products_avx512": False,
 }
 
 
@@ -155,7 +158,10 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     if _on_cpus_by_default(options.strassen, target):
         passes += [relax.transform.FoldConstant(), StrassenMatmuls()]  # the weights, transposed, as constants
     if options.bfloat16:
-        passes += [relax.transform.FoldConstant(), Bfloat16Products(bf16_unit(target), options.bf16_image_windows)]
+        passes += [
+            relax.transform.FoldConstant(),
+            Bfloat16Products(bf16_unit(target), options.bf16_image_windows, options.bf16_activation_products_avx512),
+        ]
         if options.bf16_round_before_moves:
             passes += [RoundBeforeMoves(), relax.transform.DeadCodeElimination(["main"])]
         if options.bf16_max_pools:

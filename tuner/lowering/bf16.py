@@ -10,8 +10,8 @@ an odd channel count gets a zero channel, the outputs zero ones up to a multiple
 after). Elsewhere, and for the products those
 kernels do not take (grouped and dilated convolutions, an odd reduction in a matmul), Relax's own
 operator with bf16 operands and a float32 result: bf16 storage, fp32 arithmetic, as PyTorch computes
-bf16 on such CPUs. Matmuls of two activations (attention's) are bf16 products on AMX, with the
-second operand packed inside the kernel, and stay float32 elsewhere.
+bf16 on such CPUs. Matmuls of two activations (attention's) are bf16 products too, with the
+second operand packed inside the kernel.
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ from .rewrites import conv2d_like, ints, op_name, static_shape
 
 AMX_MIN_REDUCTION = STEP_VALUES  # one whole step of AMX's micro-kernel
 PATCHES_BELOW_CHANNELS = 8  # a first convolution's (RGB): its products over its window's patches
+# the least reduction of a product of two activations on vdpbf16ps (attention's head dimensions are 32-128, its
+# tokens more): a guard against products of a few channels, where the pack in the kernel would be most of it
+MIN_ACTIVATION_PRODUCT_REDUCTION = 16
 
 
 def is_fp32(expr: Expr) -> bool:
@@ -73,10 +76,11 @@ def is_bf16(expr: Expr) -> bool:
 
 @expr_functor.mutator
 class _Bfloat16Products(PyExprMutator):
-    def __init__(self, mod: IRModule, unit: str | None, image_windows: bool) -> None:
+    def __init__(self, mod: IRModule, unit: str | None, image_windows: bool, activation_products_avx512: bool) -> None:
         super().__init__(mod)
         self.unit = unit  # the CPU's bf16 dot product (AVX512_BF16, AMX): our kernels, packed weights
         self.image_windows = image_windows  # a first convolution on AMX reads its padded image in place
+        self.activation_products_avx512 = activation_products_avx512  # attention's products in bf16 off AMX too
         self.rounded: dict[relax.Var, Expr] = {}  # an activation cast to bf16 for a product: that cast
         self.widened: dict[relax.Var, Expr] = {}  # and the cast back, for the activation's other readers
 
@@ -158,16 +162,19 @@ class _Bfloat16Products(PyExprMutator):
         return relax.op.matmul(self._cast(data), relax.const(to_bf16(weight)), out_dtype=F32)
 
     def _batch_matmul(self, call: Call) -> Expr:
-        """bf16 on AMX, where both operands' shapes are known and their batch axes alike; else fp32."""
+        """bf16 where both operands' shapes are known and their batch axes alike; else fp32."""
         a, b = (static_shape(arg) for arg in call.args)
-        if self.unit != AMX or not a or not b or len(a) != len(b) or len(a) < 3 or a[:-2] != b[:-2]:
+        if self.unit is None or not a or not b or len(a) != len(b) or len(a) < 3 or a[:-2] != b[:-2]:
             return call
-        if not is_fp32(call.args[1]) or a[-1] + a[-1] % PAIR < AMX_MIN_REDUCTION:
+        if self.unit == AVX512 and not self.activation_products_avx512:
             return call
-        rows = padded_rows(a[-2], -(-b[-1] // LANES), AMX)
+        least = AMX_MIN_REDUCTION if self.unit == AMX else MIN_ACTIVATION_PRODUCT_REDUCTION
+        if not is_fp32(call.args[1]) or a[-1] + a[-1] % PAIR < least:
+            return call
+        rows = padded_rows(a[-2], -(-b[-1] // LANES), self.unit)
         first, second = (self._cast(arg) for arg in call.args)
         return self.builder_.call_te(
-            bf16_batch_matmul, first, second, rows, AMX, primfunc_name_hint="bf16_batch_matmul"
+            bf16_batch_matmul, first, second, rows, self.unit, primfunc_name_hint="bf16_batch_matmul"
         )
 
     def _conv2d(self, call: Call) -> Expr:
@@ -326,9 +333,11 @@ class Bfloat16Products:
     """Convolutions and matmuls by constant weights from bf16 operands into fp32 (module docstring);
     ``unit``: the target CPU's bf16 dot product (``tuner.precision.bf16_unit``), None where it has none."""
 
-    def __init__(self, unit: str | None, image_windows: bool = True) -> None:
+    def __init__(self, unit: str | None, image_windows: bool = True, activation_products_avx512: bool = True) -> None:
         self.unit = unit
         self.image_windows = image_windows
+        self.activation_products_avx512 = activation_products_avx512
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
-        return rewrite_functions(_Bfloat16Products(mod, self.unit, self.image_windows), mod)
+        mutator = _Bfloat16Products(mod, self.unit, self.image_windows, self.activation_products_avx512)
+        return rewrite_functions(mutator, mod)
