@@ -45,9 +45,13 @@ def intrinsic_name(
     return name + ("_z" if zero else "")
 
 
-def _micro_kernel_ir(name: str, rows: int, vectors: int) -> str:
-    """LLVM IR of ``name``(C, ldc, A, lda, B, ldb, pairs): C[r, 16v + l] += sum_p A[r, 2p:2p+2] . B[v, p, l, :]."""
-    lines = [f"define void @{name}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %pairs) #0 {{", "entry:"]
+def _micro_kernel_ir(name: str, rows: int, vectors: int, prefetch_per_step: int = 0) -> str:
+    """LLVM IR of ``name``(C, ldc, A, lda, B, ldb, pairs): C[r, 16v + l] += sum_p A[r, 2p:2p+2] . B[v, p, l, :].
+    With ``prefetch_per_step``, two arguments more (next, lines): ``lines`` cache lines from ``next``
+    asked for into L2, that many a step, while the tile computes (``prefetching_variant``)."""
+    extra = ", ptr %next, i64 %lines" if prefetch_per_step else ""
+    lines = [f"define void @{name}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %pairs{extra}) #0 {{"]
+    lines.append("entry:")
     accumulators = [(r, v) for r in range(rows) for v in range(vectors)]
     for r, v in accumulators:
         lines += [
@@ -57,9 +61,12 @@ def _micro_kernel_ir(name: str, rows: int, vectors: int) -> str:
             f"  %c{r}_{v} = load <16 x float>, ptr %cp{r}_{v}, align 4",
         ]
     lines += ["  %empty = icmp eq i64 %pairs, 0", "  br i1 %empty, label %done, label %step", "step:"]
-    lines.append("  %p = phi i64 [ 0, %entry ], [ %next, %step ]")
+    back = "compute" if prefetch_per_step else "step"  # the block the loop's back edge leaves from
+    lines.append(f"  %p = phi i64 [ 0, %entry ], [ %next_p, %{back} ]")
     for r, v in accumulators:
-        lines.append(f"  %s{r}_{v} = phi <16 x float> [ %c{r}_{v}, %entry ], [ %n{r}_{v}, %step ]")
+        lines.append(f"  %s{r}_{v} = phi <16 x float> [ %c{r}_{v}, %entry ], [ %n{r}_{v}, %{back} ]")
+    if prefetch_per_step:
+        lines += _prefetch_lines(prefetch_per_step)
     lines.append("  %k = shl i64 %p, 1")
     for r in range(rows):
         lines += [
@@ -85,22 +92,49 @@ def _micro_kernel_ir(name: str, rows: int, vectors: int) -> str:
             f"<16 x float> %s{r}_{v}, <32 x bfloat> %x{r}, <32 x bfloat> %w{v})"
         )
     lines += [
-        "  %next = add i64 %p, 1",
-        "  %more = icmp ult i64 %next, %pairs",
+        "  %next_p = add i64 %p, 1",
+        "  %more = icmp ult i64 %next_p, %pairs",
         "  br i1 %more, label %step, label %done",
     ]
     lines.append("done:")
     for r, v in accumulators:
-        lines.append(f"  %f{r}_{v} = phi <16 x float> [ %c{r}_{v}, %entry ], [ %n{r}_{v}, %step ]")
+        lines.append(f"  %f{r}_{v} = phi <16 x float> [ %c{r}_{v}, %entry ], [ %n{r}_{v}, %{back} ]")
     for r, v in accumulators:
         lines.append(f"  store <16 x float> %f{r}_{v}, ptr %cp{r}_{v}, align 4")
     lines += [
         "  ret void",
         "}",
         "declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)",
-        'attributes #0 = { alwaysinline "target-features"="+avx512f,+avx512bf16" }',
     ]
+    if prefetch_per_step:
+        lines.append("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+    lines.append('attributes #0 = { alwaysinline "target-features"="+avx512f,+avx512bf16" }')
     return "\n".join(lines) + "\n"
+
+
+def _prefetch_lines(per_step: int) -> list[str]:
+    """A step's prefetches: lines p * per_step + j of the ``lines`` from ``next`` (those left), each into L2
+    (a branch around them once all are asked for), then the step's work in the block ``compute``."""
+    lines = [f"  %first = mul i64 %p, {per_step}", "  %wanted = icmp ult i64 %first, %lines"]
+    lines += ["  br i1 %wanted, label %prefetch, label %compute", "prefetch:"]
+    for j in range(per_step):
+        lines += [
+            f"  %line{j} = add i64 %first, {j}",
+            f"  %lo{j} = shl i64 %line{j}, 5",  # 32 bf16 a line
+            f"  %lp{j} = getelementptr i16, ptr %next, i64 %lo{j}",
+            f"  call void @llvm.prefetch.p0(ptr %lp{j}, i32 0, i32 2, i32 1)",
+        ]
+    return [*lines, "  br label %compute", "compute:"]
+
+
+def prefetching_variant(kernel: str, per_step: int) -> tuple[str, str] | None:
+    """The name and LLVM IR of ``kernel`` (a ``vdpbf16ps`` micro-kernel's function, as the intrinsics
+    call it) asking for ``per_step`` lines of another block a step; None for a kernel of another unit."""
+    match = _NAME.fullmatch(kernel.replace("tensor_tuner_kernel_", "tensor_tuner_"))
+    if match is None or match.group(1) != AVX512 or match.group(5) is not None:
+        return None
+    name = f"{kernel}_pf{per_step}"
+    return name, _micro_kernel_ir(name, int(match.group(2)), int(match.group(3)), per_step)
 
 
 def _intrinsic(rows: int, vectors: int, pairs: int, unit: str, zero: bool):

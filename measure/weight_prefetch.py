@@ -27,13 +27,16 @@ from tvm import tirx
 from tvm.sym import Analyzer, detect_linear_equation
 from tvm.tirx import stmt as s
 
+from .bf16_dot import prefetching_variant
+from .tir_walk import binds, contains_loop, exprs_of, vars_of, walk_expr, walk_stmts
+
 CACHE_LINE = 64  # bytes
 MIN_BLOCK_BYTES = 16 << 10  # a smaller block stays in L1 and needs no help
 MAX_BLOCK_BYTES = 1 << 20  # the block being computed and the next one must both fit a core's L2
 MAX_LINES_PER_RUN = 64  # more at once and the prefetches queue behind each other
+MAX_LINES_PER_STEP = 4  # of a micro-kernel's step (bf16_dot): its own loads are 5-11 (a tile's rows and vectors)
 MAX_TASKS_EXAMINED = 256  # parallel tasks whose reads are worked out to find how many share a block
 _LOCALITY_L2 = 2  # prefetcht1: into L2, where the next block waits for its turn
-_EXPR_CHILDREN = ("a", "b", "value", "args", "indices", "condition", "true_value", "false_value", "base", "vectors")
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ def with_weight_prefetches(func: tirx.PrimFunc) -> tirx.PrimFunc:
         if isinstance(stmt, (s.AllocBuffer, s.BufferStore)):
             written.append(stmt.buffer)
 
-    _walk_stmts(func.body, note_writes)
+    walk_stmts(func.body, note_writes)
     read_only = lambda buffer: not any(buffer.same_as(other) for other in written)  # noqa: E731
     body = _Rewriter(read_only).visit(func.body, None, {})
     return func if body.same_as(func.body) else func.with_body(body)
@@ -104,6 +107,10 @@ class _Rewriter:
         if isinstance(stmt, s.For):
             return self._visit_for(stmt, loops, lets)
         if isinstance(stmt, s.AttrStmt):
+            if loops is not None and stmt.attr_key == "pragma_import_llvm" and self.parallel is not None:
+                call = _prefetching_call(stmt, loops, lets, self.parallel, self.read_only)
+                if call is not None:
+                    return call
             body = self.visit(stmt.body, loops, lets)
             return stmt if body.same_as(stmt.body) else s.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body)
         if isinstance(stmt, s.IfThenElse):
@@ -122,11 +129,9 @@ class _Rewriter:
             inner = None
         else:
             inner = [*loops, _Loop(loop.loop_var, loop.min, extent)]
-        if inner and not _contains_loop(loop.body):
+        if inner and not contains_loop(loop.body):
             self._plan_prefetches(loop.body, inner, lets)
-            body = loop.body
-        else:
-            body = self.visit(loop.body, inner, dict(lets))
+        body = self.visit(loop.body, inner, dict(lets))
         if not body.same_as(loop.body):
             loop = s.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, loop.annotations)
         prefetches = self.before_loop.pop(loop.loop_var, None)
@@ -135,7 +140,7 @@ class _Rewriter:
     def _plan_prefetches(self, body: s.Stmt, loops: list[_Loop], lets: dict) -> None:
         """Notes the prefetches the vector loads of ``body`` (the innermost loop's) want, for the loop
         they go before."""
-        lets_inside = _binds(body)
+        lets_inside = binds(body)
         reduction = _innermost_reduction_loop(body, loops, lets_inside)
         if reduction is None or any(loop.extent is None for loop in loops):
             return
@@ -166,14 +171,14 @@ def _innermost_reduction_loop(body: s.Stmt, loops: list[_Loop], lets_inside: dic
     def note(node: s.Stmt) -> None:
         if isinstance(node, s.BufferStore):
             for index in node.indices:
-                stored_vars.update(_vars_of(index))
+                stored_vars.update(vars_of(index))
 
-    _walk_stmts(body, note)
+    walk_stmts(body, note)
     lets_inside = dict(lets_inside)  # consumed below
     pending = [var for var in stored_vars if var in lets_inside]
     while pending:  # a let's value may name other lets of the body
         value = lets_inside.pop(pending.pop(), None)
-        for var in [] if value is None else _vars_of(value):
+        for var in [] if value is None else vars_of(value):
             stored_vars.add(var)
             if var in lets_inside:
                 pending.append(var)
@@ -254,27 +259,82 @@ def _next_block_across_tasks(
     """The next block when consecutive parallel tasks (a thread runs a contiguous range of them) each
     read the whole of one block, ``repeat`` tasks a block (or one task, reading it more than once):
     each asks for its share of the next."""
-    if parallel is None or parallel.extent is None:
-        return []
     span = sum(step * (loop.extent - 1) for step, loop in zip(pattern.steps, loops, strict=True)) + pattern.length
+    tasks = _tasks_per_block(pattern, parallel, rereads=0 in pattern.steps)
+    if tasks is None or tasks[1] != span:
+        return []  # the next task's block does not follow this one's
+    repeat = tasks[0]
+    share = tirx.floormod(parallel.var - parallel.min, repeat)
+    return _spread(pattern, pattern.offset + span, span, loops[:reduction], repeat, share)
+
+
+def _tasks_per_block(pattern: _Pattern, parallel: _Loop | None, rereads: bool) -> tuple[int, int] | None:
+    """How many consecutive parallel tasks read one block, and how far (elements) the next tasks' block
+    starts from theirs; None where tasks do not move over blocks so, or where one task reads its block
+    once (``rereads`` false) and shares it with none: a stream the hardware's prefetchers follow."""
+    if parallel is None or parallel.extent is None:
+        return None
     starts = []
     for task in range(min(parallel.extent, MAX_TASKS_EXAMINED)):
         analyzer = Analyzer()  # the offset names no let: the analyzer that made it put in their values
         analyzer.bind(parallel.var, parallel.min + task)
         value = analyzer.simplify(pattern.offset)
         if not isinstance(value, tirx.IntImm):
-            return []
+            return None
         starts.append(int(value))
     repeat = next((i for i, start in enumerate(starts) if start != starts[0]), None)
-    rereads = 0 in pattern.steps  # the task reads its block more than once itself
     if repeat is None or (repeat < 2 and not rereads) or 2 * repeat > len(starts):
-        return []
-    if starts[repeat] - starts[0] != span:
-        return []  # the next task's block does not follow this one's
-    if any(starts[i] != starts[0] + (i // repeat) * span for i in range(2 * repeat)):
-        return []
-    share = tirx.floormod(parallel.var - parallel.min, repeat)
-    return _spread(pattern, pattern.offset + span, span, loops[:reduction], repeat, share)
+        return None
+    distance = starts[repeat] - starts[0]
+    if any(starts[i] != starts[0] + (i // repeat) * distance for i in range(2 * repeat)):
+        return None
+    return repeat, distance
+
+
+def _prefetching_call(
+    stmt: s.AttrStmt, loops: list[_Loop], lets: dict, parallel: _Loop, read_only: Callable[[tirx.Var], bool]
+) -> s.Stmt | None:
+    """A ``vdpbf16ps`` micro-kernel's call (``stmt``: its import around it) whose weight slice the task
+    re-reads (a row-block loop around it) or shares with the tasks beside it, made to ask for its share
+    of the next tasks' slice, a few lines each step of the tile (``bf16_dot.prefetching_variant``).
+    None where it is not such a call."""
+    call = stmt.body.value if isinstance(stmt.body, s.Evaluate) else None
+    if not _is_op(call, "tirx.call_extern") or len(call.args) != 8 or not _is_op(call.args[5], "tirx.tvm_access_ptr"):
+        return None
+    kind, data, offset, extent = call.args[5].args[:4]
+    if not _is_op(data, "tirx.buffer_data") or not read_only(data.args[0]):
+        return None
+    if any(loop.extent is None for loop in loops):
+        return None
+    weight = data.args[0]
+    element_bytes = tvm.DataType(str(weight.dtype)).bits // 8
+    pattern = _pattern([_Read(weight, str(weight.dtype), offset, int(extent))], loops, _with_lets(lets))
+    rereaders = [loop for step, loop in zip(pattern.steps, loops, strict=True) if step == 0] if pattern else []
+    tasks = _tasks_per_block(pattern, parallel, rereads=bool(rereaders)) if pattern else None
+    if tasks is None:
+        return None
+    repeat, distance = tasks
+    movers = math.prod(loop.extent for step, loop in zip(pattern.steps, loops, strict=True) if step)
+    if not MIN_BLOCK_BYTES <= int(extent) * element_bytes * movers <= MAX_BLOCK_BYTES:
+        return None
+    share = math.ceil(math.ceil(int(extent) * element_bytes / CACHE_LINE) / repeat)
+    per_call = math.ceil(share / math.prod(loop.extent for loop in rereaders))
+    per_step = math.ceil(per_call / int(call.args[7]))
+    variant = prefetching_variant(str(call.args[0].value), per_step) if per_step <= MAX_LINES_PER_STEP else None
+    if variant is None:
+        return None
+    run = tirx.const(0, "int32")
+    for loop in rereaders:
+        run = run * loop.extent + (loop.var - loop.min)
+    first = tirx.floormod(parallel.var - parallel.min, repeat) * share + run * per_call
+    start = offset + distance + first * (CACHE_LINE // element_bytes)
+    lines_from = tirx.tvm_access_ptr(kind, data, start, per_call * CACHE_LINE // element_bytes, 1)
+    args = [tvm.ir.expr.StringImm(variant[0]), *call.args[1:], lines_from, tirx.const(per_call, "int64")]
+    return s.AttrStmt(stmt.node, stmt.attr_key, tvm.ir.expr.StringImm(variant[1]), s.Evaluate(tirx.call_extern("void", *args)))
+
+
+def _is_op(expr: object, name: str) -> bool:
+    return isinstance(expr, tvm.ir.expr.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 
 
 def _spread(
@@ -316,43 +376,6 @@ def _spread(
     ]
 
 
-def _contains_loop(stmt: s.Stmt) -> bool:
-    found = []
-    _walk_stmts(stmt, lambda node: found.append(node) if isinstance(node, (s.For, s.While)) else None)
-    return bool(found)
-
-
-def _walk_expr(expr: tirx.Expr, visit: Callable[[tirx.Expr], None]) -> None:
-    visit(expr)
-    for name in _EXPR_CHILDREN:
-        for item in _exprs_in(getattr(expr, name, None)):
-            _walk_expr(item, visit)
-
-
-def _exprs_of(stmt: s.Stmt) -> list[tirx.Expr]:
-    """The expressions ``stmt`` holds itself (not its body's)."""
-    return [expr for name in ("value", "condition", "indices") for expr in _exprs_in(getattr(stmt, name, None))]
-
-
-def _exprs_in(child: object) -> list[tirx.Expr]:
-    """The expressions a node's field holds: itself, or the items of a list of them."""
-    items = child if isinstance(child, (list, tuple, tvm.ir.Array)) else [child]
-    return [item for item in items if isinstance(item, tirx.Expr)]
-
-
-def _binds(stmt: s.Stmt) -> dict:
-    """The lets ``stmt`` binds, anywhere in it: variable -> value."""
-    found = {}
-    _walk_stmts(stmt, lambda node: found.__setitem__(node.var, node.value) if isinstance(node, s.Bind) else None)
-    return found
-
-
-def _vars_of(expr: tirx.Expr) -> list[tirx.Var]:
-    found: list[tirx.Var] = []
-    _walk_expr(expr, lambda node: found.append(node) if isinstance(node, tirx.Var) else None)
-    return found
-
-
 def _vector_reads(stmt: s.Stmt) -> list[_Read]:
     """Loads of contiguous vectors (one ``Ramp`` index of stride 1) anywhere in ``stmt``."""
     reads: list[_Read] = []
@@ -363,21 +386,8 @@ def _vector_reads(stmt: s.Stmt) -> list[_Read]:
             if isinstance(index, tirx.Ramp) and isinstance(index.stride, tirx.IntImm) and int(index.stride) == 1:
                 reads.append(_Read(expr.source, str(expr.source.dtype), index.base, int(index.lanes)))
 
-    _walk_stmts(stmt, lambda node: [_walk_expr(expr, note) for expr in _exprs_of(node)])
+    walk_stmts(stmt, lambda node: [walk_expr(expr, note) for expr in exprs_of(node)])
     return reads
-
-
-def _walk_stmts(stmt: s.Stmt, visit: Callable[[s.Stmt], None]) -> None:
-    visit(stmt)
-    if isinstance(stmt, s.SeqStmt):
-        for child in stmt.seq:
-            _walk_stmts(child, visit)
-    elif isinstance(stmt, (s.For, s.AttrStmt, s.While)):
-        _walk_stmts(stmt.body, visit)
-    elif isinstance(stmt, s.IfThenElse):
-        _walk_stmts(stmt.then_case, visit)
-        if stmt.else_case is not None:
-            _walk_stmts(stmt.else_case, visit)
 
 
 PIPELINE = "tensor_tuner_cpu"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from bf16_builds import needs_bf16
 from tvm.script import tirx as T
 
 from measure.weight_prefetch import DISABLE_ENV, tir_pipeline
@@ -107,7 +108,8 @@ def test_a_kernel_that_reads_its_arguments_once_gets_no_prefetch():
 def test_a_store_through_lets_of_lets_still_moves_with_its_row_loop():
     # C[b] with b = a + 1 and a = row * 4, as TVM's common-subexpression pass writes it: the row loop
     # is not a reduction loop, the step loop (not named) is
-    from measure.weight_prefetch import _binds, _innermost_reduction_loop, _Loop
+    from measure.tir_walk import binds
+    from measure.weight_prefetch import _innermost_reduction_loop, _Loop
 
     step, row, a, b = (tvm.tirx.Var(name, "int32") for name in ("step", "row", "a", "b"))
     out = tvm.tirx.decl_buffer((64,), "float32", name="out")
@@ -119,7 +121,7 @@ def test_a_store_through_lets_of_lets_still_moves_with_its_row_loop():
         ]
     )
     loops = [_Loop(step, tvm.tirx.const(0, "int32"), 8), _Loop(row, tvm.tirx.const(0, "int32"), 8)]
-    assert _innermost_reduction_loop(body, loops, _binds(body)) == 0
+    assert _innermost_reduction_loop(body, loops, binds(body)) == 0
 
 
 def test_tasks_that_read_a_weight_slice_in_turn_each_ask_for_a_share_of_the_next_slice():
@@ -159,3 +161,25 @@ def test_tasks_that_read_a_weight_slice_in_turn_each_ask_for_a_share_of_the_next
     packed = w.reshape(k, slices, 32).transpose(1, 0, 2).copy()
     built["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(packed, dev), c)
     np.testing.assert_allclose(c.numpy(), a @ w, rtol=1e-4, atol=1e-4)
+
+
+@needs_bf16
+def test_a_bf16_tile_re_reading_its_weight_slice_asks_for_the_next_tasks_slice_step_by_step(monkeypatch):
+    # 128 rows in 8 row tiles of 4 row blocks: each task's 96 KB slice of the weight read by four calls,
+    # each asking for a quarter of the next task's slice, a line a step of its 384
+    from bf16_builds import bf16_array, dense_module, run_built
+
+    from tuner.bf16_rule import _tile
+
+    def built() -> tvm.runtime.Executable:
+        sch = tvm.s_tir.Schedule(dense_module(128, 768, 768), seed=1)
+        _tile(sch, sch.get_sblock("gemm"), 4, 4)
+        return _built(sch.mod)
+
+    a, packed = bf16_array((128, 768), 1), bf16_array((48, 384, 16, 2), 2)
+    expected = a.astype(np.float32) @ packed.astype(np.float32).transpose(1, 3, 0, 2).reshape(768, 768)
+    for prefetching, setting in ((True, "1"), (False, "0")):
+        monkeypatch.setenv(DISABLE_ENV, setting)
+        executable = built()
+        assert (_prefetches(executable) > 0) == prefetching
+        np.testing.assert_allclose(run_built(executable, [a, packed], (128, 768)), expected, rtol=1e-4, atol=1e-3)
