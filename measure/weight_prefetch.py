@@ -294,10 +294,11 @@ def _tasks_per_block(pattern: _Pattern, parallel: _Loop | None, rereads: bool) -
 def _prefetching_call(
     stmt: s.AttrStmt, loops: list[_Loop], lets: dict, parallel: _Loop, read_only: Callable[[tirx.Var], bool]
 ) -> s.Stmt | None:
-    """A ``vdpbf16ps`` micro-kernel's call (``stmt``: its import around it) whose weight slice the task
-    re-reads (a row-block loop around it) or shares with the tasks beside it, made to ask for its share
-    of the next tasks' slice, a few lines each step of the tile (``bf16_dot.prefetching_variant``).
-    None where it is not such a call."""
+    """A ``vdpbf16ps`` micro-kernel's call (``stmt``: its import around it) made to ask for weight lines a
+    later call reads, a few each step of the tile (``bf16_dot.prefetching_variant``): its share of the next
+    tasks' slice where the task re-reads its slice (a row-block loop around the call) or shares it with
+    the tasks beside it (``_next_tasks_lines``), else the next call's slice where each call reads a slice
+    of its own (a convolution's window taps, ``_next_call_lines``). None where it is neither."""
     call = stmt.body.value if isinstance(stmt.body, s.Evaluate) else None
     if not _is_op(call, "tirx.call_extern") or len(call.args) != 8 or not _is_op(call.args[5], "tirx.tvm_access_ptr"):
         return None
@@ -307,30 +308,57 @@ def _prefetching_call(
     if any(loop.extent is None for loop in loops):
         return None
     weight = data.args[0]
-    element_bytes = tvm.DataType(str(weight.dtype)).bits // 8
     pattern = _pattern([_Read(weight, str(weight.dtype), offset, int(extent))], loops, _with_lets(lets))
-    rereaders = [loop for step, loop in zip(pattern.steps, loops, strict=True) if step == 0] if pattern else []
-    tasks = _tasks_per_block(pattern, parallel, rereads=bool(rereaders)) if pattern else None
-    if tasks is None:
+    if pattern is None:
         return None
-    repeat, distance = tasks
-    movers = math.prod(loop.extent for step, loop in zip(pattern.steps, loops, strict=True) if step)
-    if not MIN_BLOCK_BYTES <= int(extent) * element_bytes * movers <= MAX_BLOCK_BYTES:
-        return None
-    share = math.ceil(math.ceil(int(extent) * element_bytes / CACHE_LINE) / repeat)
-    per_call = math.ceil(share / math.prod(loop.extent for loop in rereaders))
-    per_step = math.ceil(per_call / int(call.args[7]))
-    variant = prefetching_variant(str(call.args[0].value), per_step) if per_step <= MAX_LINES_PER_STEP else None
+    wanted = _next_tasks_lines(pattern, loops, parallel) or _next_call_lines(pattern, loops)
+    per_step = math.ceil(wanted[1] / int(call.args[7])) if wanted else 0
+    variant = prefetching_variant(str(call.args[0].value), per_step) if 0 < per_step <= MAX_LINES_PER_STEP else None
     if variant is None:
         return None
+    start, lines = wanted
+    lines_from = tirx.tvm_access_ptr(kind, data, start, lines * CACHE_LINE // pattern.block_bytes(1), 1)
+    args = [tvm.ir.expr.StringImm(variant[0]), *call.args[1:], lines_from, tirx.const(lines, "int64")]
+    prefetching = s.Evaluate(tirx.call_extern("void", *args))
+    return s.AttrStmt(stmt.node, stmt.attr_key, tvm.ir.expr.StringImm(variant[1]), prefetching)
+
+
+def _next_tasks_lines(pattern: _Pattern, loops: list[_Loop], parallel: _Loop) -> tuple[tirx.Expr, int] | None:
+    """Where a call's lines of the next tasks' slice start, and how many: the slice shared out among the
+    tasks that read it together and the calls of each task that re-read it."""
+    rereaders = [loop for step, loop in zip(pattern.steps, loops, strict=True) if step == 0]
+    tasks = _tasks_per_block(pattern, parallel, rereads=bool(rereaders))
+    movers = math.prod(loop.extent for step, loop in zip(pattern.steps, loops, strict=True) if step)
+    if tasks is None or not MIN_BLOCK_BYTES <= pattern.block_bytes(pattern.length) * movers <= MAX_BLOCK_BYTES:
+        return None
+    repeat, distance = tasks
+    share = math.ceil(math.ceil(pattern.block_bytes(pattern.length) / CACHE_LINE) / repeat)
+    per_call = math.ceil(share / math.prod(loop.extent for loop in rereaders))
     run = tirx.const(0, "int32")
     for loop in rereaders:
         run = run * loop.extent + (loop.var - loop.min)
     first = tirx.floormod(parallel.var - parallel.min, repeat) * share + run * per_call
-    start = offset + distance + first * (CACHE_LINE // element_bytes)
-    lines_from = tirx.tvm_access_ptr(kind, data, start, per_call * CACHE_LINE // element_bytes, 1)
-    args = [tvm.ir.expr.StringImm(variant[0]), *call.args[1:], lines_from, tirx.const(per_call, "int64")]
-    return s.AttrStmt(stmt.node, stmt.attr_key, tvm.ir.expr.StringImm(variant[1]), s.Evaluate(tirx.call_extern("void", *args)))
+    return _call_offset(pattern, loops) + distance + first * (CACHE_LINE // pattern.block_bytes(1)), per_call
+
+
+def _next_call_lines(pattern: _Pattern, loops: list[_Loop]) -> tuple[tirx.Expr, int] | None:
+    """Where the next call's slice starts and its lines, where the innermost loop moves each call to a slice
+    of its own (a convolution's taps, laid out one after the other: past the last tap of a row of the
+    window, the next row's first) and no call re-reads one."""
+    if not loops or 0 in pattern.steps or loops[-1].extent < 2:
+        return None
+    if not MIN_BLOCK_BYTES <= pattern.block_bytes(pattern.length) <= MAX_BLOCK_BYTES:
+        return None
+    lines = math.ceil(pattern.block_bytes(pattern.length) / CACHE_LINE)
+    return _call_offset(pattern, loops) + pattern.steps[-1], lines
+
+
+def _call_offset(pattern: _Pattern, loops: list[_Loop]) -> tirx.Expr:
+    """Where the call at the loops' current values reads from (``pattern.offset`` is at their first)."""
+    offset = pattern.offset
+    for step, loop in zip(pattern.steps, loops, strict=True):
+        offset = offset + step * (loop.var - loop.min)
+    return offset
 
 
 def _is_op(expr: object, name: str) -> bool:
