@@ -13,6 +13,12 @@ re-read the block), and spreads prefetches of the next block over the whole of t
 few cache lines (into L2) before each run of the innermost reduction loop. Not inside that loop:
 a call there stops LLVM from keeping the accumulators in registers across it, since it cannot tell
 the arguments apart inside TVM's parallel closures.
+
+A bf16 product on ``vdpbf16ps`` reads its weight inside micro-kernel calls (``bf16_dot``), which the
+loads above do not see: there the call itself is swapped for a variant that asks for a few lines a
+step of its loop, of the next tasks' slice where the task re-reads its own (row blocks) or of the
+next call's where each call reads a slice of its own (a convolution's taps). On a Zen 4 VM the same
+schedules ran BERT-base at 0.88-0.93 of their time without, ResNet-18 0.93, ResNet-50 0.94.
 """
 
 from __future__ import annotations

@@ -183,3 +183,29 @@ def test_a_bf16_tile_re_reading_its_weight_slice_asks_for_the_next_tasks_slice_s
         executable = built()
         assert (_prefetches(executable) > 0) == prefetching
         np.testing.assert_allclose(run_built(executable, [a, packed], (128, 768)), expected, rtol=1e-4, atol=1e-3)
+
+
+@needs_bf16
+def test_a_bf16_convolution_asks_for_its_next_window_tap_while_computing_this_one():
+    # 256 input channels, two 16-lane vectors a tile: each tap's slice of a task is 16 KB, read once
+    import torch
+    from bf16_builds import bf16_array, run_built, te_module
+    from tvm import te
+
+    from tuner.bf16_rule import _tile
+    from tuner.lowering.bf16_kernels import bf16_conv2d_nhwc, pack_conv_weight
+
+    image, kernel = bf16_array((1, 7, 7, 256), 1), bf16_array((3, 3, 256, 64), 2)
+    image_t = te.placeholder(image.shape, "bfloat16", name="image")
+    kernel_t = te.placeholder(pack_conv_weight(kernel).shape, "bfloat16", name="kernel")
+    sch = tvm.s_tir.Schedule(te_module([image_t, kernel_t, bf16_conv2d_nhwc(image_t, kernel_t, 1, (1, 1, 1, 1))]))
+    _tile(sch, sch.get_sblock("bf16_conv2d"), 7, 2)
+    executable = _built(sch.mod)
+    assert _prefetches(executable) > 0
+    expected = torch.nn.functional.conv2d(
+        torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
+        torch.from_numpy(kernel.astype(np.float32)).permute(3, 2, 0, 1),
+        padding=1,
+    ).permute(0, 2, 3, 1)
+    got = run_built(executable, [image, pack_conv_weight(kernel)], (1, 7, 7, 64))
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=2e-3)
