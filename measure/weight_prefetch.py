@@ -38,6 +38,9 @@ from .tir_walk import binds, contains_loop, exprs_of, vars_of, walk_expr, walk_s
 
 CACHE_LINE = 64  # bytes
 MIN_BLOCK_BYTES = 16 << 10  # a smaller block stays in L1 and needs no help
+# a convolution's call reading a tap's slice of its own: a smaller slice is a stream too short for the
+# hardware's prefetchers to catch, from memory when the weight has not been read since the last inference
+MIN_TAP_BYTES = 4 << 10
 MAX_BLOCK_BYTES = 1 << 20  # the block being computed and the next one must both fit a core's L2
 MAX_LINES_PER_RUN = 64  # more at once and the prefetches queue behind each other
 MAX_LINES_PER_STEP = 4  # of a micro-kernel's step (bf16_dot): its own loads are 5-11 (a tile's rows and vectors)
@@ -353,7 +356,7 @@ def _next_call_lines(pattern: _Pattern, loops: list[_Loop]) -> tuple[tirx.Expr, 
     window, the next row's first) and no call re-reads one."""
     if not loops or 0 in pattern.steps or loops[-1].extent < 2:
         return None
-    if not MIN_BLOCK_BYTES <= pattern.block_bytes(pattern.length) <= MAX_BLOCK_BYTES:
+    if not MIN_TAP_BYTES <= pattern.block_bytes(pattern.length) <= MAX_BLOCK_BYTES:
         return None
     lines = math.ceil(pattern.block_bytes(pattern.length) / CACHE_LINE)
     return _call_offset(pattern, loops) + pattern.steps[-1], lines
