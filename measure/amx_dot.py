@@ -107,12 +107,13 @@ class Window:
         return self.height * self.width
 
 
-def _tap_start(window: Window) -> list[str]:
-    """The loop over a window's taps, opening: %at, %bt the tap's activation rows and weight."""
+def tap_loop_start(window: Window, entry: str, phis: tuple[str, ...] = ()) -> list[str]:
+    """The loop over a window's taps, opening (entered from block ``entry``, ``phis`` more at its head):
+    %at, %bt the tap's activation rows and weight."""
     return [
-        "  br label %tap",
         "tap:",
-        "  %t = phi i64 [ 0, %configureds ], [ %tnext, %tap_done ]",
+        f"  %t = phi i64 [ 0, {entry} ], [ %tnext, %tap_done ]",
+        *phis,
         f"  %ty = udiv i64 %t, {window.width}",
         f"  %tx = urem i64 %t, {window.width}",
         f"  %trow = mul i64 %ty, {window.columns}",
@@ -126,12 +127,12 @@ def _tap_start(window: Window) -> list[str]:
     ]
 
 
-def _tap_end(window: Window) -> list[str]:
+def tap_loop_end(window: Window, done: str) -> list[str]:
     return [
         "tap_done:",
         "  %tnext = add i64 %t, 1",
         f"  %tmore = icmp ult i64 %tnext, {window.taps}",
-        "  br i1 %tmore, label %tap, label %steps_done",
+        f"  br i1 %tmore, label %tap, label %{done}",
     ]
 
 
@@ -213,7 +214,7 @@ def amx_micro_kernel_ir(
         lines += [*_configure(f"@{name}_steps", "s"), *start("l")]
         a, b, entry, done = "%a", "%b", "%configureds", "steps_done"
         if window is not None:
-            lines += _tap_start(window)
+            lines += ["  br label %tap", *tap_loop_start(window, "%configureds")]
             a, b, entry, done = "%at", "%bt", "%tap", "tap_done"
         lines += ["  br label %step", "step:", f"  %s = phi i64 [ 0, {entry} ], [ %next, %step ]"]
         lines += ["  %p = shl i64 %s, 4", *step("s", "%p", a, b)]
@@ -223,7 +224,7 @@ def amx_micro_kernel_ir(
             f"  br i1 %more, label %step, label %{done}",
         ]
         if window is not None:
-            lines += _tap_end(window)
+            lines += tap_loop_end(window, "steps_done")
         lines += ["steps_done:"]
         if rest:  # loading another configuration clears the tiles: the accumulators go through memory
             lines += c_blocks(False, "m")

@@ -24,7 +24,7 @@ import threading
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from .amx_dot import Window, amx_micro_kernel_ir
+from .amx_dot import Window, amx_micro_kernel_ir, tap_loop_end, tap_loop_start
 
 LANES = 16  # fp32 accumulators per vector
 PAIR = 2  # bf16 products summed into each
@@ -45,11 +45,16 @@ def intrinsic_name(
     return name + ("_z" if zero else "")
 
 
-def _micro_kernel_ir(name: str, rows: int, vectors: int, prefetch_per_step: int = 0) -> str:
+def _micro_kernel_ir(
+    name: str, rows: int, vectors: int, prefetch_per_step: int = 0, window: Window | None = None
+) -> str:
     """LLVM IR of ``name``(C, ldc, A, lda, B, ldb, pairs): C[r, 16v + l] += sum_p A[r, 2p:2p+2] . B[v, p, l, :].
     With ``prefetch_per_step``, two arguments more (next, lines): ``lines`` cache lines from ``next``
-    asked for into L2, that many a step, while the tile computes (``prefetching_variant``)."""
-    extra = ", ptr %next, i64 %lines" if prefetch_per_step else ""
+    asked for into L2, that many a step, while the tile computes (``prefetching_variant``). With a
+    ``window`` (its rows overlapping: ``Window.overlap``), two more (the weight's strides over the
+    window's rows and columns), and one call sums over its taps too, the accumulators in registers
+    throughout (as AMX's window micro-kernel, ``amx_dot``)."""
+    extra = ", ptr %next, i64 %lines" if prefetch_per_step else ", i64 %sbh, i64 %sbw" if window else ""
     lines = [f"define void @{name}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %pairs{extra}) #0 {{"]
     lines.append("entry:")
     accumulators = [(r, v) for r in range(rows) for v in range(vectors)]
@@ -60,11 +65,21 @@ def _micro_kernel_ir(name: str, rows: int, vectors: int, prefetch_per_step: int 
             f"  %cp{r}_{v} = getelementptr float, ptr %c, i64 %ci{r}_{v}",
             f"  %c{r}_{v} = load <16 x float>, ptr %cp{r}_{v}, align 4",
         ]
-    lines += ["  %empty = icmp eq i64 %pairs, 0", "  br i1 %empty, label %done, label %step", "step:"]
     back = "compute" if prefetch_per_step else "step"  # the block the loop's back edge leaves from
-    lines.append(f"  %p = phi i64 [ 0, %entry ], [ %next_p, %{back} ]")
+    entry, a, b, done = "entry", "%a", "%b", "done"  # where the step loop starts from, its operands, its exit
+    lines += ["  %empty = icmp eq i64 %pairs, 0", f"  br i1 %empty, label %done, label %{'tap' if window else 'step'}"]
+    if window:
+        taps = tuple(
+            f"  %u{r}_{v} = phi <16 x float> [ %c{r}_{v}, %entry ], [ %n{r}_{v}, %tap_done ]" for r, v in accumulators
+        )
+        lines += tap_loop_start(window, "%entry", taps)
+        lines.append("  br label %step")
+        entry, a, b, done = "tap", "%at", "%bt", "tap_done"
+    lines.append("step:")
+    lines.append(f"  %p = phi i64 [ 0, %{entry} ], [ %next_p, %{back} ]")
     for r, v in accumulators:
-        lines.append(f"  %s{r}_{v} = phi <16 x float> [ %c{r}_{v}, %entry ], [ %n{r}_{v}, %{back} ]")
+        start = f"%u{r}_{v}" if window else f"%c{r}_{v}"
+        lines.append(f"  %s{r}_{v} = phi <16 x float> [ {start}, %{entry} ], [ %n{r}_{v}, %{back} ]")
     if prefetch_per_step:
         lines += _prefetch_lines(prefetch_per_step)
     lines.append("  %k = shl i64 %p, 1")
@@ -72,7 +87,7 @@ def _micro_kernel_ir(name: str, rows: int, vectors: int, prefetch_per_step: int 
         lines += [
             f"  %ao{r} = mul i64 %lda, {r}",
             f"  %ai{r} = add i64 %ao{r}, %k",
-            f"  %ap{r} = getelementptr i16, ptr %a, i64 %ai{r}",
+            f"  %ap{r} = getelementptr i16, ptr {a}, i64 %ai{r}",
             f"  %pair{r} = load i32, ptr %ap{r}, align 2",
             f"  %one{r} = insertelement <16 x i32> poison, i32 %pair{r}, i64 0",
             f"  %all{r} = shufflevector <16 x i32> %one{r}, <16 x i32> poison, <16 x i32> zeroinitializer",
@@ -83,7 +98,7 @@ def _micro_kernel_ir(name: str, rows: int, vectors: int, prefetch_per_step: int 
             f"  %bo{v} = mul i64 %ldb, {v}",
             f"  %bk{v} = shl i64 %p, 5",
             f"  %bi{v} = add i64 %bo{v}, %bk{v}",
-            f"  %bp{v} = getelementptr i16, ptr %b, i64 %bi{v}",
+            f"  %bp{v} = getelementptr i16, ptr {b}, i64 %bi{v}",
             f"  %w{v} = load <32 x bfloat>, ptr %bp{v}, align 2",
         ]
     for r, v in accumulators:
@@ -94,11 +109,15 @@ def _micro_kernel_ir(name: str, rows: int, vectors: int, prefetch_per_step: int 
     lines += [
         "  %next_p = add i64 %p, 1",
         "  %more = icmp ult i64 %next_p, %pairs",
-        "  br i1 %more, label %step, label %done",
+        f"  br i1 %more, label %step, label %{done}",
     ]
+    last = back
+    if window:
+        lines += tap_loop_end(window, "done")
+        last = "tap_done"
     lines.append("done:")
     for r, v in accumulators:
-        lines.append(f"  %f{r}_{v} = phi <16 x float> [ %c{r}_{v}, %entry ], [ %n{r}_{v}, %{back} ]")
+        lines.append(f"  %f{r}_{v} = phi <16 x float> [ %c{r}_{v}, %entry ], [ %n{r}_{v}, %{last} ]")
     for r, v in accumulators:
         lines.append(f"  store <16 x float> %f{r}_{v}, ptr %cp{r}_{v}, align 4")
     lines += [
@@ -277,17 +296,21 @@ def _window_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero:
     return description, implementation
 
 
-def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero: bool):
-    """``_window_intrinsic`` over an activation whose rows overlap (``Window.overlap``): one flat buffer,
-    row r of window row y starting ``(r + y * columns) * overlap`` values on, its reduction the run of
-    values from there (a window row's taps are one run: the window is one tap wide)."""
+def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero: bool, unit: str):
+    """A tile summed over a window whose activation rows overlap (``Window.overlap``), on ``unit``: one
+    flat buffer, row r of window row y starting ``(r + y * columns) * overlap`` values on, its reduction
+    the run of values from there (a window row's taps are one run: the window is one tap wide)."""
     width, reduction, lda = vectors * LANES, pairs * PAIR, window.overlap
     height, taps_w, columns = window.height, window.width, window.columns
     assert taps_w == 1, "an overlapping window's rows are one run each"
     span = (rows - 1 + (height - 1) * columns) * lda + reduction
     b_shape = (height, taps_w, vectors, pairs, LANES, PAIR)
-    kernel = intrinsic_name(rows, vectors, pairs, AMX, window, zero).replace("tensor_tuner_", "tensor_tuner_kernel_")
-    ir_text = amx_micro_kernel_ir(kernel, rows, vectors, pairs, window, zero)
+    kernel = intrinsic_name(rows, vectors, pairs, unit, window, zero).replace("tensor_tuner_", "tensor_tuner_kernel_")
+    ir_text = (
+        amx_micro_kernel_ir(kernel, rows, vectors, pairs, window, zero)
+        if unit == AMX
+        else _micro_kernel_ir(kernel, rows, vectors, window=window)
+    )
 
     @T.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -340,8 +363,8 @@ def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero
 def register_bf16_tile(
     rows: int, vectors: int, pairs: int, unit: str = AVX512, window: Window | None = None, zero: bool = False
 ) -> str:
-    """Register the intrinsic of one tile shape on ``unit`` (over a ``window``'s taps too, on AMX) in this
-    process (idempotent); returns its name."""
+    """Register the intrinsic of one tile shape on ``unit`` (over a ``window``'s taps too: on AMX any, on
+    ``vdpbf16ps`` one whose rows overlap) in this process (idempotent); returns its name."""
     zero = zero and unit == AMX
     name = intrinsic_name(rows, vectors, pairs, unit, window, zero)
     with _lock:
@@ -349,9 +372,11 @@ def register_bf16_tile(
             if window is None:
                 TensorIntrin.register(name, *_intrinsic(rows, vectors, pairs, unit, zero))
             elif window.overlap:
-                TensorIntrin.register(name, *_overlap_intrinsic(rows, vectors, pairs, window, zero))
-            else:
+                TensorIntrin.register(name, *_overlap_intrinsic(rows, vectors, pairs, window, zero, unit))
+            elif unit == AMX:
                 TensorIntrin.register(name, *_window_intrinsic(rows, vectors, pairs, window, zero))
+            else:
+                raise ValueError(f"a vdpbf16ps micro-kernel sums a window only over overlapping rows, not {window}")
     return name
 
 

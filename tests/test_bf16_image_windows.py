@@ -1,7 +1,7 @@
-"""A first convolution on AMX reading its padded image in place: each activation tile's rows overlap
-(a stride's pixels apart, each reading a step's 32 values from there), one micro-kernel call sums the
-window's rows; against PyTorch's convolution of the same bf16 values, scheduled and as the lowering
-makes it."""
+"""A first convolution reading its padded image in place: each activation tile's rows overlap (a
+stride's pixels apart, each reading a window row's values from there: AMX's step of 32, or KW*C up to
+a pair on ``vdpbf16ps``), one micro-kernel call sums the window's rows; against PyTorch's convolution
+of the same bf16 values, scheduled and as the lowering makes it, on each unit."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from bf16_builds import bf16_array, needs_amx, run_built, te_module
+from bf16_builds import EACH_UNIT, bf16_array, needs_bf16, run_built, te_module
 from tvm import relax, te
 
-from measure.bf16_dot import AMX, register_if_ours
+from measure.bf16_dot import AMX, AVX512, register_if_ours
 from tuner.bf16_rule import _tile, padded_rows, tile_shapes
 from tuner.lowering.bf16 import Bfloat16Products
 from tuner.lowering.bf16_flat import (
     bf16_conv2d_image_windows,
     image_windows_extent,
     pack_window_rows_weight,
-    window_row_fits,
+    window_run,
 )
 from tuner.lowering.bf16_kernels import out_extent
 from tuner.targets import resolve_target
@@ -45,26 +45,27 @@ def _expected(image: np.ndarray, weight: np.ndarray, stride: int, pad: int) -> n
     )
 
 
-@needs_amx
+@pytest.mark.parametrize("unit", EACH_UNIT)
 @pytest.mark.parametrize(("size", "kernel", "stride", "pad", "outputs"), CONVOLUTIONS)
-def test_the_scheduled_product_over_the_image_in_place_is_the_convolution(size, kernel, stride, pad, outputs) -> None:
+def test_the_scheduled_product_over_the_image_in_place_is_the_convolution(unit, size, kernel, stride, pad, outputs):
     image, weight = bf16_array((1, size, size, 3), 1), bf16_array((kernel, kernel, 3, outputs), 2)
-    packed = pack_window_rows_weight(weight)
+    run = window_run(kernel, 3, unit)
+    packed = pack_window_rows_weight(weight, run)
     out_h, out_w = (out_extent(size, pad, pad, kernel, stride),) * 2
-    columns = padded_rows(out_w, packed.shape[2], AMX)
-    rows, pixels = image_windows_extent((size, size), (kernel, kernel), stride, (pad,) * 4, columns, 3)
+    columns = padded_rows(out_w, packed.shape[2], unit)
+    rows, pixels = image_windows_extent((size, size), (kernel, kernel), stride, (pad,) * 4, columns, 3, run)
     padded = np.zeros((1, rows, pixels, 3), ml_dtypes.bfloat16)
     padded[:, pad : pad + size, pad : pad + size] = image
     flat_t = te.placeholder((1, rows * pixels * 3), "bfloat16", name="flat")
     kernel_t = te.placeholder(packed.shape, "bfloat16", name="kernel")
-    conv = bf16_conv2d_image_windows(flat_t, kernel_t, (out_h, columns, pixels, 3), stride, AMX, 1.0)
+    conv = bf16_conv2d_image_windows(flat_t, kernel_t, (out_h, columns, pixels, 3), stride, unit, 1.0)
     sch = tvm.s_tir.Schedule(te_module([flat_t, kernel_t, conv]), seed=1)
-    _tile(sch, sch.get_sblock("bf16_conv2d"), *tile_shapes(columns, packed.shape[2], AMX)[0], AMX)
+    _tile(sch, sch.get_sblock("bf16_conv2d"), *tile_shapes(columns, packed.shape[2], unit)[0], unit)
     script = sch.mod.script()
     # one call per tile over the window's rows, its activation rows a stride's pixels (3 values each) apart,
-    # its accumulators starting from zero tiles (the call is the tile's whole reduction)
-    window = f"w{kernel}x1c{pixels // stride}o{3 * stride}"
-    (name,) = set(re.findall(rf"tensor_tuner_kernel_(amx_r\d+_v\d+_p16_{window}_z)\b", script))
+    # on AMX its accumulators starting from zero tiles (the call is the tile's whole reduction)
+    window = f"p{run // 2}_w{kernel}x1c{pixels // stride}o{3 * stride}" + ("_z" if unit == AMX else "")
+    (name,) = set(re.findall(rf"tensor_tuner_kernel_({unit}_r\d+_v\d+_{window})\b", script))
     assert register_if_ours(f"tensor_tuner_{name}")  # a stored trace naming it replays in another process
     built = tvm.compile(sch.mod, target=resolve_target("llvm"))
     got = run_built(built, [padded.reshape(1, -1), packed], tuple(int(d) for d in conv.shape))
@@ -86,13 +87,14 @@ def _first_convolution(image_nchw: np.ndarray, weight: np.ndarray, stride: int, 
     return builder.get()
 
 
+@pytest.mark.parametrize("unit", [AVX512, AMX])
 @pytest.mark.parametrize("image_windows", [True, False])
-def test_the_lowering_reads_a_model_s_input_in_place_on_amx_and_computes_its_convolution(image_windows) -> None:
+def test_the_lowering_reads_a_model_s_input_in_place_and_computes_its_convolution(unit, image_windows) -> None:
     # built with TVM's default schedules: what the lowering computes, on any CPU
     size, kernel, stride, pad, outputs = CONVOLUTIONS[0]
     image = np.random.default_rng(1).standard_normal((1, 3, size, size)).astype(np.float32)
     weight = np.random.default_rng(2).standard_normal((kernel, kernel, 3, outputs)).astype(np.float32)
-    lowered = Bfloat16Products(AMX, image_windows)(_first_convolution(image, weight, stride, pad))
+    lowered = Bfloat16Products(unit, image_windows)(_first_convolution(image, weight, stride, pad))
     lowered = relax.transform.DeadCodeElimination(["main"])(lowered)
     script = lowered.script()
     assert ("bf16_patches" in script) != image_windows and "bf16_padded_image" in script
@@ -102,15 +104,16 @@ def test_the_lowering_reads_a_model_s_input_in_place_on_amx_and_computes_its_con
     np.testing.assert_allclose(got, _expected(*rounded, stride, pad), rtol=1e-4, atol=1e-3)
 
 
-def test_a_window_row_longer_than_a_step_keeps_its_patches() -> None:
-    assert window_row_fits(7, 3) and window_row_fits(4, 8) and not window_row_fits(11, 3)
+def test_a_window_row_longer_than_an_amx_step_keeps_its_patches() -> None:
+    assert window_run(7, 3, AMX) == 32 and window_run(4, 8, AMX) == 32 and window_run(11, 3, AMX) is None
+    assert window_run(7, 3, AVX512) == 22 and window_run(11, 3, AVX512) == 34
     image = np.zeros((1, 3, 32, 32), np.float32)
     lowered = Bfloat16Products(AMX)(_first_convolution(image, np.ones((11, 11, 3, 16), np.float32), 4, 2))
     assert "bf16_patches" in lowered.script()
 
 
-@needs_amx
-def test_a_stem_tuned_in_bf16_on_amx_searches_its_first_convolution_in_place_and_matches_pytorch(tmp_path) -> None:
+@needs_bf16
+def test_a_stem_tuned_in_bf16_searches_its_first_convolution_in_place_and_matches_pytorch(tmp_path) -> None:
     import tuner
 
     torch.manual_seed(0)

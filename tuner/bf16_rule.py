@@ -286,17 +286,18 @@ def takes_chunks(sch: Schedule, gemm: SBlockRV, unit: str) -> bool:
 def _window(
     sch: Schedule, gemm: SBlockRV, window: list[LoopRV], unit: str, rows: int, pairs: int
 ) -> amx_dot.Window | None:
-    """The window an AMX micro-kernel call sums over as well (``amx_dot.Window``): a stride-1
+    """The window a micro-kernel call sums over as well (``amx_dot.Window``): on AMX a stride-1
     convolution's over image rows laid end to end (``WINDOW_ANNOTATION``: their columns), whose
-    reduction is whole steps; None for a product whose calls each take one tap."""
+    reduction is whole steps; on either unit a first convolution's over its image read in place
+    (``OVERLAP_ANNOTATION``); None for a product whose calls each take one tap."""
     columns = sch.get(gemm).annotations.get(WINDOW_ANNOTATION)
     overlap = int(sch.get(gemm).annotations.get(OVERLAP_ANNOTATION, 0))  # a window one run wide: its rows alone
     if (
-        unit != AMX
-        or columns is None
+        columns is None
         or len(window) != (1 if overlap else 2)
         or rows == 1
-        or pairs % amx_dot.TILE_PAIRS
+        or (unit == AMX and pairs % amx_dot.TILE_PAIRS)
+        or (unit != AMX and not overlap)
     ):
         return None
     height, width = (int(sch.get(loop).extent) for loop in window) if not overlap else (sch.get(window[0]).extent, 1)

@@ -31,6 +31,8 @@ import tvm
 from tvm import relax
 from tvm.relax import pipeline as relax_pipeline
 
+from measure.bf16_dot import AMX
+
 from ..precision import bf16_unit
 from .attention_blocks import AttentionInQueryBlocks
 from .bf16 import Bfloat16Products
@@ -88,6 +90,8 @@ class LoweringOptions:
     bf16_image_windows: bool = True
     # in bf16 on vdpbf16ps (no AMX), attention's products of two activations bf16 products too (on AMX always)
     bf16_activation_products_avx512: bool = True
+    # in bf16 on vdpbf16ps, a first convolution reading its padded image in place as on AMX
+    bf16_image_windows_avx512: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -113,12 +117,20 @@ _PREDATING_RECORDS = {
     "softmax_by_rows": False,
     "bf16_image_windows": False,
     "bf16_activation_products_avx512": False,
+    "bf16_image_windows_avx512": False,
 }
 
 
 def _on_cpus_by_default(option: bool | None, target: tvm.target.Target | None) -> bool:
     """An option as set, or, left at None, on where the target is a CPU."""
     return option if option is not None else (target is not None and target.kind.name == "llvm")
+
+
+def _bf16_products(options: LoweringOptions, unit: str | None) -> Bfloat16Products:
+    """The bf16 lowering with the options of ``unit`` (AMX's or ``vdpbf16ps``'s)."""
+    if unit == AMX:
+        return Bfloat16Products(unit, options.bf16_image_windows, activation_products=True)
+    return Bfloat16Products(unit, options.bf16_image_windows_avx512, options.bf16_activation_products_avx512)
 
 
 def _in_fp32_only(options: LoweringOptions) -> LoweringOptions:
@@ -160,7 +172,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     if options.bfloat16:
         passes += [
             relax.transform.FoldConstant(),
-            Bfloat16Products(bf16_unit(target), options.bf16_image_windows, options.bf16_activation_products_avx512),
+            _bf16_products(options, bf16_unit(target)),
         ]
         if options.bf16_round_before_moves:
             passes += [RoundBeforeMoves(), relax.transform.DeadCodeElimination(["main"])]

@@ -43,7 +43,7 @@ from .bf16_flat import (
     padded_image_extent,
     patch_rows,
     patch_width,
-    window_row_fits,
+    window_run,
 )
 from .bf16_kernels import (
     BF16,
@@ -76,11 +76,11 @@ def is_bf16(expr: Expr) -> bool:
 
 @expr_functor.mutator
 class _Bfloat16Products(PyExprMutator):
-    def __init__(self, mod: IRModule, unit: str | None, image_windows: bool, activation_products_avx512: bool) -> None:
+    def __init__(self, mod: IRModule, unit: str | None, image_windows: bool, activation_products: bool) -> None:
         super().__init__(mod)
         self.unit = unit  # the CPU's bf16 dot product (AVX512_BF16, AMX): our kernels, packed weights
-        self.image_windows = image_windows  # a first convolution on AMX reads its padded image in place
-        self.activation_products_avx512 = activation_products_avx512  # attention's products in bf16 off AMX too
+        self.image_windows = image_windows  # a first convolution reads its padded image in place
+        self.activation_products = activation_products  # attention's products of two activations in bf16
         self.rounded: dict[relax.Var, Expr] = {}  # an activation cast to bf16 for a product: that cast
         self.widened: dict[relax.Var, Expr] = {}  # and the cast back, for the activation's other readers
 
@@ -166,7 +166,7 @@ class _Bfloat16Products(PyExprMutator):
         a, b = (static_shape(arg) for arg in call.args)
         if self.unit is None or not a or not b or len(a) != len(b) or len(a) < 3 or a[:-2] != b[:-2]:
             return call
-        if self.unit == AVX512 and not self.activation_products_avx512:
+        if not self.activation_products:
             return call
         least = AMX_MIN_REDUCTION if self.unit == AMX else MIN_ACTIVATION_PRODUCT_REDUCTION
         if not is_fp32(call.args[1]) or a[-1] + a[-1] % PAIR < least:
@@ -227,18 +227,19 @@ class _Bfloat16Products(PyExprMutator):
     def _image_windows_conv2d(
         self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]
     ) -> Expr | None:
-        """A first convolution on AMX over its padded image read in place (``bf16_conv2d_image_windows``);
-        None where it cannot be: not on AMX, not the model's input, a window row longer than a step reads.
-        Its patches were a pass over 5.6 MB for ResNet's 7x7 window (107 us) and as much again read back."""
+        """A first convolution over its padded image read in place (``bf16_conv2d_image_windows``); None
+        where it cannot be: off, not the model's input, a window row longer than an AMX step reads. Its
+        patches were a pass over 5.6 MB for ResNet's 7x7 window (107 us on AMX) and as much again read back."""
         kernel, (batch, height, width, channels) = weight.shape[:2], static_shape(data)
         source = self._transposed_input(data)
-        if not self.image_windows or self.unit != AMX or source is None or not window_row_fits(kernel[1], channels):
+        run = window_run(kernel[1], channels, self.unit)
+        if not self.image_windows or source is None or run is None:
             return None
-        packed = pack_window_rows_weight(weight)  # [KH, 1, N/16, 16, 16, 2]
+        packed = pack_window_rows_weight(weight, run)  # [KH, 1, N/16, run/2, 16, 2]
         out_h = out_extent(height, padding[0], padding[2], kernel[0], stride)
         out_w = out_extent(width, padding[1], padding[3], kernel[1], stride)
-        columns = padded_rows(out_w, packed.shape[2], AMX)
-        extent = image_windows_extent((height, width), tuple(kernel), stride, padding, columns, channels)
+        columns = padded_rows(out_w, packed.shape[2], self.unit)
+        extent = image_windows_extent((height, width), tuple(kernel), stride, padding, columns, channels, run)
         padded = self.builder_.emit(
             self.builder_.call_te(
                 bf16_padded_image,
@@ -253,7 +254,7 @@ class _Bfloat16Products(PyExprMutator):
         flops = 2.0 * batch * out_h * out_w * weight.shape[3] * kernel[0] * kernel[1] * channels
         image = (out_h, columns, extent[1], channels)
         out = self._packed_product(
-            bf16_conv2d_image_windows, flat, packed, image, stride, AMX, flops, name="bf16_conv2d"
+            bf16_conv2d_image_windows, flat, packed, image, stride, self.unit, flops, name="bf16_conv2d"
         )
         return self._computed(out, out_w, weight.shape[3])
 
@@ -331,13 +332,15 @@ class _Bfloat16Products(PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="Bfloat16Products")
 class Bfloat16Products:
     """Convolutions and matmuls by constant weights from bf16 operands into fp32 (module docstring);
-    ``unit``: the target CPU's bf16 dot product (``tuner.precision.bf16_unit``), None where it has none."""
+    ``unit``: the target CPU's bf16 dot product (``tuner.precision.bf16_unit``), None where it has none;
+    ``image_windows``: a first convolution reads the model's input in place; ``activation_products``:
+    attention's products of two activations are bf16 products too."""
 
-    def __init__(self, unit: str | None, image_windows: bool = True, activation_products_avx512: bool = True) -> None:
+    def __init__(self, unit: str | None, image_windows: bool = True, activation_products: bool = True) -> None:
         self.unit = unit
         self.image_windows = image_windows
-        self.activation_products_avx512 = activation_products_avx512
+        self.activation_products = activation_products
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
-        mutator = _Bfloat16Products(mod, self.unit, self.image_windows, self.activation_products_avx512)
+        mutator = _Bfloat16Products(mod, self.unit, self.image_windows, self.activation_products)
         return rewrite_functions(mutator, mod)

@@ -11,12 +11,15 @@ positions, across image rows too. Each image row computes X - out_w outputs past
 (the padding's), dropped when the result is gathered back to [N, OH, OW, O]: 2 of 9 on a 7x7
 image with a 3x3 window, none for a 1x1 convolution.
 
-``bf16_conv2d_image_windows``, for a network's first convolution on AMX: each output position's
-window rows read in place from the padded image, an activation tile's rows overlapping (ResNet's 7x7
-window at stride 2 over 3 channels: rows 6 values apart, each reading the 32 from there), no patches.
+``bf16_conv2d_image_windows``, for a network's first convolution: each output position's window rows
+read in place from the padded image, an activation tile's rows overlapping (ResNet's 7x7 window at
+stride 2 over 3 channels: rows 6 values apart, each reading the 32 from there on AMX, the 22 on
+``vdpbf16ps``), no patches.
 
-``bf16_conv2d_patches``, for a network's first convolution elsewhere (3 channels: a micro-kernel's call over
-its 4 packed channels does little more than set up and store its accumulators): the window's
+``bf16_conv2d_patches``, for a convolution over a few channels that does not read its image in place
+(an activation's rather than the model's input; a window row longer than an AMX step; 3 channels: a
+micro-kernel's call over its 4 packed channels does little more than set up and store its
+accumulators): the window's
 pixels of each output position copied into one row (im2col), one window row's KW*C pixels'
 channels (contiguous in NHWC) a micro-kernel call's reduction.
 """
@@ -28,7 +31,7 @@ import tvm
 from tvm import te
 
 from measure.amx_dot import STEP_VALUES
-from measure.bf16_dot import LANES, PAIR
+from measure.bf16_dot import AMX, LANES, PAIR
 
 from ..bf16_rule import OVERLAP_ANNOTATION, WINDOW_ANNOTATION, padded_rows, tile_efficiency
 from ..copy_rule import BF16_COPY_RULE
@@ -249,9 +252,14 @@ def bf16_patches_product(
     )
 
 
-def window_row_fits(kernel_w: int, channels: int) -> bool:
-    """Whether a window row's KW*C values fit the run an AMX step reads (``bf16_conv2d_image_windows``)."""
-    return kernel_w * channels <= STEP_VALUES
+def window_run(kernel_w: int, channels: int, unit: str) -> int | None:
+    """The values a micro-kernel call reads of each window row in place (``bf16_conv2d_image_windows``):
+    on AMX a step's ``STEP_VALUES`` (None where a window row's KW*C are more), on ``vdpbf16ps`` the KW*C
+    values up to a whole pair."""
+    values = kernel_w * channels
+    if unit == AMX:
+        return STEP_VALUES if values <= STEP_VALUES else None
+    return values + values % PAIR
 
 
 def image_windows_extent(
@@ -261,23 +269,24 @@ def image_windows_extent(
     padding: tuple[int, int, int, int],
     columns: int,
     channels: int,
+    run: int,
 ) -> tuple[int, int]:
     """(rows, pixels) of the padded image ``bf16_conv2d_image_windows`` reads its ``columns`` output
-    columns' windows from, every read inside it (the last column's run of ``STEP_VALUES``), its pixels a
+    columns' windows from, every read inside it (the last column's ``run`` of values), its pixels a
     multiple of the stride (a window row's taps are whole tile rows apart)."""
     (height, width), (kernel_h, _), (top, left, bottom, right) = image, kernel, padding
     out_h = out_extent(height, top, bottom, kernel_h, stride)
     rows = max(height + top + bottom, (out_h - 1) * stride + kernel_h)
-    pixels = max(width + left + right, (columns - 1) * stride + -(-STEP_VALUES // channels))
+    pixels = max(width + left + right, (columns - 1) * stride + -(-run // channels))
     return rows, -(-pixels // stride) * stride
 
 
-def pack_window_rows_weight(weight: np.ndarray) -> np.ndarray:
-    """HWIO [KH, KW, C, N] -> [KH, 1, N/16, 16, 16, 2]: each window row's KW*C values (as they lie in an
-    image row, channels innermost), zeros after them up to ``STEP_VALUES``."""
+def pack_window_rows_weight(weight: np.ndarray, run: int) -> np.ndarray:
+    """HWIO [KH, KW, C, N] -> [KH, 1, N/16, run/2, 16, 2]: each window row's KW*C values (as they lie in
+    an image row, channels innermost), zeros after them up to ``run`` (``window_run``)."""
     kh, kw, c, n = weight.shape
-    rows = np.pad(weight.reshape(kh, 1, kw * c, n), [(0, 0), (0, 0), (0, STEP_VALUES - kw * c), (0, 0)])
-    return pack_conv_weight(rows, STEP_VALUES)
+    rows = np.pad(weight.reshape(kh, 1, kw * c, n), [(0, 0), (0, 0), (0, run - kw * c), (0, 0)])
+    return pack_conv_weight(rows, run)
 
 
 def bf16_conv2d_image_windows(
@@ -290,14 +299,14 @@ def bf16_conv2d_image_windows(
 ) -> te.Tensor:
     """The convolution of the padded image (``bf16_padded_image``, flat: [N, rows * pixels * C]) by
     ``pack_window_rows_weight``'s weight: [N, out_h, columns, outputs] in fp32 (``image``: out_h,
-    columns, pixels, C), output (y, x)'s window row r the ``STEP_VALUES`` values from pixel
+    columns, pixels, C), output (y, x)'s window row r the run of values (``window_run``) from pixel
     (y * stride + r, x * stride) on. The values past a window row's KW*C meet zero weights (finite: the
     image's own or its padding)."""
     out_h, columns, pixels, channels = image
-    kernel_h, outputs = int(packed.shape[0]), int(packed.shape[2]) * LANES
+    kernel_h, outputs, run = int(packed.shape[0]), int(packed.shape[2]) * LANES, int(packed.shape[3]) * PAIR
     overlap, row_columns = stride * channels, pixels // stride  # a tile row's values, an image row's tile rows
     ry = te.reduce_axis((0, kernel_h), "ry")
-    rc = te.reduce_axis((0, STEP_VALUES), "rc")
+    rc = te.reduce_axis((0, run), "rc")
     return te.compute(
         (int(flat.shape[0]), out_h, columns, outputs),
         lambda n, y, x, o: te.sum(
