@@ -132,49 +132,6 @@ def test_amx_tiles_taking_the_reduction_in_chunks_compute_the_same_product() -> 
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-4)
 
 
-def _square_conv(size: int, channels: int, window: int, outputs: int) -> tuple[tvm.IRModule, np.ndarray, np.ndarray]:
-    """A stride-1 same-padded bf16 convolution on vdpbf16ps over a size x size image, and its operands."""
-    image, kernel = bf16_array((1, size, size, channels), 1), bf16_array((window, window, channels, outputs), 2)
-    image_t = te.placeholder(image.shape, "bfloat16", name="image")
-    kernel_t = te.placeholder(pack_conv_weight(kernel).shape, "bfloat16", name="kernel")
-    pad = (window // 2,) * 4
-    conv = bf16_conv2d_nhwc(image_t, kernel_t, 1, pad, size, AVX512)
-    return te_module([image_t, kernel_t, conv]), image, kernel
-
-
-def test_a_convolution_whose_weight_outweighs_its_image_also_gets_spaces_walking_its_channels_outermost() -> None:
-    from tuner.bf16_rule import schedule_bf16_gemm, weight_outweighs
-
-    for size, window, heavy in [(7, 3, True), (28, 1, False)]:  # ResNet's last stage, and a 1x1 early on
-        sch = tvm.s_tir.Schedule(_square_conv(size, 64, window, 64)[0], seed=1)
-        block = sch.get_sblock("bf16_conv2d")
-        assert weight_outweighs(sch, block) == heavy
-        shapes = tile_shapes(size, 64 // 16)
-        assert len(schedule_bf16_gemm(sch, block)) == len(shapes) * (2 if heavy else 1)
-    # a product's rows alone (no image rows outside them): its row tiles can be one task's already
-    sch = tvm.s_tir.Schedule(dense_module(16, 256, 256), seed=1)
-    assert not weight_outweighs(sch, sch.get_sblock("gemm"))
-
-
-@needs_bf16
-def test_tasks_walking_the_channels_outermost_compute_the_convolution() -> None:
-    from tuner.bf16_rule import _tile
-    from tuner.targets import resolve_target
-
-    mod, image, kernel = _square_conv(7, 64, 3, 64)
-    sch = tvm.s_tir.Schedule(mod, seed=1)
-    _tile(sch, sch.get_sblock("bf16_conv2d"), 7, 2, AVX512, weight_once=True)
-    got = run_built(
-        tvm.compile(sch.mod, target=resolve_target("llvm")), [image, pack_conv_weight(kernel)], (1, 7, 7, 64)
-    )
-    expected = torch.nn.functional.conv2d(
-        torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
-        torch.from_numpy(kernel.astype(np.float32)).permute(3, 2, 0, 1),
-        padding=1,
-    ).permute(0, 2, 3, 1)
-    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
-
-
 @needs_amx
 def test_amx_micro_kernels_of_other_tile_shapes_called_in_turn_each_load_their_own_configuration() -> None:
     # a micro-kernel loads its tile configuration only when the thread holds another: kernels of two

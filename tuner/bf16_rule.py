@@ -11,8 +11,7 @@ epilogue (bias, activation, the cast of the next layer's input).
 
 A tile's shape is fixed per design space (its intrinsic is named by it, and the search's mutations
 must not change it under a stored trace), and so is whether an AMX call takes a long reduction whole
-or in chunks, and whether the tasks walk the output channels outermost (where the weight outweighs
-the activation); the search samples how tiles group into tasks.
+or in chunks; the search samples how tiles group into tasks.
 """
 
 from __future__ import annotations
@@ -217,13 +216,10 @@ def _tile(
     unit: str = AVX512,
     zero_tiles: bool = True,
     chunks: bool = False,
-    weight_once: bool = False,
 ) -> None:
     """Tile ``gemm`` for the micro-kernel of ``tile_rows_count`` x ``vector_count`` on ``unit``; ``zero_tiles``
     (AMX): a call that is its tile's whole reduction starts from zero tiles (off: loads C's zeros, to compare);
-    ``chunks``: calls take the reduction in ``AMX_REDUCTION_CHUNK``s, where ``takes_chunks``; ``weight_once``:
-    the parallel tasks walk the output channels outermost, so that each weight slice is read by consecutive
-    tasks (from L2) rather than again for each image row (``weight_outweighs``)."""
+    ``chunks``: calls take the reduction in ``AMX_REDUCTION_CHUNK``s, where ``takes_chunks``."""
     chunks = chunks and takes_chunks(sch, gemm, unit)
     _inline_prologue(sch, gemm)
     for producer in _around(sch, gemm, sch.get_producers):
@@ -258,7 +254,7 @@ def _tile(
     if chunks:
         chunk, pairs = sch.split(pairs, [None, AMX_REDUCTION_CHUNK], preserve_unit_iters=False)
         chunk_loops, pairs_extent = [chunk], AMX_REDUCTION_CHUNK
-    tasks = [channel_tiles, *outer, row_tiles] if weight_once else [*outer, row_tiles, channel_tiles]
+    tasks = [*outer, row_tiles, channel_tiles]
     sch.reorder(*tasks, *chunk_loops, row_blocks, *window, tile_rows, vectors, pairs, lanes, pair)
     parallel = sch.fuse(*tasks)
     sch.parallel(parallel)
@@ -308,31 +304,15 @@ def _window(
     return amx_dot.Window(int(height), width, int(columns), overlap) if height * width > 1 else None
 
 
-def weight_outweighs(sch: Schedule, gemm: SBlockRV) -> bool:
-    """Whether ``gemm`` has spatial axes outside its tiles' rows (a convolution's image rows, a batch) and a
-    packed operand (its weight: [..., 16, 2]) larger than its activation: ResNet-50's last 1x1 convolution at
-    stride 2 (4 MB of weights, 7x7 positions) read its weight once per image row, 28 MB a call, at 49% of
-    the peak alone. (A product's row tiles alone can be one task's already: the search samples it.)"""
-    *outer, _, _ = _spatial_and_reduction(sch, gemm)[0]
-    regions = [region.source for region in sch.get(gemm).reads]
-    packed = [b for b in regions if [int(d) for d in b.shape[-2:]] == [LANES, PAIR]]
-    others = [b for b in regions if str(b.dtype) == "bfloat16" and not any(b.same_as(p) for p in packed)]
-    if _extent(sch, outer) == 1 or len(packed) != 1 or len(others) != 1:
-        return False
-    return math.prod(int(d) for d in packed[0].shape) > math.prod(int(d) for d in others[0].shape)
-
-
 def schedule_bf16_gemm(sch: Schedule, gemm: SBlockRV) -> list[Schedule]:
     *_, rows_loop, channels_loop = _spatial_and_reduction(sch, gemm)[0]
     rows_extent, channels_extent = (int(sch.get(loop).extent) for loop in (rows_loop, channels_loop))
     unit = str(sch.get(gemm).annotations.get(UNIT_ANNOTATION, AVX512))
     spaces = []
     chunk_choices = (False, True) if takes_chunks(sch, gemm, unit) else (False,)
-    order_choices = (False, True) if weight_outweighs(sch, gemm) else (False,)
     for rows, vectors in tile_shapes(rows_extent, channels_extent // LANES, unit):
         for chunks in chunk_choices:
-            for weight_once in order_choices:
-                space = sch.copy()
-                _tile(space, gemm, rows, vectors, unit, chunks=chunks, weight_once=weight_once)
-                spaces.append(space)
+            space = sch.copy()
+            _tile(space, gemm, rows, vectors, unit, chunks=chunks)
+            spaces.append(space)
     return spaces
