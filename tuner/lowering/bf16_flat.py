@@ -19,9 +19,8 @@ stride 2 over 3 channels: rows 6 values apart, each reading the 32 from there on
 ``bf16_conv2d_patches``, for a convolution over a few channels that does not read its image in place
 (an activation's rather than the model's input; a window row longer than an AMX step; 3 channels: a
 micro-kernel's call over its 4 packed channels does little more than set up and store its
-accumulators): the window's
-pixels of each output position copied into one row (im2col), one window row's KW*C pixels'
-channels (contiguous in NHWC) a micro-kernel call's reduction.
+accumulators): the window's pixels of each output position copied into one row (im2col), one window
+row's KW*C pixels' channels (contiguous in NHWC) a micro-kernel call's reduction.
 """
 
 from __future__ import annotations
