@@ -50,6 +50,22 @@ def built_tiled(mod: tvm.IRModule, block: str, rows: int, vectors: int, unit: st
     return tvm.compile(sch.mod, target=resolve_target("llvm"))
 
 
+def torch_conv_nhwc(image: np.ndarray, weight: np.ndarray, stride: int = 1, padding: int = 0) -> np.ndarray:
+    """PyTorch's fp32 convolution of an NHWC image by an HWIO weight (their values as float32), NHWC."""
+    import torch
+
+    return (
+        torch.nn.functional.conv2d(
+            torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
+            torch.from_numpy(weight.astype(np.float32)).permute(3, 2, 0, 1),
+            stride=stride,
+            padding=padding,
+        )
+        .permute(0, 2, 3, 1)
+        .numpy()
+    )
+
+
 def run_built(built: tvm.runtime.Module, arrays: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
     dev = tvm.cpu()
     out = tvm.runtime.tensor(np.zeros(out_shape, np.float32), dev)

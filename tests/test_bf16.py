@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from bf16_builds import bf16_array, built_tiled, dense_module, needs_amx, needs_bf16, run_built, te_module
+from bf16_builds import (
+    bf16_array,
+    built_tiled,
+    dense_module,
+    needs_amx,
+    needs_bf16,
+    run_built,
+    te_module,
+    torch_conv_nhwc,
+)
 from tvm import te
 
 import tuner
@@ -209,12 +218,8 @@ def test_a_product_computed_over_zero_rows_gives_the_product_in_its_own_rows() -
     conv = bf16_conv2d_nhwc(image_t, kernel_t, 1, (1, 1, 1, 1), columns=14)
     built = built_tiled(te_module([image_t, kernel_t, conv]), "bf16_conv2d", 7, 1)
     got = run_built(built, [image, pack_conv_weight(kernel)], (1, 5, 14, 16))
-    expected = torch.nn.functional.conv2d(
-        torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
-        torch.from_numpy(kernel.astype(np.float32)).permute(3, 2, 0, 1),
-        padding=1,
-    ).permute(0, 2, 3, 1)
-    np.testing.assert_allclose(got[:, :, :13], expected.numpy(), rtol=1e-4, atol=1e-3)
+    expected = torch_conv_nhwc(image, kernel, padding=1)
+    np.testing.assert_allclose(got[:, :, :13], expected, rtol=1e-4, atol=1e-3)
 
 
 def test_a_linear_layer_over_197_tokens_is_computed_over_198_and_sliced_back() -> None:

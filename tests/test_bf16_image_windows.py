@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from bf16_builds import EACH_UNIT, bf16_array, needs_bf16, run_built, te_module
+from bf16_builds import EACH_UNIT, bf16_array, needs_bf16, run_built, te_module, torch_conv_nhwc
 from tvm import relax, te
 
 from measure.bf16_dot import AMX, AVX512, register_if_ours
@@ -29,20 +29,6 @@ from tuner.targets import resolve_target
 
 # ResNet's 7x7 at stride 2, SqueezeNet's and MobileNetV2's 3x3 at stride 2, ConvNeXt's 4x4 at stride 4
 CONVOLUTIONS = [(23, 7, 2, 3, 64), (21, 3, 2, 0, 64), (20, 3, 2, 1, 32), (24, 4, 4, 0, 96)]
-
-
-def _expected(image: np.ndarray, weight: np.ndarray, stride: int, pad: int) -> np.ndarray:
-    """NHWC image, HWIO weight (values bf16 can hold): PyTorch's fp32 convolution, NHWC."""
-    return (
-        torch.nn.functional.conv2d(
-            torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
-            torch.from_numpy(weight.astype(np.float32)).permute(3, 2, 0, 1),
-            stride=stride,
-            padding=pad,
-        )
-        .permute(0, 2, 3, 1)
-        .numpy()
-    )
 
 
 @pytest.mark.parametrize("unit", EACH_UNIT)
@@ -69,7 +55,7 @@ def test_the_scheduled_product_over_the_image_in_place_is_the_convolution(unit, 
     assert register_if_ours(f"tensor_tuner_{name}")  # a stored trace naming it replays in another process
     built = tvm.compile(sch.mod, target=resolve_target("llvm"))
     got = run_built(built, [padded.reshape(1, -1), packed], tuple(int(d) for d in conv.shape))
-    expected = _expected(image, weight, stride, pad)
+    expected = torch_conv_nhwc(image, weight, stride, pad)
     np.testing.assert_allclose(got[:, :, :out_w], expected, rtol=1e-4, atol=1e-3)
 
 
@@ -101,7 +87,7 @@ def test_the_lowering_reads_a_model_s_input_in_place_and_computes_its_convolutio
     run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
     got = run["main"](tvm.runtime.tensor(image)).numpy()
     rounded = [a.astype(ml_dtypes.bfloat16) for a in (image.transpose(0, 2, 3, 1), weight)]
-    np.testing.assert_allclose(got, _expected(*rounded, stride, pad), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got, torch_conv_nhwc(*rounded, stride, pad), rtol=1e-4, atol=1e-3)
 
 
 def test_a_window_row_longer_than_an_amx_step_keeps_its_patches() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from bf16_builds import EACH_UNIT, bf16_array, built_tiled, needs_amx, needs_bf16, run_built, te_module
+from bf16_builds import EACH_UNIT, bf16_array, built_tiled, needs_amx, needs_bf16, run_built, te_module, torch_conv_nhwc
 from tvm import te
 
 from measure.bf16_dot import AMX, AVX512
@@ -72,13 +72,7 @@ def test_a_convolution_over_the_image_rows_end_to_end_is_the_convolution(size, k
     # a stride-1 window: each micro-kernel call sums over all its taps
     assert (f"_w{kernel}x{kernel}c" in sch.mod.script()) == (stride == 1 and kernel > 1)
     got = run_built(built, [image, packed], tuple(int(d) for d in conv.shape))
-    expected = torch.nn.functional.conv2d(
-        torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
-        torch.from_numpy(weight.astype(np.float32)).permute(3, 2, 0, 1),
-        stride=stride,
-        padding=pad,
-    ).permute(0, 2, 3, 1)
-    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got, torch_conv_nhwc(image, weight, stride, pad), rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("unit", [AVX512, AMX])
@@ -169,11 +163,8 @@ def test_a_first_convolution_is_a_product_over_its_window_s_patches(size, kernel
         assert 'T.int64(4), T.int64(16)), "bfloat16")' in lowered.script()
     run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
     got = run["main"](tvm.runtime.tensor(given)).numpy()
-    rounded = [torch.from_numpy(a.astype(ml_dtypes.bfloat16).astype(np.float32)) for a in (image, weight)]
-    expected = torch.nn.functional.conv2d(
-        rounded[0].permute(0, 3, 1, 2), rounded[1].permute(3, 2, 0, 1), stride=stride, padding=pad
-    ).permute(0, 2, 3, 1)
-    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
+    rounded = [a.astype(ml_dtypes.bfloat16) for a in (image, weight)]
+    np.testing.assert_allclose(got, torch_conv_nhwc(*rounded, stride, pad), rtol=1e-4, atol=1e-3)
 
 
 @needs_bf16
@@ -229,11 +220,8 @@ def test_a_convolution_on_amx_over_channels_short_of_whole_steps_gets_zero_chann
     assert 'T.int64(2), T.int64(32), T.int64(16), T.int64(2)), "bfloat16")' in lowered.script()  # 64 channels
     run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
     got = run["main"](tvm.runtime.tensor(image)).numpy()
-    rounded = [torch.from_numpy(a.astype(ml_dtypes.bfloat16).astype(np.float32)) for a in (image, weight)]
-    expected = torch.nn.functional.conv2d(
-        rounded[0].permute(0, 3, 1, 2), rounded[1].permute(3, 2, 0, 1), padding=1
-    ).permute(0, 2, 3, 1)
-    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
+    rounded = [a.astype(ml_dtypes.bfloat16) for a in (image, weight)]
+    np.testing.assert_allclose(got, torch_conv_nhwc(*rounded, padding=1), rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("unit", EACH_UNIT)
