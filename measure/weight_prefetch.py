@@ -256,9 +256,7 @@ def _next_block_in_task(pattern: _Pattern, loops: list[_Loop], reduction: int) -
     span = sum(steps[i] * (loops[i].extent - 1) for i in range(block + 1, len(loops))) + pattern.length
     if span != steps[block]:
         return []  # not one contiguous block
-    start = pattern.offset + steps[block]  # the next block, the loops inside this one at their first
-    for i in range(block + 1):
-        start = start + steps[i] * (loops[i].var - loops[i].min)
+    start = _call_offset(pattern, loops[: block + 1]) + steps[block]  # the loops inside this one at their first
     return _spread(pattern, start, steps[block], loops[block + 1 : reduction], 1, None)
 
 
@@ -360,9 +358,10 @@ def _next_call_lines(pattern: _Pattern, loops: list[_Loop]) -> tuple[tirx.Expr, 
 
 
 def _call_offset(pattern: _Pattern, loops: list[_Loop]) -> tirx.Expr:
-    """Where the call at the loops' current values reads from (``pattern.offset`` is at their first)."""
+    """Where the read at the current values of ``loops`` (the pattern's, or its outermost few: the rest at
+    their first) starts (``pattern.offset`` is at the first of all)."""
     offset = pattern.offset
-    for step, loop in zip(pattern.steps, loops, strict=True):
+    for step, loop in zip(pattern.steps[: len(loops)], loops, strict=True):
         offset = offset + step * (loop.var - loop.min)
     return offset
 
