@@ -53,8 +53,8 @@ def tuned(stem: torch.nn.Module, image: torch.Tensor, in_place: bool, trials: in
         lowering=options,
         progress=False,
     )
-    library = result.export(work_dir / "stem.so")
-    return fw.tvm_model("in place" if in_place else "patches", library, result.description, [image], "bf16")
+    name = "in place" if in_place else "patches"
+    return fw.tvm_model(name, result.artifact_path, result.description, [image], "bf16")
 
 
 def main() -> None:
