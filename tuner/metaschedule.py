@@ -25,6 +25,7 @@ from measure.error_text import error_line
 from measure.tensor_cores import ensure_intrinsics_of, ensure_tensor_intrinsics
 
 from . import schedule_rules
+from .register_tiles import RegisterFile, TileDraw, tile_roles
 from .targets import cuda_arch_number
 
 schedule_rules.register()
@@ -157,14 +158,20 @@ Retile = Callable[[list[int], int, int], list[int]]
 
 
 def replay(
-    mod: tvm.IRModule, trace: Trace, seed: int, postprocs: Sequence, retile: Retile | None = None
+    mod: tvm.IRModule,
+    trace: Trace,
+    seed: int,
+    postprocs: Sequence,
+    retile: Retile | None = None,
+    decide: Callable[[Schedule], Callable] | None = None,
 ) -> Schedule | None:
     """Apply ``trace`` without its postprocessing part (its random decisions kept where present,
     drawn anew where not), then the postprocessors, as MetaSchedule does; None if the trace does
     not apply or a postprocessor rejects the result. ``retile`` rewrites each SamplePerfectTile
-    decision for the extent of the loop it splits here (see ``Retile``)."""
+    decision for the extent of the loop it splits here (see ``Retile``); ``decide(schedule)`` gives
+    a decision provider of one's own instead."""
     sch = Schedule(mod, seed=seed)
-    provider = None if retile is None else _tile_provider(sch, retile)
+    provider = decide(sch) if decide else (None if retile is None else _tile_provider(sch, retile))
     try:
         trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provider)
     except (
@@ -193,9 +200,16 @@ def _tile_provider(sch: Schedule, retile: Retile) -> Callable:
     return provide
 
 
-def sample(mod: tvm.IRModule, space: Schedule, seed: int, postprocs: Sequence) -> Schedule | None:
-    """A random point of a design space."""
-    return replay(mod, Trace(space.trace.insts, {}), seed, postprocs)
+def sample(
+    mod: tvm.IRModule, space: Schedule, seed: int, postprocs: Sequence, registers: RegisterFile | None = None
+) -> Schedule | None:
+    """A random point of a design space; with ``registers``, its CPU tiles drawn to fill them
+    (``register_tiles.TileDraw``)."""
+    trace = Trace(space.trace.insts, {})
+    if registers is None:
+        return replay(mod, trace, seed, postprocs)
+    roles = tile_roles(space.trace.insts)
+    return replay(mod, trace, seed, postprocs, decide=lambda sch: TileDraw(sch, roles, registers, seed))
 
 
 def mutate(mutator, trace: Trace, seed: int) -> Trace | None:

@@ -16,6 +16,7 @@ from measure.error_text import error_line
 
 from . import metaschedule as msc
 from .parallel import THREADS, parallel_map
+from .register_tiles import RegisterFile, register_file
 
 
 @dataclass
@@ -43,6 +44,7 @@ class SearchConfig:
     mutant_share: float = 0.5  # of a batch taken from evolved mutants; the rest are fresh samples
     max_share_per_parent: float = 0.25  # of a batch that may descend from one parent
     sample_attempts: int = 64  # tries per wanted sample (on GPUs most random samples fail verification)
+    register_tile_share: float = 0.75  # of fresh CPU samples whose tiles are drawn to fill the registers
 
 
 class TaskSearch:
@@ -64,6 +66,7 @@ class TaskSearch:
         self.config = config or SearchConfig()
         self.rng = np.random.default_rng(seed)
         self.context = msc.make_context(mod, target, seed, num_threads=THREADS)
+        self.registers = register_file(target)  # None: every fresh sample as MetaSchedule draws it
         self.unsearchable: str | None = None  # why no design space could be made: the kernel keeps TVM's default
         try:
             self.spaces = msc.design_spaces(self.context)
@@ -232,9 +235,9 @@ class TaskSearch:
             wanted = max(4, int((n - len(found)) * 1.2 / max(rate, 0.05)))
             attempts += wanted
             self.draws += wanted
-            draws = [(self.spaces[int(self.rng.integers(len(self.spaces)))], self._seed()) for _ in range(wanted)]
+            draws = [self._draw() for _ in range(wanted)]
             valid = new = 0
-            for sch in parallel_map(lambda draw: msc.sample(self.mod, draw[0], draw[1], self.postprocs), draws):
+            for sch in parallel_map(lambda d: msc.sample(self.mod, d[0], d[1], self.postprocs, d[2]), draws):
                 if sch is None or len(found) >= n:
                     continue
                 valid += 1
@@ -247,6 +250,12 @@ class TaskSearch:
         if not found and n:
             self.exhausted = True
         return list(found.values())
+
+    def _draw(self) -> tuple[Schedule, int, RegisterFile | None]:
+        """A design space, a seed, and the registers its tiles are drawn to fill (None: MetaSchedule's draw)."""
+        space = self.spaces[int(self.rng.integers(len(self.spaces)))]
+        fitted = self.registers is not None and self.rng.random() < self.config.register_tile_share
+        return space, self._seed(), self.registers if fitted else None
 
     def _mutate(self, parents: list[Candidate], scores: np.ndarray, count: int) -> list[Candidate]:
         """``count`` mutants of parents drawn in proportion to their predicted score."""
