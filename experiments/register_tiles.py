@@ -31,7 +31,7 @@ from measure.build_job import build_kernel  # noqa: E402
 from measure.host import cpu_model  # noqa: E402
 from tuner import metaschedule as msc  # noqa: E402
 from tuner.database import TuningDatabase  # noqa: E402
-from tuner.register_tiles import DISABLE_ENV, register_file, tile_roles  # noqa: E402
+from tuner.register_tiles import DISABLE_ENV, register_file, register_tile  # noqa: E402
 from tuner.targets import resolve_target  # noqa: E402
 
 WORKLOADS = [
@@ -64,24 +64,6 @@ def best_schedule(work_dir: Path) -> tuple[tvm.IRModule, tvm.s_tir.Schedule]:
     return mod, msc.schedule_from_json(mod, best.trace)
 
 
-def register_tile(sch: tvm.s_tir.Schedule, lanes: int) -> str:
-    """'accumulators x inner reduction' of the schedule's first CPU-tiled block."""
-    roles = tile_roles(sch.trace.insts)
-    rows, vector, reduction = 1, None, 1
-    for inst, role in zip(sch.trace.insts, roles, strict=True):
-        if role in ("first", "spatial", "vector", "reduction"):
-            inner = int(sch.trace.decisions[inst][-1])
-            if role == "vector":
-                vector = inner
-            elif role == "reduction":
-                reduction *= inner
-            else:
-                rows *= inner
-    if vector is None:
-        return "-"
-    return f"{rows * -(-vector // lanes)} x {reduction}"
-
-
 def timer(sch: tvm.s_tir.Schedule, target: tvm.target.Target, artifact: Path):
     built = build_kernel(sch.mod, str(target), str(artifact))
     library = tvm.runtime.load_module(str(artifact))
@@ -93,7 +75,7 @@ def timer(sch: tvm.s_tir.Schedule, target: tvm.target.Target, artifact: Path):
 
 
 def compare(workload: str, work_dirs: dict[str, Path], target, fma_peak: float, rounds: int, out: Path) -> dict:
-    lanes = register_file(target).lanes if register_file(target) else 16
+    lanes = register_file(target).lanes
     schedules = {way: best_schedule(d) for way, d in work_dirs.items()}
     timers = {way: timer(sch, target, out / f"{workload}-{way}.so") for way, (_, sch) in schedules.items()}
     samples: dict[str, list[float]] = {way: [] for way in timers}
@@ -104,7 +86,8 @@ def compare(workload: str, work_dirs: dict[str, Path], target, fma_peak: float, 
     row = {"workload": workload}
     for way in WAYS:
         median = statistics.median(samples[way])
-        row[f"{way} tile"] = register_tile(schedules[way][1], lanes)
+        tile = register_tile(schedules[way][1], lanes)
+        row[f"{way} tile"] = f"{tile[0]} x {tile[1]}" if tile else "-"
         row[f"{way} (us)"] = f"{median * 1e6:.1f}"
         row[f"{way} GFLOP/s"] = f"{flops / median / 1e9:.0f} ({flops / median / 1e9 / fma_peak:.0%})"
     by_round = [a / b for a, b in zip(samples["drawn"], samples["metaschedule"], strict=True)]
@@ -125,15 +108,16 @@ def main() -> None:
     if register_file(target) is None:
         sys.exit("register_tiles.py: this CPU has no FMA vector unit whose registers the tiles could fill")
     args.out.mkdir(parents=True, exist_ok=True)
+    threads = int(os.environ["TVM_NUM_THREADS"])
+    fma_peak = max(machine_limits.fma_gflops(threads) for _ in range(3))  # the highest: others share this VM
     rows = []
     for workload in args.workloads:
         work_dirs = {way: tune(workload, way, args.trials_per_task, args.out / "runs") for way in WAYS}
-        fma_peak = machine_limits.fma_gflops(int(os.environ["TVM_NUM_THREADS"]))
         rows.append(compare(workload, work_dirs, target, fma_peak, args.rounds, args.out))
         print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
     table = markdown_table(rows, list(rows[0]))
     header = (
-        f"{cpu_model()}, {os.environ['TVM_NUM_THREADS']} threads, {args.trials_per_task} trials per task, "
+        f"{cpu_model()}, {threads} threads (FMA peak {fma_peak:.0f} GFLOP/s), {args.trials_per_task} trials per task, "
         f"medians of {args.rounds} interleaved rounds; tile: accumulator registers x inner reduction steps."
     )
     (args.out / "register_tiles.md").write_text(f"{header}\n\n{table}\n")

@@ -6,7 +6,7 @@ import tvm
 from tvm import te, topi
 
 from tuner import metaschedule as msc
-from tuner.register_tiles import MIN_INNER_REDUCTION, RegisterFile, register_file
+from tuner.register_tiles import MIN_INNER_REDUCTION, RegisterFile, register_file, register_tile
 from tuner.targets import resolve_target
 from workloads.operators import matmul
 
@@ -61,6 +61,15 @@ def test_fitted_samples_fill_the_registers_where_metaschedules_rarely_do(llvm_ta
     assert share(fitted=False) <= 0.3
 
 
+def test_a_schedules_register_tile_is_read_from_its_trace(llvm_target):
+    mod = msc.normalize_prim_func_module(matmul(128, 768, 256))
+    registers = register_file(llvm_target)
+    spaces, postprocs = _space(mod, llvm_target)
+    for seed in range(1, 9):
+        sch = msc.sample(mod, spaces[seed % len(spaces)], seed, postprocs, registers)
+        assert register_tile(sch, registers.lanes) == _register_tile(sch, registers.lanes)[:2]
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_fitted_convolution_computes_what_numpy_does(llvm_target, seed):
     """Several spatial and reduction loops: the tile over all of them fits, and its schedule is right."""
@@ -97,3 +106,14 @@ def test_the_search_proposes_mostly_fitted_candidates(llvm_target):
     proposed = search.propose(32)
     registers = register_file(llvm_target)
     assert sum(_fits(c.schedule, registers) for c in proposed) >= 0.45 * len(proposed)
+
+
+def test_where_no_tile_fills_the_registers_the_samples_are_metaschedules_own(llvm_target):
+    """197 rows (a ViT's tokens) divide only into one-row tiles of at most four vectors."""
+    mod = msc.normalize_prim_func_module(matmul(197, 64, 64))
+    registers = register_file(llvm_target)
+    spaces, postprocs = _space(mod, llvm_target)
+    for seed in range(1, 6):
+        drawn = msc.sample(mod, spaces[0], seed, postprocs, registers)
+        own = msc.sample(mod, spaces[0], seed, postprocs)
+        assert msc.structural_key(drawn.mod) == msc.structural_key(own.mod)

@@ -25,7 +25,7 @@ from measure.error_text import error_line
 from measure.tensor_cores import ensure_intrinsics_of, ensure_tensor_intrinsics
 
 from . import schedule_rules
-from .register_tiles import RegisterFile, TileDraw, tile_roles
+from .register_tiles import RegisterFile, TileDraw, fills, tile_roles
 from .targets import cuda_arch_number
 
 schedule_rules.register()
@@ -204,12 +204,14 @@ def sample(
     mod: tvm.IRModule, space: Schedule, seed: int, postprocs: Sequence, registers: RegisterFile | None = None
 ) -> Schedule | None:
     """A random point of a design space; with ``registers``, its CPU tiles drawn to fill them
-    (``register_tiles.TileDraw``)."""
+    (``register_tiles.TileDraw``), or MetaSchedule's own draw where its loops allow no such tile."""
     trace = Trace(space.trace.insts, {})
-    if registers is None:
-        return replay(mod, trace, seed, postprocs)
-    roles = tile_roles(space.trace.insts)
-    return replay(mod, trace, seed, postprocs, decide=lambda sch: TileDraw(sch, roles, registers, seed))
+    if registers is not None:
+        roles = tile_roles(space.trace.insts)
+        fitted = replay(mod, trace, seed, postprocs, decide=lambda sch: TileDraw(sch, roles, registers, seed))
+        if fitted is not None and fills(fitted, registers):
+            return fitted
+    return replay(mod, trace, seed, postprocs)
 
 
 def mutate(mutator, trace: Trace, seed: int) -> Trace | None:

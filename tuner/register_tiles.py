@@ -10,7 +10,9 @@ of a 128x3072x768 product's, and its 32 trials found none (best: 8 accumulators 
 78% of the FMA peak; 16 over 64 ran 12-25% faster on the Intel VM). ``TileDraw`` draws the
 innermost factors from that region (the rest of each loop's extent split at random over the outer
 levels, as MetaSchedule does) and lets MetaSchedule draw everything else; the search takes a share
-of its fresh samples this way and the rest as MetaSchedule draws them.
+of its fresh samples this way and the rest as MetaSchedule draws them. Where a kernel's loops allow
+no such tile (197 tokens have no divisor but 1 and 197: one-row tiles of at most 4 vectors), its
+samples are MetaSchedule's own.
 """
 
 from __future__ import annotations
@@ -89,6 +91,30 @@ def tile_roles(insts: Sequence) -> list[str | None]:
         if inst.kind.name == "SampleCategorical" and any(rv.same_as(inst.outputs[0]) for rv in unrolls):
             roles[index] = "unroll"
     return roles
+
+
+def register_tile(sch: tvm.s_tir.Schedule, lanes: int) -> tuple[int, int] | None:
+    """The accumulator registers and inner reduction steps of a schedule's first CPU-tiled block; None
+    where it has none with a vector loop."""
+    rows, vector, reduction, blocks = 1, None, 1, 0
+    for inst, role in zip(sch.trace.insts, tile_roles(sch.trace.insts), strict=True):
+        blocks += role == "first"
+        if role is None or role == "unroll" or blocks > 1:
+            continue
+        inner = int(sch.trace.decisions[inst][-1])
+        if role == "vector":
+            vector = inner
+        elif role == "reduction":
+            reduction *= inner
+        else:
+            rows *= inner
+    return None if vector is None else (rows * -(-vector // lanes), reduction)
+
+
+def fills(sch: tvm.s_tir.Schedule, registers: RegisterFile) -> bool:
+    """Whether a schedule's register tile is within what ``registers`` hold and keep busy."""
+    tile = register_tile(sch, registers.lanes)
+    return tile is not None and registers.min_accumulators <= tile[0] <= registers.max_accumulators
 
 
 def _divisors(n: int) -> list[int]:
