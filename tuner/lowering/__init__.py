@@ -46,6 +46,7 @@ from .layout_free import KeepLayoutFreeWeightsOfReductions
 from .layout_fusion import FuseLayoutIntoConsumers
 from .pads import FoldPadsIntoConvolutions, KeepGrowingBlocksOutOfEpilogues
 from .rewrites import SimplifyImportedGraph
+from .row_padding import PadProductRows
 from .softmax_rows import SoftmaxByRows
 from .strassen import StrassenMatmuls
 from .winograd import WinogradConvolutions
@@ -92,6 +93,8 @@ class LoweringOptions:
     bf16_activation_products_avx512: bool = True
     # in bf16 on vdpbf16ps, a first convolution reading its padded image in place as on AMX
     bf16_image_windows_avx512: bool = True
+    # float32 products by constant weights over row counts that tile badly (197 tokens) over a few zero rows more
+    pad_product_rows: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -118,6 +121,7 @@ _PREDATING_RECORDS = {
     "bf16_image_windows": False,
     "bf16_activation_products_avx512": False,
     "bf16_image_windows_avx512": False,
+    "pad_product_rows": False,
 }
 
 
@@ -169,6 +173,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
             ]
     if _on_cpus_by_default(options.strassen, target):
         passes += [relax.transform.FoldConstant(), StrassenMatmuls()]  # the weights, transposed, as constants
+    if options.pad_product_rows and not options.bfloat16 and _on_cpus_by_default(None, target):
+        passes += [relax.transform.FoldConstant(), PadProductRows()]  # bf16 products pad their own rows
     if options.bfloat16:
         passes += [
             relax.transform.FoldConstant(),
