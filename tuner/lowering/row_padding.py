@@ -67,4 +67,3 @@ class PadProductRows:
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         return rewrite_functions(_PadRows(mod), mod)
-
