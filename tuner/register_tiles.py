@@ -7,7 +7,7 @@ loading its accumulators and storing them back. A core with two 512-bit FMA port
 Skylake-SP on) needs about 16 accumulators to keep both busy (two ports, four cycles' latency) and
 a long inner reduction to keep the loads and stores of them rare. Few random draws are such: 2.5%
 of a 128x3072x768 product's, and its 32 trials found none (best: 8 accumulators over 12 steps,
-78% of the FMA peak; 16 over 64 ran 12-25% faster on the Intel VM). ``TileDraw`` draws the
+78% of the FMA peak; 16 over 32-64 ran 10-17% faster on the Intel VM). ``TileDraw`` draws the
 innermost factors from that region (the rest of each loop's extent split at random over the outer
 levels, as MetaSchedule does) and lets MetaSchedule draw everything else; the search takes a share
 of its fresh samples this way and the rest as MetaSchedule draws them. Where a kernel's loops allow
@@ -59,9 +59,9 @@ def register_file(target: tvm.target.Target) -> RegisterFile | None:
 
 
 def tile_roles(insts: Sequence) -> list[str | None]:
-    """Per instruction of a design space's trace: "first" (a CPU-tiled block's first loop, spatial),
-    "spatial", "vector" (its last spatial loop), "reduction" or "unroll" for the decisions ``TileDraw``
-    makes; None for the rest."""
+    """Per instruction of a design space's trace: "spatial", "vector" (a CPU-tiled block's last spatial
+    loop), "reduction" or "unroll" for the decisions ``TileDraw`` makes; None for the rest. A block's
+    spatial loops come before its reduction ones, as MetaSchedule splits them in the block's loop order."""
     roles: list[str | None] = [None] * len(insts)
     block: list[int] | None = None  # the SamplePerfectTile instructions of the CPU-tiled block being read
 
@@ -69,8 +69,6 @@ def tile_roles(insts: Sequence) -> list[str | None]:
         spatial = [i for i in block or [] if roles[i] == "spatial"]
         if spatial:
             roles[spatial[-1]] = "vector"
-        if block:
-            roles[block[0]] = "first" if roles[block[0]] == "spatial" else roles[block[0]]
 
     unrolls = []
     for index, inst in enumerate(insts):
@@ -96,11 +94,13 @@ def tile_roles(insts: Sequence) -> list[str | None]:
 def register_tile(sch: tvm.s_tir.Schedule, lanes: int) -> tuple[int, int] | None:
     """The accumulator registers and inner reduction steps of a schedule's first CPU-tiled block; None
     where it has none with a vector loop."""
-    rows, vector, reduction, blocks = 1, None, 1, 0
+    rows, vector, reduction, previous = 1, None, 1, None
     for inst, role in zip(sch.trace.insts, tile_roles(sch.trace.insts), strict=True):
-        blocks += role == "first"
-        if role is None or role == "unroll" or blocks > 1:
+        if role is None or role == "unroll":
             continue
+        if previous == "reduction" and role != "reduction":
+            break  # the next block's loops
+        previous = role
         inner = int(sch.trace.decisions[inst][-1])
         if role == "vector":
             vector = inner
@@ -118,7 +118,8 @@ def fills(sch: tvm.s_tir.Schedule, registers: RegisterFile) -> bool:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 class TileDraw:
@@ -133,6 +134,7 @@ class TileDraw:
         self.registers = registers
         self.rng = np.random.default_rng(seed)
         self.position = 0
+        self.previous: str | None = None  # the role of the last tile decided
         self.rows = 1  # the block's register tile before its vector loop: product of the inner spatial factors
         self.reduction = 1  # the block's inner reduction steps so far
 
@@ -143,8 +145,9 @@ class TileDraw:
             return decision
         if role == "unroll":
             return self._unroll(attrs[0])
-        if role == "first":
+        if self.previous == "reduction" and role != "reduction":  # the next block's loops
             self.rows, self.reduction = 1, 1
+        self.previous = role
         extent = self.sch.get(inputs[0]).extent
         if not isinstance(extent, tvm.tirx.IntImm):
             return None

@@ -16,7 +16,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 from workloads.relax_functions import rewrite_functions
 
-from .rewrites import static_shape
+from .rewrites import fp32_activation_by_weight, static_shape
 
 ROW_MULTIPLE = 8  # padded row counts are multiples of it
 TILE_ROWS = range(4, 17)  # a row count with one of these divisors tiles well as it is
@@ -33,11 +33,8 @@ def padded_row_count(rows: int) -> int:
 def _pads(call: Call) -> int | None:
     """The padded row count of a float32 matmul of an activation by a constant 2-D weight; None if it
     keeps its rows."""
-    data, weight = call.args
-    if not isinstance(weight, tvm.ir.expr.Constant) or len(weight.value.shape) != 2:
-        return None
-    shape = static_shape(data)
-    if shape is None or len(shape) < 2 or str(data.ty.dtype) != "float32" or str(weight.ty.dtype) != "float32":
+    shape = fp32_activation_by_weight(call)
+    if shape is None:
         return None
     padded = padded_row_count(shape[-2])
     return padded if padded != shape[-2] else None

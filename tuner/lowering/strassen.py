@@ -25,7 +25,7 @@ from workloads.relax_functions import rewrite_functions
 
 from ..strassen_rule import STRASSEN_OUTPUT_RULE
 from .inverted_residual import OPAQUE_PATTERN
-from .rewrites import static_shape
+from .rewrites import fp32_activation_by_weight, static_shape
 
 # A block by its (row, column) in the 2x2 split.
 _11, _12, _21, _22 = (0, 0), (0, 1), (1, 0), (1, 1)
@@ -61,13 +61,10 @@ MIN_COLUMNS = 512
 def suits_strassen(call: Call) -> bool:
     """A float32 matmul of an activation (any leading dimensions) by a constant 2-D weight, every
     dimension even and large enough for the half-size products to run at full speed."""
-    data, weight = call.args
-    if not isinstance(weight, tvm.ir.expr.Constant) or len(weight.value.shape) != 2:
+    shape = fp32_activation_by_weight(call)
+    if shape is None:
         return False
-    shape = static_shape(data)
-    if shape is None or len(shape) < 2 or str(data.ty.dtype) != "float32" or str(weight.ty.dtype) != "float32":
-        return False
-    rows, (depth, columns) = int(np.prod(shape[:-1])), weight.value.shape
+    rows, (depth, columns) = int(np.prod(shape[:-1])), call.args[1].value.shape
     if shape[-1] != depth or str(call.ty.dtype) != "float32":
         return False
     return all(n % 2 == 0 and n >= least for n, least in ((rows, MIN_ROWS), (depth, MIN_DEPTH), (columns, MIN_COLUMNS)))
