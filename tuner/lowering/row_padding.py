@@ -16,7 +16,8 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 from workloads.relax_functions import rewrite_functions
 
-from .rewrites import fp32_activation_by_weight, static_shape
+from .products import fp32_activation_by_weight
+from .rewrites import static_shape
 
 ROW_MULTIPLE = 8  # padded row counts are multiples of it
 TILE_ROWS = range(4, 17)  # a row count with one of these divisors tiles well as it is

@@ -25,7 +25,8 @@ from workloads.relax_functions import rewrite_functions
 
 from ..strassen_rule import STRASSEN_OUTPUT_RULE
 from .inverted_residual import OPAQUE_PATTERN
-from .rewrites import fp32_activation_by_weight, static_shape
+from .products import fp32_activation_by_weight
+from .rewrites import static_shape
 
 # A block by its (row, column) in the 2x2 split.
 _11, _12, _21, _22 = (0, 0), (0, 1), (1, 0), (1, 1)
