@@ -57,9 +57,9 @@ def tune(workload: str, way: str, trials_per_task: int, runs: Path) -> Path:
 def best_schedule(work_dir: Path) -> tuple[tvm.IRModule, tvm.s_tir.Schedule]:
     """The kernel's unscheduled module and its fastest measured schedule (the workload's largest kernel)."""
     db = TuningDatabase(work_dir / "tuning.db", read_only=True)
-    records = [r for r in db.records() if r.status == "ok" and r.latency is not None]
-    kernel = max({r.kernel_id for r in records}, key=lambda k: msc.prim_func_flops(db.kernel_mod(k)))
-    best = min((r for r in records if r.kernel_id == kernel), key=lambda r: r.latency)
+    (target,) = db.targets()
+    kernel = max(db.kernel_ids(), key=lambda k: msc.prim_func_flops(db.kernel_mod(k)))
+    (best,) = db.best(kernel, target)
     mod = db.kernel_mod(kernel)
     return mod, msc.schedule_from_json(mod, best.trace)
 

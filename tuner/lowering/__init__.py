@@ -171,10 +171,15 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
                 FuseExpandDepthwise(),
                 relax.transform.DeadCodeElimination(["main"]),
             ]
-    if _on_cpus_by_default(options.strassen, target):
-        passes += [relax.transform.FoldConstant(), StrassenMatmuls()]  # the weights, transposed, as constants
-    if options.pad_product_rows and not options.bfloat16 and _on_cpus_by_default(None, target):
-        passes += [relax.transform.FoldConstant(), PadProductRows()]  # bf16 products pad their own rows
+    # both take the weights, transposed, as constants
+    strassen = _on_cpus_by_default(options.strassen, target)
+    pad_rows = options.pad_product_rows and not options.bfloat16 and _on_cpus_by_default(None, target)
+    if strassen or pad_rows:
+        passes.append(relax.transform.FoldConstant())
+    if strassen:
+        passes.append(StrassenMatmuls())
+    if pad_rows:  # bf16 products pad their own rows
+        passes.append(PadProductRows())
     if options.bfloat16:
         passes += [
             relax.transform.FoldConstant(),
