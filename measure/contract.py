@@ -29,6 +29,7 @@ class EngineConfig:
     dop_error_threshold: float = 0.05  # a parallel measurement this far off the serial one is a loss
     dop_check_fraction: float = 0.2  # share of each parallel window re-measured serially
     remember_dop: bool = True  # start the DOP controller where the last run on this machine left it
+    kept_builds: int = 5  # per task, the fastest candidates' libraries kept for the final choice to re-time
     build_timeout: TimeoutPolicy = TimeoutPolicy(initial=120.0, floor=2.0)
     run_timeout: TimeoutPolicy = TimeoutPolicy(initial=60.0, floor=5.0, factor=20.0)
     # The unscheduled kernel candidates are checked against runs once per task, on one CPU core: a

@@ -33,6 +33,7 @@ from .cuda_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode
 from .dop import GPU_DEFAULT_MAX_DOP, DopController, DopDecision, relative_error
 from .dop_memory import DopMemory, machine_key
 from .host import available_memory_bytes
+from .kept_builds import KeptBuilds, remove_artifact
 from .nvml import NvmlMonitor, split_energy
 from .runners import DeviceUnavailable, RunnerPool
 from .timeouts import AdaptiveTimeout
@@ -70,9 +71,7 @@ class MeasureEngine(Engine):
         self.overlap_builds_with_runs = self.device != "cpu"
         self._artifact_dir = Path(work_dir) / "artifacts"
         log_dir = self.log_dir
-        self.notes: list[
-            str
-        ] = []  # how this engine measures (compile path, GPU watched), as written to logs/engine.log
+        self.notes: list[str] = []  # how this engine measures (compile path, GPU watched): logs/engine.log
         workers = default_build_workers() if self.config.build_workers is None else self.config.build_workers
         # A compiling process's idle TVM threads spin for a while after each build; on a CPU that
         # slowed the first timings after a batch's builds.
@@ -112,6 +111,7 @@ class MeasureEngine(Engine):
             self.dop.start = "start: DOP 1 (remember_dop is off)"
         self._rng = random.Random(0)
         self._names = itertools.count()
+        self._kept = KeptBuilds(self.config.kept_builds)
         self._name_lock = threading.Lock()
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -156,13 +156,19 @@ class MeasureEngine(Engine):
         candidates' comparison (a task): engines with devices of several models measure one group
         on one model; here there is one device.
         """
-        return self.measure_built(self.build(inputs, group=group), timing, serial)
+        reused, to_build = self._kept.take(group, inputs)
+        built = self.build(to_build, group=group) if to_build else ()
+        return self.measure_built(itertools.chain(reused, built), timing, serial, group)
 
     def measure_built(
-        self, builds: Iterable[BuildResult], timing: TimingConfig | None = None, serial: bool = False
+        self,
+        builds: Iterable[BuildResult],
+        timing: TimingConfig | None = None,
+        serial: bool = False,
+        group: str | None = None,
     ) -> Iterator[MeasureResult]:
-        """``measure`` for candidates already built (here or on another host); their artifacts
-        are deleted once timed."""
+        """``measure`` for candidates already built (here or on another host); once timed, their
+        artifacts are deleted, or kept for the final choice where they are among ``group``'s fastest."""
         timing = timing or self.config.timing
         window: list[BuildResult] = []
         for built in builds:
@@ -171,11 +177,11 @@ class MeasureEngine(Engine):
                 continue
             window.append(built)
             if self.overlap_builds_with_runs and len(window) >= self.window_size(serial):
-                yield from self._measure_window(window, timing, serial)
+                yield from self._measure_window(window, timing, serial, group)
                 window = []
         while window:
             size = self.window_size(serial)
-            yield from self._measure_window(window[:size], timing, serial)
+            yield from self._measure_window(window[:size], timing, serial, group)
             window = window[size:]
 
     @property
@@ -186,7 +192,9 @@ class MeasureEngine(Engine):
         """How many built candidates one measuring window takes at the current DOP."""
         return SERIAL_WINDOW if serial else 5 * self.dop.dop
 
-    def _measure_window(self, window: list[BuildResult], timing: TimingConfig, serial: bool) -> Iterator[MeasureResult]:
+    def _measure_window(
+        self, window: list[BuildResult], timing: TimingConfig, serial: bool, group: str | None
+    ) -> Iterator[MeasureResult]:
         """Time a window at the current DOP. At DOP 1 each result is handed back as it comes. A
         parallel window is held until its serial checks are done: if they find a loss, the whole
         window is re-measured serially, so distorted numbers never reach the caller."""
@@ -205,7 +213,7 @@ class MeasureEngine(Engine):
                 if dop > 1:
                     results[index] = result
                     continue
-                _remove(window[index].artifact)
+                self._kept.offer(group, window[index], result)
                 yield result
         if serial:
             return
@@ -227,7 +235,7 @@ class MeasureEngine(Engine):
                 for index in sorted(set(results) - checks):
                     results[index] = self._alone(window[index], results[index], timing)
             for index, result in sorted(results.items()):
-                _remove(window[index].artifact)
+                self._kept.offer(group, window[index], result)
                 yield result
         else:
             decision = self.dop.update([], 0)
@@ -323,7 +331,7 @@ class MeasureEngine(Engine):
         finally:
             for built in (ref, cand):
                 if built.artifact:
-                    _remove(built.artifact)
+                    remove_artifact(built.artifact)
 
     def compare_built(
         self, reference: BuildResult, candidate: BuildResult, reference_device: str, rtol: float
@@ -438,10 +446,3 @@ class MeasureEngine(Engine):
         if built.ok and timeout is None:
             self.build_timeout.record(built.seconds, group)
         return built
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

@@ -356,6 +356,7 @@ class _Attention(torch.nn.Module):
 
 
 @needs_bf16
+@pytest.mark.slow  # 100 s on AMX; its lowering is tested above, a bf16 model tuned: out of CI (`pytest -m slow`)
 def test_attention_tuned_in_bf16_computes_its_products_of_activations_in_bf16(tmp_path) -> None:
     torch.manual_seed(0)
     model, x = _Attention().eval(), torch.randn(1, 40, 64)  # 40 tokens: on AMX a reduction of a whole step

@@ -99,6 +99,7 @@ def test_a_window_row_longer_than_an_amx_step_keeps_its_patches() -> None:
 
 
 @needs_bf16
+@pytest.mark.slow  # 25 s; the product over the image in place is checked above: out of CI (`pytest -m slow`)
 def test_a_stem_tuned_in_bf16_searches_its_first_convolution_in_place_and_matches_pytorch(tmp_path) -> None:
     import tuner
 

@@ -1,5 +1,7 @@
 """The `tuner` command, run as a user runs it."""
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,36 @@ from onnx_models import save_det_model
 
 def tuner(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def tuner_here(*args: str, cwd: Path, capfd) -> tuple[int, str]:
+    """The same command's exit code and stderr, run in this process: a mistake is answered before
+    anything starts, so the seconds an interpreter takes to import TVM are all a subprocess adds."""
+    from tuner.cli import main
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        code = main(list(args))
+    except SystemExit as exit:  # argparse's own refusals
+        code = exit.code
+    finally:
+        os.chdir(here)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return code, capfd.readouterr().err
+
+
+def answers(cases: list, cwd: Path, capfd):
+    """Each (args, expected) case with its exit code and stderr: the first as a user runs it, the rest
+    in this process."""
+    for number, (args, expected) in enumerate(cases):
+        if number == 0:
+            run = tuner(*args, cwd=cwd)
+            yield args, expected, run.returncode, run.stderr
+        else:
+            yield args, expected, *tuner_here(*args, cwd=cwd, capfd=capfd)
 
 
 def test_tune_report_apply(tmp_path):
@@ -33,7 +65,7 @@ def test_tune_report_apply(tmp_path):
     assert all(line.startswith("tuner: ") for line in apply.stderr.splitlines()), apply.stderr
 
 
-def test_bad_input_gives_one_line_and_a_nonzero_exit(tmp_path):
+def test_bad_input_gives_one_line_and_a_nonzero_exit(tmp_path, capfd):
     cases = [
         (("tune", "matmul-12"), "did you mean|Did you mean"),
         (("tune", "matmul-128", "--target", "llvm -bogus=1"), "invalid target"),
@@ -45,11 +77,10 @@ def test_bad_input_gives_one_line_and_a_nonzero_exit(tmp_path):
             "cannot warm-start the cost model from 'nowhere': no such directory",
         ),
     ]
-    for args, expected in cases:
-        run = tuner(*args, cwd=tmp_path)
-        assert run.returncode == 2, (args, run.stderr)
-        errors = [line for line in run.stderr.splitlines() if "error" in line]
-        assert len(errors) == 1 and __import__("re").search(expected, errors[0]), run.stderr
+    for args, expected, code, stderr in answers(cases, tmp_path, capfd):
+        assert code == 2, (args, stderr)
+        errors = [line for line in stderr.splitlines() if "error" in line]
+        assert len(errors) == 1 and __import__("re").search(expected, errors[0]), stderr
 
 
 def test_help_explains_each_command(tmp_path):
@@ -130,7 +161,7 @@ def test_workloads_lists_flops_tasks_and_sources(tmp_path):
     assert "building" not in run.stderr
 
 
-def test_onnx_input_errors_from_the_cli(tmp_path):
+def test_onnx_input_errors_from_the_cli(tmp_path, capfd):
     torch = __import__("pytest").importorskip("torch")
     __import__("pytest").importorskip("onnx")
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
@@ -152,8 +183,7 @@ def test_onnx_input_errors_from_the_cli(tmp_path):
         (("tune", "det.onnx"), "does not support: Det"),
         (("tune", "matmul-512", "--batch", "2"), "fixed shapes"),
     ]
-    for args, expected in cases:
-        run = tuner(*args, cwd=tmp_path)
-        assert run.returncode == 2, (args, run.stderr)
-        errors = [line for line in run.stderr.splitlines() if line.startswith("tuner: error")]
-        assert len(errors) == 1 and expected in errors[0], run.stderr
+    for args, expected, code, stderr in answers(cases, tmp_path, capfd):
+        assert code == 2, (args, stderr)
+        errors = [line for line in stderr.splitlines() if line.startswith("tuner: error")]
+        assert len(errors) == 1 and expected in errors[0], stderr

@@ -56,6 +56,7 @@ def test_tuning_through_ray_gives_what_the_local_path_gives(ray_cluster, tuned_m
     assert len(nodes) == 1 and next(iter(nodes)).endswith("/cpu")  # a CPU target: one measuring actor per host
 
 
+@pytest.mark.slow  # 18 s: out of CI (`pytest -m slow`)
 def test_one_measuring_actor_per_gpu_each_with_its_own_dop(ray_cluster, tmp_path, llvm_target):
     with ClusterEngine(llvm_target, tmp_path, ClusterOptions(ray_cluster.address, per_gpu=True)) as engine:
         results = list(engine.measure(copies(20), group="copies"))
@@ -132,6 +133,7 @@ def test_a_measuring_actor_killed_mid_run_loses_nothing_and_measures_nothing_twi
         }  # the restarted actor is fed again
 
 
+@pytest.mark.slow  # 35 s; a killed measuring actor loses nothing (below) in CI: out of CI (`pytest -m slow`)
 def test_a_build_task_whose_worker_dies_is_run_again(ray_cluster, tmp_path, llvm_target):
     import psutil
 
@@ -234,6 +236,7 @@ def test_build_workers_are_refused_on_a_cluster(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs the CUDA toolkit to build CUDA candidates")
+@pytest.mark.slow  # 20 s; CUDA candidates build here in test_cuda_build.py: out of CI (`pytest -m slow`)
 def test_cuda_candidates_build_on_the_cluster_and_a_node_without_a_gpu_says_so(ray_cluster, tmp_path):
     from costmodel import CandidateFeatures, CostModel
     from measure import DeviceUnavailable

@@ -51,6 +51,25 @@ def test_each_failure_is_reported_with_its_reason_and_measuring_goes_on(tmp_path
         assert again[0].ok
 
 
+def test_a_groups_fastest_builds_are_kept_and_timed_again_without_building(tmp_path, llvm_target):
+    sizes = {"copy-small": 64, "copy-mid": 64 * 1024, "copy-large": 1024 * 1024}
+    with MeasureEngine(llvm_target, tmp_path, EngineConfig(build_workers=2, kept_builds=2)) as engine:
+        first = {
+            r.key: r for r in engine.measure([MeasureInput(k, faulty.copy(n)) for k, n in sizes.items()], group="g")
+        }
+        assert all(r.ok for r in first.values()) and first["copy-large"].latency > first["copy-small"].latency
+        kept = sorted((tmp_path / "artifacts").glob("*.so"))
+        assert len(kept) == 2  # the two fastest; the slowest one's library is gone
+        # a kept candidate is timed from its library: the module given with it is never built
+        again = list(engine.measure([MeasureInput("copy-small", faulty.unbuildable())], serial=True, group="g"))
+        assert again[0].ok and again[0].args == [["float32", [64]], ["float32", [64]]]
+        # not kept: the slowest, and any candidate of another group, are built as given
+        (slowest,) = engine.measure([MeasureInput("copy-large", faulty.unbuildable())], group="g")
+        (other,) = engine.measure([MeasureInput("copy-mid", faulty.unbuildable())], group="other")
+        assert slowest.status == other.status == Status.BUILD_ERROR
+        assert sorted((tmp_path / "artifacts").glob("*.so")) == kept
+
+
 def test_verify_tells_right_from_wrong(engine):
     assert engine.verify(faulty.copy(), faulty.copy(), rtol=1e-3).ok is True
     wrong = engine.verify(faulty.copy(), faulty.wrong_copy(), rtol=1e-3)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -39,6 +41,7 @@ def test_the_quick_cpu_run_passes_every_step_that_applies_and_writes_its_table(t
     assert "| 8 | GEMMs tuned against torch.matmul | PASS |" in table and table in run.stdout
 
 
+@pytest.mark.slow  # 11 s: out of CI (`pytest -m slow`)
 def test_runs_of_a_few_steps_each_add_up_to_one_table(tmp_path):
     """A GPU host may run a command for only so long: the steps go in several runs into one DIR."""
     script = ROOT / "experiments" / "gpu_validation.py"

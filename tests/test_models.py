@@ -46,7 +46,7 @@ def test_every_required_model_is_registered():
 
 # The largest three take half the time of all; their structure (bottlenecks, depthwise convolutions, layer norms,
 # matmuls, rotary embeddings) is in the others and in test_hf_decoders' Llama too. They still run with -m slow.
-_SLOW_MODELS = {"resnet50", "convnext-t", "llama3-8b-layer"}
+_SLOW_MODELS = {"resnet50", "convnext-t", "llama3-8b-layer", "mobilenetv2", "vgg16", "squeezenet1.1"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW_MODELS else n for n in MODELS])

@@ -38,6 +38,7 @@ def test_tvm_log_lines_go_to_the_work_dir_not_the_terminal(tmp_path, capfd):
     assert EMBEDDING_WARNING in (tmp_path / "run" / "logs" / "libraries.log").read_text()
 
 
+@pytest.mark.slow  # 10 s; that the lines stay off the terminal is in CI: out of CI (`pytest -m slow`)
 def test_verbose_lets_them_through(tmp_path, capfd):
     _tune_embedder(tmp_path / "run", trials_per_task=1, verbose=True)
     assert EMBEDDING_WARNING in capfd.readouterr().err

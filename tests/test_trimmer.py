@@ -149,6 +149,7 @@ def test_the_ledger_counts_what_was_saved():
     assert FilterLedger.from_dict(ledger.as_dict()) == ledger
 
 
+@pytest.mark.slow  # 30 s: out of CI (`pytest -m slow`)
 def test_a_run_reports_rank_quality_and_what_the_filter_saved(tmp_path):
     from tuner import tune
 

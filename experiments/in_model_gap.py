@@ -1,0 +1,129 @@
+"""Why a kernel runs slower in a tuned model than the tuning measured it: the same kernel timed now,
+in one process and interleaved, as the tuning times it (its library alone, rebuilt from its record,
+called again and again), inside the model on the model's own buffers (called again and again; after
+the rest of the model ran; after the caches were flushed), beside the time the tuning recorded.
+
+    .venv/bin/python experiments/in_model_gap.py WORK_DIR KERNEL [KERNEL ...] [--rounds 15]
+
+WORK_DIR is a tuned work dir (its model.so and tuning.db), KERNEL a task's name as the per-kernel
+table names it (``fused_matmul4_add31``). Where "alone now" is far from "recorded", the machine ran
+the same library at another speed when it was tuned (a VM's neighbours): that part of the gap is
+the machine's, not the model's. "after the model" against "in the model, again" is what the rest of
+the model does to the kernel's data in the caches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments.common import markdown_table  # noqa: E402
+from measure.host import cpu_model  # noqa: E402
+
+_COLUMNS = ["kernel", "recorded (us)", "alone now (us)", "in the model, again", "after the model", "flushed"]
+
+
+def _inputs(model) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [
+        rng.standard_normal(spec.shape).astype(spec.dtype)
+        if spec.dtype.startswith("float")
+        else np.zeros(spec.shape, spec.dtype)
+        for spec in model.inputs
+    ]
+
+
+def _calls(model, inputs) -> list[tuple[str, object, list]]:
+    """Every kernel call of one inference: (symbol, function, arguments), the model's own buffers."""
+    calls = []
+
+    def instrument(func, symbol, before_run, ret_value, *args):
+        if before_run and not symbol.startswith("vm."):
+            calls.append((symbol, func, list(args)))
+        return 0
+
+    model._vm.set_instrument(instrument)
+    try:
+        model(*inputs)
+    finally:
+        model._vm.set_instrument(None)
+    return calls
+
+
+def _alone(work_dir: Path, kernel: str, out_dir: Path) -> tuple[float, callable]:
+    """The kernel's recorded latency, and a function that times its library as the tuning does."""
+    from measure.build_job import build_kernel
+    from measure.run_job import time_kernel
+    from tuner.database import TuningDatabase
+    from tuner.metaschedule import schedule_from_json
+
+    db = TuningDatabase(work_dir / "tuning.db", read_only=True)
+    try:
+        ids = [k for k in db.kernel_ids() if db.kernel_name(k) == kernel]
+        if not ids:
+            raise SystemExit(f"in_model_gap: {work_dir} has no kernel named {kernel}: see its per-kernel table")
+        target = db.records()[0].target
+        record = db.best_verified(ids[0], target) or db.best(ids[0], target)[0]
+        mod = schedule_from_json(db.kernel_mod(ids[0]), record.trace).mod
+    finally:
+        db.close()
+    library = str(out_dir / f"{kernel}.so")
+    args = build_kernel(mod, record.target, library)["args"]
+    return record.latency, lambda: statistics.median(time_kernel(library, args, "cpu", {})["samples"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("work_dir", type=Path)
+    parser.add_argument("kernels", nargs="+")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--flush-mb", type=int, default=512, help="bytes written to push the kernel's data out")
+    args = parser.parse_args(argv)
+
+    import tuner
+
+    model = tuner.load(args.work_dir / "model.so")
+    inputs = _inputs(model)
+    calls = _calls(model, inputs)
+    flush = np.ones(args.flush_mb * 1024 * 256, dtype=np.float32)
+
+    def timed(func, func_args) -> float:
+        start = time.perf_counter()
+        func(*func_args)
+        return time.perf_counter() - start
+
+    rows = []
+    with tempfile.TemporaryDirectory() as out_dir:
+        for kernel in args.kernels:
+            own = [c for c in calls if c[0] in (kernel, f"{kernel}_prepacked")]
+            if not own:
+                raise SystemExit(f"in_model_gap: the model never calls {kernel}")
+            _, func, func_args = own[len(own) // 2]
+            recorded, alone = _alone(args.work_dir, kernel, Path(out_dir))
+            ways = {
+                "alone now (us)": alone,
+                "in the model, again": lambda f=func, a=func_args: timed(f, a),
+                "after the model": lambda f=func, a=func_args: (model(*inputs), timed(f, a))[1],
+                "flushed": lambda f=func, a=func_args: (flush.__iadd__(1.0), timed(f, a))[1],
+            }
+            samples = {way: [] for way in ways}
+            for _ in range(args.rounds):
+                for way, run in ways.items():
+                    samples[way].append(run())
+            row = {"kernel": kernel, "recorded (us)": f"{recorded * 1e6:.1f}"}
+            row |= {way: f"{statistics.median(s) * 1e6:.1f}" for way, s in samples.items()}
+            rows.append(row)
+    print(f"CPU: {cpu_model()}; medians of {args.rounds} interleaved rounds\n")
+    print(markdown_table(rows, _COLUMNS))
+
+
+if __name__ == "__main__":
+    main()
