@@ -133,7 +133,7 @@ def test_a_measuring_actor_killed_mid_run_loses_nothing_and_measures_nothing_twi
         }  # the restarted actor is fed again
 
 
-@pytest.mark.slow  # 35 s; a killed measuring actor loses nothing (below) in CI: out of CI (`pytest -m slow`)
+@pytest.mark.slow  # 35 s; a measuring actor killed mid-run (above) is in CI: out of CI (`pytest -m slow`)
 def test_a_build_task_whose_worker_dies_is_run_again(ray_cluster, tmp_path, llvm_target):
     import psutil
 

@@ -106,6 +106,7 @@ def test_the_judged_batches_survive_a_round_trip_through_json():
     assert copy.rank_quality("t") == trimmer.rank_quality("t") == 1.0
 
 
+@pytest.mark.slow  # 20 s: out of CI (`pytest -m slow`)
 def test_a_resumed_run_keeps_the_trust_its_model_earned(tmp_path):
     from tuner import tune
 

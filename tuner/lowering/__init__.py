@@ -95,6 +95,8 @@ class LoweringOptions:
     bf16_image_windows_avx512: bool = True
     # float32 products by constant weights over row counts that tile badly (197 tokens) over a few zero rows more
     pad_product_rows: bool = True
+    # channels-last through image resizes and sequences reshaped into images (SegFormer's head), with channels_last
+    channels_last_resizes: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -122,6 +124,7 @@ _PREDATING_RECORDS = {
     "bf16_activation_products_avx512": False,
     "bf16_image_windows_avx512": False,
     "pad_product_rows": False,
+    "channels_last_resizes": False,
 }
 
 
@@ -160,7 +163,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     if _on_cpus_by_default(options.channels_last, target):
         if _on_cpus_by_default(options.conv1d_as_conv2d, target):
             passes.append(Conv1dAsConv2d())
-        passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions()]  # biases must be constants to move past
+        # biases must be constants to move past
+        passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions(options.channels_last_resizes)]
         if options.channel_norms_as_products:
             passes.append(PerChannelNormsAsProducts())
         if _on_cpus_by_default(options.winograd, target):
