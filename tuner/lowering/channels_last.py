@@ -334,7 +334,7 @@ class ChannelsLastConvolutions:
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         rewritten = rewrite_functions(_ChannelsLast(mod, self.resizes), mod)
         for gv, func in rewritten.functions_items():  # sources looked for and not taken leave reshapes unused
-            if isinstance(func, relax.Function):
+            if isinstance(func, relax.Function) and self.resizes:
                 rewritten[gv] = relax.analysis.remove_all_unused(func)
         rewritten = relax.transform.FoldConstant()(rewritten)  # the weights' transposes folded
         for gv, func in mod.functions_items():
