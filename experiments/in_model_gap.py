@@ -31,16 +31,6 @@ from measure.host import cpu_model  # noqa: E402
 _COLUMNS = ["kernel", "recorded (us)", "alone now (us)", "in the model, again", "after the model", "flushed"]
 
 
-def _inputs(model) -> list[np.ndarray]:
-    rng = np.random.default_rng(0)
-    return [
-        rng.standard_normal(spec.shape).astype(spec.dtype)
-        if spec.dtype.startswith("float")
-        else np.zeros(spec.shape, spec.dtype)
-        for spec in model.inputs
-    ]
-
-
 def _calls(model, inputs) -> list[tuple[str, object, list]]:
     """Every kernel call of one inference: (symbol, function, arguments), the model's own buffers."""
     calls = []
@@ -70,7 +60,7 @@ def _alone(work_dir: Path, kernel: str, out_dir: Path) -> tuple[float, callable]
         ids = [k for k in db.kernel_ids() if db.kernel_name(k) == kernel]
         if not ids:
             raise SystemExit(f"in_model_gap: {work_dir} has no kernel named {kernel}: see its per-kernel table")
-        target = db.records()[0].target
+        (target,) = db.targets()
         record = db.best_verified(ids[0], target) or db.best(ids[0], target)[0]
         mod = schedule_from_json(db.kernel_mod(ids[0]), record.trace).mod
     finally:
@@ -89,9 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     import tuner
+    from measure.run_job import random_arrays
 
     model = tuner.load(args.work_dir / "model.so")
-    inputs = _inputs(model)
+    inputs = random_arrays([[spec.dtype, list(spec.shape)] for spec in model.inputs])
     calls = _calls(model, inputs)
     flush = np.ones(args.flush_mb * 1024 * 256, dtype=np.float32)
 

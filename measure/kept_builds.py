@@ -44,9 +44,6 @@ class KeptBuilds:
             slowest = max(kept, key=lambda key: kept[key][0])
             remove_artifact(kept.pop(slowest)[1].artifact)
 
-    def __len__(self) -> int:
-        return sum(len(kept) for kept in self._kept.values())
-
 
 def remove_artifact(path: str | None) -> None:
     """Delete a built library, if there is one (a failed build has none)."""

@@ -264,14 +264,15 @@ class _ChannelsLast(PyExprMutator):
     def _resize(self, call: Call) -> Expr:
         attrs = call.attrs
         source = self._nchw_source(call.args[0]) if self.resizes and attrs.layout == "NCHW" else None
-        if source is None or static_shape(call) is None:
+        shape = static_shape(call)
+        if source is None or shape is None:
             return call
-        same_size = static_shape(call) == static_shape(call.args[0])
+        same_size = shape == static_shape(call.args[0])
         if same_size and attrs.method != "cubic" and attrs.coordinate_transformation_mode != "tf_crop_and_resize":
             return self._to_nchw(source)  # every output point is an input point: nothing to interpolate
         resized = relax.op.image.resize2d(
             source,
-            static_shape(call)[2:],
+            shape[2:],
             [float(r) for r in attrs.roi],
             "NHWC",
             attrs.method,
