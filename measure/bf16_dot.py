@@ -81,7 +81,7 @@ def _micro_kernel_ir(
         start = f"%u{r}_{v}" if window else f"%c{r}_{v}"
         lines.append(f"  %s{r}_{v} = phi <16 x float> [ {start}, %{entry} ], [ %n{r}_{v}, %{back} ]")
     if prefetch_per_step:
-        lines += prefetch_lines(prefetch_per_step)
+        lines += _prefetch_lines(prefetch_per_step)
     lines.append("  %k = shl i64 %p, 1")
     for r in range(rows):
         lines += [
@@ -131,18 +131,16 @@ def _micro_kernel_ir(
     return "\n".join(lines) + "\n"
 
 
-def prefetch_lines(per_step: int, step: str = "%p", element: str = "i16") -> list[str]:
-    """A step's prefetches: lines ``step`` * per_step + j of the ``lines`` from ``next`` (those left), each
-    into L2 (a branch around them once all are asked for), then the step's work in the block ``compute``;
-    ``next`` points at ``element``s (i16: bf16, 32 a line; float: 16 a line)."""
-    shift = 5 if element == "i16" else 4
-    lines = [f"  %first = mul i64 {step}, {per_step}", "  %wanted = icmp ult i64 %first, %lines"]
+def _prefetch_lines(per_step: int) -> list[str]:
+    """A step's prefetches: lines p * per_step + j of the ``lines`` from ``next`` (those left), each into L2
+    (a branch around them once all are asked for), then the step's work in the block ``compute``."""
+    lines = [f"  %first = mul i64 %p, {per_step}", "  %wanted = icmp ult i64 %first, %lines"]
     lines += ["  br i1 %wanted, label %prefetch, label %compute", "prefetch:"]
     for j in range(per_step):
         lines += [
             f"  %line{j} = add i64 %first, {j}",
-            f"  %lo{j} = shl i64 %line{j}, {shift}",
-            f"  %lp{j} = getelementptr {element}, ptr %next, i64 %lo{j}",
+            f"  %lo{j} = shl i64 %line{j}, 5",  # 32 bf16 a line
+            f"  %lp{j} = getelementptr i16, ptr %next, i64 %lo{j}",
             f"  call void @llvm.prefetch.p0(ptr %lp{j}, i32 0, i32 2, i32 1)",
         ]
     return [*lines, "  br label %compute", "compute:"]

@@ -10,7 +10,7 @@ import re
 import threading
 import time
 
-from . import bf16_dot, fma_dot
+from .bf16_dot import register_if_ours
 
 _lock = threading.Lock()
 _import_seconds: float | None = None
@@ -40,7 +40,7 @@ def ensure_intrinsics_of(trace_json: str) -> None:
     """Register the intrinsics a stored trace tensorizes with, before it is replayed: ours (cheap) by
     their names, TVM's by importing them all (once) where it names any of theirs."""
     names = set(_TENSORIZED_WITH.findall(trace_json))
-    theirs = [name for name in names if not (bf16_dot.register_if_ours(name) or fma_dot.register_if_ours(name))]
+    theirs = [name for name in names if not register_if_ours(name)]
     # a form of the trace the pattern does not know (no names found) registers everything too
     if theirs or (not names and trace_uses_tensor_intrinsics(trace_json)):
         ensure_tensor_intrinsics()

@@ -14,11 +14,10 @@ few cache lines (into L2) before each run of the innermost reduction loop. Not i
 a call there stops LLVM from keeping the accumulators in registers across it, since it cannot tell
 the arguments apart inside TVM's parallel closures.
 
-A bf16 product on ``vdpbf16ps`` (an fp32 one on FMAs: ``fma_dot``) reads its weight inside micro-kernel
-calls (``bf16_dot``), which the loads above do not see: there the call itself is swapped for a variant
-that asks for a few lines a step of its loop, of the next tasks' slice where the task re-reads its own
-(row blocks) or of the next call's where each call reads a slice of its own (a convolution's taps). On a
-Zen 4 VM the same
+A bf16 product on ``vdpbf16ps`` reads its weight inside micro-kernel calls (``bf16_dot``), which the
+loads above do not see: there the call itself is swapped for a variant that asks for a few lines a
+step of its loop, of the next tasks' slice where the task re-reads its own (row blocks) or of the
+next call's where each call reads a slice of its own (a convolution's taps). On a Zen 4 VM the same
 schedules ran BERT-base at 0.88-0.93 of their time without, ResNet-18 0.93, ResNet-50 0.94.
 """
 
@@ -34,7 +33,7 @@ from tvm import tirx
 from tvm.sym import Analyzer, detect_linear_equation
 from tvm.tirx import stmt as s
 
-from . import bf16_dot, fma_dot
+from .bf16_dot import prefetching_variant
 from .tir_walk import binds, contains_loop, exprs_of, vars_of, walk_expr, walk_stmts
 
 CACHE_LINE = 64  # bytes
@@ -302,8 +301,8 @@ def _tasks_per_block(pattern: _Pattern, parallel: _Loop | None, rereads: bool) -
 def _prefetching_call(
     stmt: s.AttrStmt, loops: list[_Loop], lets: dict, parallel: _Loop, read_only: Callable[[tirx.Var], bool]
 ) -> s.Stmt | None:
-    """A ``vdpbf16ps`` or FMA micro-kernel's call (``stmt``: its import around it) made to ask for weight lines
-    a later call reads, a few each step (``prefetching_variant`` of ``bf16_dot``, ``fma_dot``): its share of the next
+    """A ``vdpbf16ps`` micro-kernel's call (``stmt``: its import around it) made to ask for weight lines a
+    later call reads, a few each step of the tile (``bf16_dot.prefetching_variant``): its share of the next
     tasks' slice where the task re-reads its slice (a row-block loop around the call) or shares it with
     the tasks beside it (``_next_tasks_lines``), else the next call's slice where each call reads a slice
     of its own (a convolution's window taps, ``_next_call_lines``). None where it is neither."""
@@ -321,9 +320,7 @@ def _prefetching_call(
         return None
     wanted = _next_tasks_lines(pattern, loops, parallel) or _next_call_lines(pattern, loops)
     per_step = math.ceil(wanted[1] / int(call.args[7])) if wanted else 0
-    kernel, variant = str(call.args[0].value), None
-    if 0 < per_step <= MAX_LINES_PER_STEP:
-        variant = bf16_dot.prefetching_variant(kernel, per_step) or fma_dot.prefetching_variant(kernel, per_step)
+    variant = prefetching_variant(str(call.args[0].value), per_step) if 0 < per_step <= MAX_LINES_PER_STEP else None
     if variant is None:
         return None
     start, lines = wanted

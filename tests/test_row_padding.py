@@ -34,11 +34,7 @@ class _Block(torch.nn.Module):
         return x + self.down(torch.nn.functional.gelu(self.up(x)))
 
 
-# the products MetaSchedule's own space tiles (on CPUs without AVX-512; on others FMA products pad their own rows)
-_METASCHEDULE_PRODUCTS = LoweringOptions(fma_products=False)
-
-
-def _lowered(rows: int, target, options=_METASCHEDULE_PRODUCTS):
+def _lowered(rows: int, target, options=None):
     torch.manual_seed(0)
     model = _Block(64, 96).eval()
     return model, lower_workload(load_workload(model, [(1, rows, 64)]), target, options)
@@ -62,12 +58,12 @@ def test_a_block_over_197_tokens_computes_what_pytorch_computes_over_200(llvm_ta
 
 
 def test_row_counts_that_tile_the_option_off_a_gpu_and_bf16_keep_their_rows(llvm_target):
-    def padded(rows: int, target=llvm_target, options=_METASCHEDULE_PRODUCTS) -> bool:
+    def padded(rows: int, target=llvm_target, options=None) -> bool:
         return any("strided_slice" in name for name in _kernels(_lowered(rows, target, options)[1]))
 
     assert padded(197)
     assert not padded(128)
-    assert not padded(197, options=LoweringOptions(pad_product_rows=False, fma_products=False))
+    assert not padded(197, options=LoweringOptions(pad_product_rows=False))
     assert not padded(197, target=resolve_target("cuda -arch=sm_90"))
     bf16_passes = inference_passes(LoweringOptions(bfloat16=True), llvm_target)
     assert not any(isinstance(p, PadProductRows) for p in bf16_passes)  # bf16 products pad their own rows

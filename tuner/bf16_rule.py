@@ -9,9 +9,6 @@ Each parallel task computes a block of tiles; each tile's accumulators stay in r
 input channels and are written out once per window position, the last time through the fused
 epilogue (bias, activation, the cast of the next layer's input).
 
-The same spaces tile float32 products by weights packed [N/16, K, 16] (``tuner.lowering.fma_products``)
-for the FMA micro-kernel of ``measure.fma_dot`` (``FMA``: one fp32 value per lane and step).
-
 A tile's shape is fixed per design space (its intrinsic is named by it, and the search's mutations
 must not change it under a stored trace), and so is whether an AMX call takes a long reduction whole
 or in chunks; the search samples how tiles group into tasks.
@@ -28,7 +25,6 @@ from tvm.tirx import IterVar
 
 from measure import amx_dot
 from measure.bf16_dot import AMX, AVX512, LANES, PAIR, register_bf16_tile
-from measure.fma_dot import FMA, register_fma_tile
 
 BF16_GEMM_RULE = "tuner_bf16_gemm"
 UNIT_ANNOTATION = "tensor_tuner_bf16_unit"  # on the GEMM's block: the unit its micro-kernels run on
@@ -37,7 +33,6 @@ WINDOW_ANNOTATION = "tensor_tuner_window_columns"
 # with it, on a first convolution reading its padded image in place: the values between its rows (amx_dot.Window)
 OVERLAP_ANNOTATION = "tensor_tuner_window_overlap"
 MAX_ROWS = 7
-FMA_MAX_ROWS = 8  # 8x3 tiles: BERT's 128 tokens have no divisor 5-7
 VECTOR_CHOICES = (4, 3, 2, 1)
 MAX_ACCUMULATORS = 24  # of AVX-512's 32 registers; the rest hold a step's weight vectors and activation pair
 MAX_SPACES = 4
@@ -57,9 +52,6 @@ AMX_SATURATING = 4 * amx_dot.TILE_ROWS
 # reduction of 768 streams 96 KB per call from L2: 0-12% faster alone on BERT's products and ResNet-50's 1x1s
 # (experiments/amx_reduction_chunks.py)
 AMX_REDUCTION_CHUNK = 128
-# values of the reduction per call where an fp32 product's FMA calls take it in chunks: a 128 x 64-column weight
-# chunk (32 KB) stays in L1 over the task's row blocks, where a call over BERT's 768 streamed 192 KB from L2
-FMA_REDUCTION_CHUNK = 128
 
 
 def tile_shapes(rows: int, channel_blocks: int, unit: str = AVX512) -> list[tuple[int, int]]:
@@ -68,8 +60,7 @@ def tile_shapes(rows: int, channel_blocks: int, unit: str = AVX512) -> list[tupl
     if unit == AMX:
         candidates = [(r, v) for r in range(AMX_MAX_ROWS, 0, -1) for v in (3, 2, 1) if amx_dot.fits(r, v)]
     else:
-        most = FMA_MAX_ROWS if unit == FMA else MAX_ROWS
-        candidates = [(r, v) for r in range(most, 0, -1) for v in VECTOR_CHOICES if r * v <= MAX_ACCUMULATORS]
+        candidates = [(r, v) for r in range(MAX_ROWS, 0, -1) for v in VECTOR_CHOICES if r * v <= MAX_ACCUMULATORS]
     shapes = [(r, v) for r, v in candidates if rows % r == 0 and channel_blocks % v == 0]
     shapes.sort(key=lambda shape: (-shape[0] * shape[1], -shape[1]))
     return shapes[:MAX_SPACES]
@@ -89,14 +80,9 @@ def padded_rows(rows: int, channel_blocks: int, unit: str = AVX512) -> int:
     def worth(padded: int) -> float:
         return tile_efficiency(padded, channel_blocks, unit) * rows / padded
 
-    most = AMX_MAX_ROWS if unit == AMX else FMA_MAX_ROWS if unit == FMA else MAX_ROWS
+    most = AMX_MAX_ROWS if unit == AMX else MAX_ROWS
     best = max(range(rows, rows + most + 1), key=lambda padded: (worth(padded), -padded))
     return best if worth(best) >= MIN_PADDING_GAIN * worth(rows) else rows
-
-
-def values_per_lane(unit: str) -> int:
-    """The reduction's values each accumulator lane sums per step on ``unit``: bf16 pairs, or one fp32 value."""
-    return 1 if unit == FMA else PAIR
 
 
 def _shape(sch: Schedule, block: SBlockRV) -> list[int]:
@@ -233,7 +219,7 @@ def _tile(
 ) -> None:
     """Tile ``gemm`` for the micro-kernel of ``tile_rows_count`` x ``vector_count`` on ``unit``; ``zero_tiles``
     (AMX): a call that is its tile's whole reduction starts from zero tiles (off: loads C's zeros, to compare);
-    ``chunks``: calls take the reduction in ``reduction_chunk``s, where ``takes_chunks``."""
+    ``chunks``: calls take the reduction in ``AMX_REDUCTION_CHUNK``s, where ``takes_chunks``."""
     chunks = chunks and takes_chunks(sch, gemm, unit)
     _inline_prologue(sch, gemm)
     for producer in _around(sch, gemm, sch.get_producers):
@@ -258,19 +244,18 @@ def _tile(
     spatial, reduction = _spatial_and_reduction(sch, gemm)
     *outer, rows, channels = spatial
     *window, inputs = reduction
-    values = values_per_lane(unit)
-    pairs_extent = int(sch.get(inputs).extent) // values
+    pairs_extent = int(sch.get(inputs).extent) // PAIR
 
     channel_tiles, vectors, lanes = sch.split(channels, [None, vector_count, LANES], preserve_unit_iters=False)
     row_groups, tile_rows = sch.split(rows, [None, tile_rows_count], preserve_unit_iters=False)
     row_tiles, row_blocks = sch.split(row_groups, sch.sample_perfect_tile(row_groups, n=2))
-    pairs, *pair = sch.split(inputs, [None, values], preserve_unit_iters=False) if values > 1 else [inputs]
+    pairs, pair = sch.split(inputs, [None, PAIR], preserve_unit_iters=False)
     chunk_loops = []
     if chunks:
-        chunk, pairs = sch.split(pairs, [None, reduction_chunk(unit)], preserve_unit_iters=False)
-        chunk_loops, pairs_extent = [chunk], reduction_chunk(unit)
+        chunk, pairs = sch.split(pairs, [None, AMX_REDUCTION_CHUNK], preserve_unit_iters=False)
+        chunk_loops, pairs_extent = [chunk], AMX_REDUCTION_CHUNK
     tasks = [*outer, row_tiles, channel_tiles]
-    sch.reorder(*tasks, *chunk_loops, row_blocks, *window, tile_rows, vectors, pairs, lanes, *pair)
+    sch.reorder(*tasks, *chunk_loops, row_blocks, *window, tile_rows, vectors, pairs, lanes, pair)
     parallel = sch.fuse(*tasks)
     sch.parallel(parallel)
 
@@ -282,27 +267,20 @@ def _tile(
     taps = _window(sch, gemm, window, unit, tile_rows_count, pairs_extent)
     # a call that is its tile's whole reduction (no window loop outside it) starts from zero tiles on AMX
     whole = zero_tiles and not chunk_loops and (taps is not None or not window)
-    if unit == FMA:
-        name = register_fma_tile(tile_rows_count, vector_count, pairs_extent)
-    else:
-        name = register_bf16_tile(tile_rows_count, vector_count, pairs_extent, unit, taps, zero=whole)
+    name = register_bf16_tile(tile_rows_count, vector_count, pairs_extent, unit, taps, zero=whole)
     inner = window[0] if taps else tile_rows if tile_rows_count > 1 else vectors
     sch.tensorize(sch.blockize(inner, preserve_unit_iters=False), name)
     # keeps MetaSchedule's generic rules (parallelising, vectorising, unrolling) off the loops above
     sch.annotate(sch.get_sblock("root"), "schedule_rule", "None")
 
 
-def reduction_chunk(unit: str) -> int:
-    """The reduction steps (AMX: pairs; FMA: values) a call takes where calls take the reduction in chunks."""
-    return FMA_REDUCTION_CHUNK if unit == FMA else AMX_REDUCTION_CHUNK
-
-
 def takes_chunks(sch: Schedule, gemm: SBlockRV, unit: str) -> bool:
-    """Whether ``gemm``'s AMX or FMA calls can take its reduction in chunks (``reduction_chunk``): one tap
+    """Whether ``gemm``'s AMX calls can take its reduction in chunks (``AMX_REDUCTION_CHUNK``): one tap
     (a product, a 1x1 convolution), a reduction of more than one chunk and whole chunks."""
     *window, inputs = _spatial_and_reduction(sch, gemm)[1]
-    steps, chunk = int(sch.get(inputs).extent) // values_per_lane(unit), reduction_chunk(unit)
-    return unit in (AMX, FMA) and _extent(sch, window) == 1 and steps > chunk and steps % chunk == 0
+    pairs = int(sch.get(inputs).extent) // PAIR
+    whole_chunks = pairs > AMX_REDUCTION_CHUNK and pairs % AMX_REDUCTION_CHUNK == 0
+    return unit == AMX and _extent(sch, window) == 1 and whole_chunks
 
 
 def _window(

@@ -13,8 +13,7 @@ looks up:
    that reuse their weights enough by Winograd's algorithm (``winograd``), and each 1x1 expanding
    convolution with the depthwise convolution after it as one kernel (``inverted_residual``), and
    large matmuls by constant weights by one level of Strassen's algorithm
-   (``strassen``), the others, on CPUs with AVX-512, by FMA micro-kernels of ours (``fma_products``);
-   with ``bfloat16``, convolutions and matmuls by weights from bf16 operands (``bf16``);
+   (``strassen``); with ``bfloat16``, convolutions and matmuls by weights from bf16 operands (``bf16``);
 2. TVM's legalization and operator fusion (element-wise epilogues such as bias, activation and
    residual add fuse into the convolution or matmul that produces them; a pad or concatenation,
    which writes more than it reads, never does: ``pads`` says why);
@@ -42,7 +41,6 @@ from .bf16_rounding import RoundBeforeMoves
 from .channel_norms import PerChannelNormsAsProducts
 from .channels_last import ChannelsLastConvolutions
 from .conv1d import Conv1dAsConv2d
-from .fma_products import FmaProducts, takes_fma_products
 from .inverted_residual import FuseExpandDepthwise
 from .layout_free import KeepLayoutFreeWeightsOfReductions
 from .layout_fusion import FuseLayoutIntoConsumers
@@ -99,8 +97,6 @@ class LoweringOptions:
     pad_product_rows: bool = True
     # channels-last through image resizes and sequences reshaped into images (SegFormer's head), with channels_last
     channels_last_resizes: bool = True
-    # float32 products by constant weights on FMA micro-kernels of ours (``fma_products``); None: on CPUs with AVX-512
-    fma_products: bool | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -129,7 +125,6 @@ _PREDATING_RECORDS = {
     "bf16_image_windows_avx512": False,
     "pad_product_rows": False,
     "channels_last_resizes": False,
-    "fma_products": False,
 }
 
 
@@ -143,12 +138,6 @@ def _bf16_products(options: LoweringOptions, unit: str | None) -> Bfloat16Produc
     if unit == AMX:
         return Bfloat16Products(unit, options.bf16_image_windows, activation_products=True)
     return Bfloat16Products(unit, options.bf16_image_windows_avx512, options.bf16_activation_products_avx512)
-
-
-def _fma_products(options: LoweringOptions, target: tvm.target.Target | None) -> bool:
-    """Whether float32 products by weights are FMA micro-kernel products: not in bf16 (those are bf16 ones)."""
-    wanted = options.fma_products if options.fma_products is not None else takes_fma_products(target)
-    return wanted and not options.bfloat16
 
 
 def _in_fp32_only(options: LoweringOptions) -> LoweringOptions:
@@ -186,16 +175,13 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
                 FuseExpandDepthwise(),
                 relax.transform.DeadCodeElimination(["main"]),
             ]
-    # all three take the weights, transposed, as constants
+    # both take the weights, transposed, as constants
     strassen = _on_cpus_by_default(options.strassen, target)
     pad_rows = options.pad_product_rows and not options.bfloat16 and _on_cpus_by_default(None, target)
-    fma = _fma_products(options, target)
-    if strassen or pad_rows or fma:
+    if strassen or pad_rows:
         passes.append(relax.transform.FoldConstant())
     if strassen:
         passes.append(StrassenMatmuls())
-    if fma:  # before the rows' padding: it pads its own rows
-        passes.append(FmaProducts())
     if pad_rows:  # bf16 products pad their own rows
         passes.append(PadProductRows())
     if options.bfloat16:

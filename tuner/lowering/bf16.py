@@ -57,7 +57,6 @@ from .bf16_kernels import (
     to_bf16,
 )
 from .inverted_residual import OPAQUE_PATTERN
-from .products import without_padding
 from .rewrites import conv2d_like, ints, op_name, static_shape
 
 AMX_MIN_REDUCTION = STEP_VALUES  # one whole step of AMX's micro-kernel
@@ -135,6 +134,21 @@ class _Bfloat16Products(PyExprMutator):
         not over a network's first convolution's 3 channels."""
         return self.unit if self.unit != AMX or reduction >= AMX_MIN_REDUCTION else AVX512
 
+    def _computed(self, out: Expr, rows: int | None, outputs: int) -> Expr:
+        """``out`` without the zero rows (its second to last axis: a matmul's rows, a convolution's
+        columns) and zero outputs (up to a multiple of 16) it was computed with."""
+        out = self.builder_.normalize(out)
+        ndim = out.ty.ndim
+        kept = [(ndim - 1, outputs)] if outputs % LANES else []
+        if rows is not None and static_shape(out)[ndim - 2] != rows:
+            kept.insert(0, (ndim - 2, rows))
+        if not kept:
+            return out
+        out = self.builder_.emit(out)
+        return relax.op.strided_slice(
+            out, axes=[axis for axis, _ in kept], begin=[0] * len(kept), end=[count for _, count in kept]
+        )
+
     def _matmul(self, call: Call) -> Expr:
         data, weight = call.args[0], call.args[1].value.numpy()
         if self.unit and weight.ndim == 2 and weight.shape[0] % PAIR == 0:
@@ -144,7 +158,7 @@ class _Bfloat16Products(PyExprMutator):
             unit = self._unit_for(weight.shape[0])
             padded = padded_rows(rows, packed.shape[0], unit) if rows else None
             out = self._packed_product(bf16_dense, data, packed, padded, unit, name="bf16_dense")
-            return without_padding(self.builder_, out, rows, weight.shape[1])
+            return self._computed(out, rows, weight.shape[1])
         return relax.op.matmul(self._cast(data), relax.const(to_bf16(weight)), out_dtype=F32)
 
     def _batch_matmul(self, call: Call) -> Expr:
@@ -201,7 +215,7 @@ class _Bfloat16Products(PyExprMutator):
         out_w = out_extent(image[1], padding[1], padding[3], kernel[1], stride)
         columns = padded_rows(out_w, packed.shape[2], unit)
         out = self._packed_product(bf16_conv2d_nhwc, data, packed, stride, padding, columns, unit, name="bf16_conv2d")
-        return without_padding(self.builder_, out, out_w, weight.shape[3])
+        return self._computed(out, out_w, weight.shape[3])
 
     def _over_patches(self, channels: int) -> bool:
         """Whether a convolution over a window of ``channels`` input channels is best a product over its
@@ -242,7 +256,7 @@ class _Bfloat16Products(PyExprMutator):
         out = self._packed_product(
             bf16_conv2d_image_windows, flat, packed, image, stride, self.unit, flops, name="bf16_conv2d"
         )
-        return without_padding(self.builder_, out, out_w, weight.shape[3])
+        return self._computed(out, out_w, weight.shape[3])
 
     def _transposed_input(self, data: Expr) -> Call | None:
         """The transpose to channels-last that ``data`` is, of the model's NCHW input; else None."""

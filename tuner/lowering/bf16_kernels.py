@@ -52,13 +52,13 @@ def gemm_attrs(flops: float, unit: str) -> dict:
     return {"schedule_rule": BF16_GEMM_RULE, UNIT_ANNOTATION: unit, FLOPS_ANNOTATION: flops}
 
 
-def rows_padded(data: te.Tensor, rows: int) -> te.Tensor:
+def _rows_padded(data: te.Tensor, rows: int) -> te.Tensor:
     """``data`` [..., R, K] with zero rows up to ``rows``."""
     given = int(data.shape[-2])
     return te.compute(
         (*data.shape[:-2], rows, data.shape[-1]),
-        lambda *i: tvm.tirx.if_then_else(i[-2] < given, data[i], tvm.tirx.const(0, data.dtype)),
-        name="bf16_pad" if data.dtype == BF16 else "rows_pad",
+        lambda *i: tvm.tirx.if_then_else(i[-2] < given, data[i], tvm.tirx.const(0, BF16)),
+        name="bf16_pad",
     )
 
 
@@ -73,7 +73,7 @@ def bf16_dense(
     if flops is None:
         flops = 2.0 * float(np.prod(lead, dtype=np.float64)) * n_extent * k_extent
     if rows is not None and rows != lead[-1]:
-        data, lead[-1] = rows_padded(data, rows), rows
+        data, lead[-1] = _rows_padded(data, rows), rows
     return te.compute(
         (*lead, n_extent),
         lambda *i: te.sum(
