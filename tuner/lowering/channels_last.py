@@ -334,9 +334,10 @@ class ChannelsLastConvolutions:
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         rewritten = rewrite_functions(_ChannelsLast(mod, self.resizes), mod)
-        for gv, func in rewritten.functions_items():  # sources looked for and not taken leave reshapes unused
-            if isinstance(func, relax.Function) and self.resizes:
-                rewritten[gv] = relax.analysis.remove_all_unused(func)
+        if self.resizes:  # sequences' sources looked for and not taken leave reshapes unused
+            for gv, func in rewritten.functions_items():
+                if isinstance(func, relax.Function):
+                    rewritten[gv] = relax.analysis.remove_all_unused(func)
         rewritten = relax.transform.FoldConstant()(rewritten)  # the weights' transposes folded
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not _pays(rewritten[gv]):
