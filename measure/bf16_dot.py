@@ -23,6 +23,7 @@ import threading
 
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
+from tvm.script.parser._core import parse, utils
 
 from .amx_dot import Window, amx_micro_kernel_ir, tap_loop_end, tap_loop_start
 
@@ -32,6 +33,24 @@ AVX512 = "bf16"  # the units computing a tile, as intrinsic names spell them
 AMX = "amx"
 _NAME = re.compile(r"tensor_tuner_(bf16|amx)_r(\d+)_v(\d+)_p(\d+)(?:_w(\d+)x(\d+)c(\d+)(?:o(\d+))?)?(_z)?")
 _lock = threading.Lock()
+
+
+class _Script:
+    """``T.prim_func`` without the ``inspect.stack()`` its decorator takes, which reads the source of every
+    frame on the stack (0.1-0.7 s a function in a tuning process: seconds for each bf16 model, in every
+    worker too). The functions parsed here are defined inside others and capture only bound names, which
+    is all the frames were for; the parser reads ``s_tir=True`` from the decorator's line as before."""
+
+    @staticmethod
+    def prim_func(s_tir: bool = False):
+        def parsed(func):
+            return parse(func, utils.inspect_function_capture(func))
+
+        parsed.dispatch_token = "tirx"
+        return parsed
+
+
+S = _Script()
 
 
 def intrinsic_name(
@@ -165,7 +184,7 @@ def _intrinsic(rows: int, vectors: int, pairs: int, unit: str, zero: bool):
         else _micro_kernel_ir(kernel, rows, vectors)
     )
 
-    @T.prim_func(s_tir=True)
+    @S.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
         lda, ldb, ldc = T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (rows, pairs * PAIR), "bfloat16", strides=[lda, 1], offset_factor=1)
@@ -184,7 +203,7 @@ def _intrinsic(rows: int, vectors: int, pairs: int, unit: str, zero: bool):
                     )
 
     # a one-row tile: the schedule's block has no row axis left to match
-    @T.prim_func(s_tir=True)
+    @S.prim_func(s_tir=True)
     def one_row_description(a: T.handle, b: T.handle, c: T.handle) -> None:
         lda, ldb, ldc = T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (1, pairs * PAIR), "bfloat16", strides=[lda, 1], offset_factor=1)
@@ -201,7 +220,7 @@ def _intrinsic(rows: int, vectors: int, pairs: int, unit: str, zero: bool):
                         B[vn // LANES, vk // PAIR, vn % LANES, vk % PAIR], "float32"
                     )
 
-    @T.prim_func(s_tir=True)
+    @S.prim_func(s_tir=True)
     def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
         lda, ldb, ldc = T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (rows, pairs * PAIR), "bfloat16", strides=[lda, 1], offset_factor=1)
@@ -239,7 +258,7 @@ def _window_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero:
     kernel = intrinsic_name(rows, vectors, pairs, AMX, window, zero).replace("tensor_tuner_", "tensor_tuner_kernel_")
     ir_text = amx_micro_kernel_ir(kernel, rows, vectors, pairs, window, zero)
 
-    @T.prim_func(s_tir=True)
+    @S.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
         lda, ldb, ldc, sbh, sbw = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (span, reduction), "bfloat16", strides=[lda, 1], offset_factor=1)
@@ -263,7 +282,7 @@ def _window_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero:
                         B[vy, vx, vn // LANES, vk // PAIR, vn % LANES, vk % PAIR], "float32"
                     )
 
-    @T.prim_func(s_tir=True)
+    @S.prim_func(s_tir=True)
     def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
         lda, ldb, ldc, sbh, sbw = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (span, reduction), "bfloat16", strides=[lda, 1], offset_factor=1)
@@ -312,7 +331,7 @@ def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero
         else _micro_kernel_ir(kernel, rows, vectors, window=window)
     )
 
-    @T.prim_func(s_tir=True)
+    @S.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
         ldb, ldc, sbh, sbw = T.int32(), T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (span,), "bfloat16", offset_factor=1)
@@ -331,7 +350,7 @@ def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero
                         B[vy, 0, vn // LANES, vk // PAIR, vn % LANES, vk % PAIR], "float32"
                     )
 
-    @T.prim_func(s_tir=True)
+    @S.prim_func(s_tir=True)
     def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
         ldb, ldc, sbh, sbw = T.int32(), T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (span,), "bfloat16", offset_factor=1)

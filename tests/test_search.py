@@ -19,6 +19,19 @@ def test_a_small_space_is_sampled_without_spinning(llvm_target):
     assert not ({c.key for c in again} & {c.key for c in first})
 
 
+def test_a_space_a_little_smaller_than_a_batch_is_not_drawn_in_ever_larger_rounds(llvm_target):
+    from tuner import metaschedule as msc
+    from workloads.operators import matmul
+
+    mod = msc.normalize_prim_func_module(matmul(1, 1, 2))  # about 20 distinct schedules
+    search = TaskSearch(mod, llvm_target, seed=0, cost_model=CostModel(), features=CandidateFeatures(), group="m")
+    first = search.propose(64)
+    assert 0 < len(first) < 64 and len({c.key for c in first}) == len(first)
+    # repeats are not rejects: a round that finds only them ends the sampling, rather than asking for a
+    # round as many times larger as they were many (292 draws so; bf16's small spaces spent 8-16 s a batch)
+    assert search.draws < 3 * 64
+
+
 def test_queued_seeds_make_up_a_batch_of_their_own(llvm_target):
     from tuner import metaschedule as msc
     from workloads.operators import matmul

@@ -227,11 +227,12 @@ class TaskSearch:
 
     def _sample_new(self, n: int, exclude: set[str]) -> list[Candidate]:
         found: dict[str, Candidate] = {}
-        attempts = 0
+        attempts = valid_so_far = 0
         while len(found) < n and attempts < n * self.config.sample_attempts:
-            # Ask for a little more than is missing; after a round with many rejects (GPU
-            # verification rejects most samples), ask for proportionally more.
-            rate = len(found) / attempts if attempts else 1.0
+            # Ask for a little more than is missing; where many samples are rejected (GPU verification
+            # rejects most), ask for proportionally more. Repeats do not count against the rate: a small
+            # space answers a larger round with more repeats, not with more new samples.
+            rate = valid_so_far / attempts if attempts else 1.0
             wanted = max(4, int((n - len(found)) * 1.2 / max(rate, 0.05)))
             attempts += wanted
             self.draws += wanted
@@ -245,6 +246,7 @@ class TaskSearch:
                 if key not in self.seen and key not in exclude and key not in found:
                     found[key] = Candidate(key, sch)
                     new += 1
+            valid_so_far += valid
             if valid and new < 0.05 * valid and attempts >= n:
                 break  # nearly every valid sample is one seen before: a small space, nearly all known
         if not found and n:
