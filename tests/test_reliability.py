@@ -64,7 +64,12 @@ def test_a_second_tuner_on_the_same_work_dir_stops_at_once_and_a_killed_holder_l
     assert state.records == done + 8 and state.duplicates == 0
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(
+    "sig, code",
+    # tuner.cli turns SIGTERM into an exception as Python does Ctrl-C, and both stop the same way from
+    # there: Ctrl-C in CI, SIGTERM (11 s) out of it (`pytest -m slow`)
+    [pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow), (signal.SIGINT, 130)],
+)
 def test_sigterm_and_ctrl_c_stop_with_the_work_saved_and_say_how_to_resume(tmp_path, sig, code):
     tuner = start_tuner([*MATMUL, "--trials", "400", "--work-dir", "run"], tmp_path)
     _wait_until(lambda: _records(tmp_path / "run") >= 8, what="measurements")
