@@ -50,7 +50,7 @@ class _Script:
         return parsed
 
 
-S = _Script()
+_script = _Script()
 
 
 def intrinsic_name(
@@ -184,7 +184,7 @@ def _intrinsic(rows: int, vectors: int, pairs: int, unit: str, zero: bool):
         else _micro_kernel_ir(kernel, rows, vectors)
     )
 
-    @S.prim_func(s_tir=True)
+    @_script.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
         lda, ldb, ldc = T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (rows, pairs * PAIR), "bfloat16", strides=[lda, 1], offset_factor=1)
@@ -203,7 +203,7 @@ def _intrinsic(rows: int, vectors: int, pairs: int, unit: str, zero: bool):
                     )
 
     # a one-row tile: the schedule's block has no row axis left to match
-    @S.prim_func(s_tir=True)
+    @_script.prim_func(s_tir=True)
     def one_row_description(a: T.handle, b: T.handle, c: T.handle) -> None:
         lda, ldb, ldc = T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (1, pairs * PAIR), "bfloat16", strides=[lda, 1], offset_factor=1)
@@ -220,7 +220,7 @@ def _intrinsic(rows: int, vectors: int, pairs: int, unit: str, zero: bool):
                         B[vn // LANES, vk // PAIR, vn % LANES, vk % PAIR], "float32"
                     )
 
-    @S.prim_func(s_tir=True)
+    @_script.prim_func(s_tir=True)
     def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
         lda, ldb, ldc = T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (rows, pairs * PAIR), "bfloat16", strides=[lda, 1], offset_factor=1)
@@ -258,7 +258,7 @@ def _window_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero:
     kernel = intrinsic_name(rows, vectors, pairs, AMX, window, zero).replace("tensor_tuner_", "tensor_tuner_kernel_")
     ir_text = amx_micro_kernel_ir(kernel, rows, vectors, pairs, window, zero)
 
-    @S.prim_func(s_tir=True)
+    @_script.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
         lda, ldb, ldc, sbh, sbw = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (span, reduction), "bfloat16", strides=[lda, 1], offset_factor=1)
@@ -282,7 +282,7 @@ def _window_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero:
                         B[vy, vx, vn // LANES, vk // PAIR, vn % LANES, vk % PAIR], "float32"
                     )
 
-    @S.prim_func(s_tir=True)
+    @_script.prim_func(s_tir=True)
     def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
         lda, ldb, ldc, sbh, sbw = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (span, reduction), "bfloat16", strides=[lda, 1], offset_factor=1)
@@ -331,7 +331,7 @@ def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero
         else _micro_kernel_ir(kernel, rows, vectors, window=window)
     )
 
-    @S.prim_func(s_tir=True)
+    @_script.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
         ldb, ldc, sbh, sbw = T.int32(), T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (span,), "bfloat16", offset_factor=1)
@@ -350,7 +350,7 @@ def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero
                         B[vy, 0, vn // LANES, vk // PAIR, vn % LANES, vk % PAIR], "float32"
                     )
 
-    @S.prim_func(s_tir=True)
+    @_script.prim_func(s_tir=True)
     def implementation(a: T.handle, b: T.handle, c: T.handle) -> None:
         ldb, ldc, sbh, sbw = T.int32(), T.int32(), T.int32(), T.int32()
         A = T.match_buffer(a, (span,), "bfloat16", offset_factor=1)

@@ -293,7 +293,7 @@ class _SmallNet(torch.nn.Module):
 
 
 @needs_bf16
-def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch(tmp_path, capfd) -> None:
+def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch(tmp_path) -> None:
     torch.manual_seed(0)
     model, x = _SmallNet().eval(), torch.randn(1, 3, 13, 13)  # 13 columns: computed over 14
     result = tuner.tune(
@@ -310,9 +310,20 @@ def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch
     got = result.run(x.numpy())
     got = got[0] if isinstance(got, list | tuple) else got
     assert np.max(np.abs(np.asarray(got) - expected)) <= 3e-2 * np.max(np.abs(expected))
-    # applied as the work dir was tuned (bf16), with bf16's tolerance, though the call names no dtype
+
+
+@needs_bf16
+@pytest.mark.slow  # 20 s more than the tuning above, which stays in CI: out of it (`pytest -m slow`)
+def test_a_bf16_work_dir_is_applied_in_bf16_though_the_call_names_no_dtype(tmp_path, capfd) -> None:
     from tuner.apply import apply
 
+    torch.manual_seed(0)
+    model, x = _SmallNet().eval(), torch.randn(1, 3, 13, 13)
+    tuner.tune(model, example_inputs=[x], target="llvm", dtype="bfloat16", trials_per_task=1, work_dir=tmp_path / "wd")
+    with torch.no_grad():
+        expected = model(x).numpy()
+    capfd.readouterr()
+    # applied as the work dir was tuned (bf16), with bf16's tolerance
     apply(tmp_path / "wd", model, tmp_path / "applied.so", example_inputs=[x])
     said = capfd.readouterr().err
     assert "matches TVM's default schedules" in said and "against PyTorch in fp32" in said, said

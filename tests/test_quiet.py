@@ -87,7 +87,7 @@ class _TwoDense(torch.nn.Module):
 def test_a_kernel_starts_from_its_siblings_schedules(tmp_path, capfd):
     torch.manual_seed(0)
     result = tune(
-        _TwoDense().eval(), example_inputs=[torch.randn(16, 64)], trials_per_task=8, batch_size=4, work_dir=tmp_path
+        _TwoDense().eval(), example_inputs=[torch.randn(16, 64)], trials_per_task=4, batch_size=4, work_dir=tmp_path
     )
     err = capfd.readouterr().err
     assert result.check.ok
