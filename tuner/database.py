@@ -11,6 +11,7 @@ import json
 import sqlite3
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,12 +239,13 @@ class TuningDatabase:
         )
         return cursor.lastrowid
 
-    def add_samples(self, record_id: int, samples: list[float]) -> None:
-        """Attach a re-measurement: the latency becomes the median of the new samples, all are kept."""
+    def add_samples(self, record_id: int, samples: list[float], discarded: Sequence[float] = ()) -> None:
+        """Attach a re-measurement: the latency becomes the median of the new ``samples``; they are kept, with
+        ``discarded`` (a re-timing set aside as interference), after the earlier ones."""
         (old,) = self._conn.execute("SELECT samples FROM records WHERE id=?", (record_id,)).fetchone()
         self._conn.execute(
             "UPDATE records SET samples=?, latency=? WHERE id=?",
-            (json.dumps(json.loads(old) + samples), statistics.median(samples), record_id),
+            (json.dumps(json.loads(old) + samples + list(discarded)), statistics.median(samples), record_id),
         )
 
     def set_verified(self, record_id: int, ok: bool, detail: str | None = None) -> None:

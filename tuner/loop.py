@@ -33,6 +33,7 @@ from .objectives import Objectives, Spending, check_measurable, met
 from .opclass import OperatorClass, kernel_class
 from .parallel import parallel_map
 from .progress import Progress
+from .retiming import retime
 from .scheduler import TaskProgress, make_scheduler, task_kind
 from .search import Candidate, SearchConfig, TaskSearch
 from .siblings import SIBLING_MAX_SEEDS, sibling_traces
@@ -147,15 +148,8 @@ class TuningLoop:
             search = TaskSearch(
                 task.mod, target, seed + index, cost_model, features, group=str(kernel_id), config=self.config.search
             )
-            self.runs.append(
-                TaskRun(
-                    task,
-                    kernel_id,
-                    search,
-                    TaskProgress(task.weight, task.flops, task_kind(task.name)),
-                    kernel_class(task.mod, task.name),
-                )
-            )
+            progress = TaskProgress(task.weight, task.flops, task_kind(task.name))
+            self.runs.append(TaskRun(task, kernel_id, search, progress, kernel_class(task.mod, task.name)))
             if search.unsearchable:
                 self.runs[-1].progress.exhausted = True
                 self.progress.line(f"{task.name}: left at TVM's default schedule: {search.unsearchable}")
@@ -412,9 +406,9 @@ class TuningLoop:
             schedules = {r.candidate: msc.schedule_from_json(run.task.mod, r.trace) for r in top}
             records = {r.candidate: r for r in top}
             inputs = [MeasureInput(key, sch.mod) for key, sch in schedules.items()]
-            for result in self.engine.measure(inputs, timing=self.config.final_timing, serial=True, group=run.group):
-                if result.ok:
-                    self.db.add_samples(records[result.key].id, result.samples)
+            tuned = {key: record.latency for key, record in records.items()}
+            for key, timed in retime(self.engine, inputs, tuned, self.config.final_timing, run.group):
+                self.db.add_samples(records[key].id, timed.samples, timed.discarded)
             run.best = self._first_correct(run, schedules)
             run.progress.best = run.best.latency if run.best else None
 
