@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from measure import Engine, MeasureInput, TimingConfig
 
-# a serial re-timing this much slower than the tuning's own samples is timed again; serial timing is the
-# same or faster than timing beside other candidates, so a real candidate is never that far off
+# a serial re-timing this much slower than the tuning's own samples is timed again: timed alone, a candidate
+# runs as fast as or faster than beside others, so its own speed does not put it that far off
 SUSPECT_RATIO = 2.0
 
 
