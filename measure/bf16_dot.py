@@ -26,6 +26,7 @@ from tvm.script import tirx as T
 from tvm.script.parser._core import parse, utils
 
 from .amx_dot import Window, amx_micro_kernel_ir, tap_loop_end, tap_loop_start
+from .intrinsic_cache import cached_intrinsic
 
 LANES = 16  # fp32 accumulators per vector
 PAIR = 2  # bf16 products summed into each
@@ -386,16 +387,19 @@ def register_bf16_tile(
     ``vdpbf16ps`` one whose rows overlap) in this process (idempotent); returns its name."""
     zero = zero and unit == AMX
     name = intrinsic_name(rows, vectors, pairs, unit, window, zero)
+    if window is not None and not window.overlap and unit != AMX:
+        raise ValueError(f"a vdpbf16ps micro-kernel sums a window only over overlapping rows, not {window}")
+
+    def parsed_pair():
+        if window is None:
+            return _intrinsic(rows, vectors, pairs, unit, zero)
+        if window.overlap:
+            return _overlap_intrinsic(rows, vectors, pairs, window, zero, unit)
+        return _window_intrinsic(rows, vectors, pairs, window, zero)
+
     with _lock:
         if TensorIntrin.get(name, allow_missing=True) is None:
-            if window is None:
-                TensorIntrin.register(name, *_intrinsic(rows, vectors, pairs, unit, zero))
-            elif window.overlap:
-                TensorIntrin.register(name, *_overlap_intrinsic(rows, vectors, pairs, window, zero, unit))
-            elif unit == AMX:
-                TensorIntrin.register(name, *_window_intrinsic(rows, vectors, pairs, window, zero))
-            else:
-                raise ValueError(f"a vdpbf16ps micro-kernel sums a window only over overlapping rows, not {window}")
+            TensorIntrin.register(name, *cached_intrinsic(name, parsed_pair))
     return name
 
 
