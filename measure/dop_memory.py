@@ -14,18 +14,16 @@ entry, to make the controller forget.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import platform
-import tempfile
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from .dop import DopController, DopDecision, DopState
-from .host import CACHE_DIR_ENV, cpu_model, user_cache_dir
+from .host import CACHE_DIR_ENV, cpu_model, user_cache_dir, write_atomically
 
 __all__ = ["CACHE_DIR_ENV", "DopMemory", "RememberedDop", "machine_key", "user_cache_dir"]
 
@@ -102,7 +100,7 @@ class DopMemory:
             entries = {}
         entries[self.key] = {**asdict(state), "updated": datetime.now(UTC).isoformat(timespec="seconds")}
         try:
-            _write_atomically(
+            write_atomically(
                 self.path, json.dumps({"format": _FORMAT, "machines": entries}, indent=1, sort_keys=True) + "\n"
             )
         except OSError as err:
@@ -152,16 +150,3 @@ def _parse(entry: object) -> RememberedDop:
         count("dop", 1), count("loss_dop", 1, optional=True), count("cooldown", 0), count("loss_streak", 0)
     )
     return RememberedDop(state, updated)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(text)
-        os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
-        raise

@@ -3,8 +3,10 @@ where tensor-tuner keeps its per-user cache."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import tempfile
 from pathlib import Path
 
 
@@ -62,3 +64,18 @@ def user_cache_dir() -> Path:
     """Where tensor-tuner keeps what outlives a run: ``$TENSOR_TUNER_CACHE_DIR`` or ``~/.cache/tensor-tuner``."""
     override = os.environ.get(CACHE_DIR_ENV)
     return Path(override).expanduser() if override else Path.home() / ".cache" / "tensor-tuner"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a partial file renamed into place): readers in other
+    processes never see half of it. Raises OSError, with no partial file left behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise

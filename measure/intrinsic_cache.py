@@ -12,15 +12,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import tvm
 
-from .host import user_cache_dir
+from .host import user_cache_dir, write_atomically
 
 _WRITERS = ("bf16_dot.py", "amx_dot.py")  # the modules whose source decides what an intrinsic's name stands for
 
@@ -53,11 +51,7 @@ def cached_intrinsic(name: str, parse: Callable[[], Pair]) -> Pair:
     try:
         if not path.parent.is_dir():
             _forget_other_versions(path.parent)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # written whole under another name, then renamed: build workers may write the same entry at once
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as out:
-            out.write(text)
-        os.replace(out.name, path)
+        write_atomically(path, text)  # build workers may write the same entry at once
     except OSError:
         pass  # a read-only or full cache costs the next process a parse, nothing more
     return description, implementation
