@@ -245,9 +245,10 @@ def test_a_linear_layer_over_197_tokens_is_computed_over_198_and_sliced_back() -
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3)
 
 
-def test_the_work_after_a_slice_of_padded_rows_and_outputs_is_one_pass_over_the_output() -> None:
+def test_the_work_after_a_slice_of_padded_rows_and_outputs_is_done_tile_by_tile_in_the_products_loop() -> None:
     # 13 tokens computed over 14 rows and 40 outputs over 48: the copy dropping the rows, the slice dropping
-    # the outputs, the bias and the activation after them were each a parallel pass of their own
+    # the outputs, the bias and the activation after them were each a parallel pass of their own, then one
+    # pass reading the whole fp32 product back
     from tuner.bf16_rule import _tile
     from tuner.targets import resolve_target
 
@@ -265,8 +266,9 @@ def test_the_work_after_a_slice_of_padded_rows_and_outputs_is_one_pass_over_the_
     relu = te.compute((tokens, n), lambda i, j: te.max(biased[i, j], tvm.tirx.const(0, "float32")), name="relu")
     sch = tvm.s_tir.Schedule(te_module([data_t, packed_t, bias_t, relu]), seed=1)
     _tile(sch, sch.get_sblock("bf16_dense"), 7, 1)
-    after = re.findall(r'T.sblock\("(\w+)"\)', sch.mod.script().split("bf16_dense_global")[-1])
-    assert len(after) == 1, after
+    text = sch.mod.script()
+    after = re.findall(r'T.sblock\("(\w+)"\)', text.split("bf16_dense_update")[-1])
+    assert len(after) == 1 and text.count("T.parallel(") == 2, text  # the rows' pad, the product and its epilogue
     got = run_built(tvm.compile(sch.mod, target=resolve_target("llvm")), [data, packed, bias], (tokens, n))
     expected = np.maximum(data.astype(np.float32) @ weight.astype(np.float32) + bias, 0)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
