@@ -69,6 +69,9 @@ def test_a_convolution_over_the_image_rows_end_to_end_is_the_convolution(size, k
     sch = tvm.s_tir.Schedule(te_module([image_t, kernel_t, conv]), seed=1)
     _tile(sch, sch.get_sblock("bf16_conv2d"), *shapes[0], AMX)
     assert ('"bf16_rows"' in sch.mod.script()) == (size != 8)
+    # the gather back to the image done tile by tile, in the product's loop, where the GEMM's rows are the
+    # image's positions one to one (1x1); a pass of its own where columns between image rows are dropped
+    assert sch.mod.script().count("T.parallel(") == (3 if kernel == 3 else 2)  # with the copy that pads
     # a stride-1 window: each micro-kernel call sums over all its taps
     assert (f"_w{kernel}x{kernel}c" in sch.mod.script()) == (stride == 1 and kernel > 1)
     got = run_built(built, [image, packed], tuple(int(d) for d in conv.shape))
