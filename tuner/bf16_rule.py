@@ -86,7 +86,7 @@ def padded_rows(rows: int, channel_blocks: int, unit: str = AVX512) -> int:
 
 
 def _shape(sch: Schedule, block: SBlockRV) -> list[int]:
-    return [int(d) for d in sch.get(block).writes[0].source.shape]
+    return [int(d) for d in _written(sch, block).shape]
 
 
 def _size(sch: Schedule, block: SBlockRV) -> int:
@@ -300,8 +300,11 @@ def _index_reader_by_product(sch: Schedule, writeback: SBlockRV) -> None:
     a flattening (a 1x1 convolution over a flat GEMM: image position (y, x) at row y * W + x), so that it
     reads the product at its own positions and can be computed tile by tile (``_slice_per_tile``)."""
     readers = sch.get_consumers(writeback)
-    positions = _read_positions(sch, readers[0], _written(sch, writeback)) if len(readers) == 1 else None
-    if positions is None or _reads_in_place(sch, readers[0], _written(sch, writeback)):
+    if len(readers) != 1:
+        return
+    product = _written(sch, writeback)
+    positions = _read_positions(sch, readers[0], product)
+    if positions is None or _reads_in_place(sch, readers[0], product):
         return
     own = [iter_var.var for iter_var in sch.get(readers[0]).iter_vars]
     try:
