@@ -111,6 +111,24 @@ def test_only_expansions_larger_than_a_cores_cache_are_fused(llvm_target):
     assert _fused_tasks(large, llvm_target, off) == []
 
 
-def test_a_work_dir_tuned_before_the_fusion_existed_is_applied_without_it():
-    before = {k: v for k, v in LoweringOptions().as_dict().items() if k != "fuse_expand_depthwise"}
-    assert LoweringOptions.from_record(before).fuse_expand_depthwise is False
+@pytest.mark.parametrize(("stride", "seed"), [(1, 3), (2, 5)])
+def test_in_bf16_a_fused_block_writes_bf16_for_its_projection(stride, seed, llvm_target, fuse_small_blocks):
+    """In a bf16 model the block stays one float32 kernel whose output is bf16, read as it is by the
+    projection (a bf16 product): no kernel of its own casts it between them. With the option off, the
+    block is two bf16 products and a depthwise kernel, as before."""
+    block, workload, lowered = _block(stride, 20, llvm_target, LoweringOptions(bfloat16=True))
+    tasks = extract_tasks(workload, llvm_target, lowered)
+    (task,) = [t for t in tasks if t.name.startswith("expand_depthwise")]
+    assert str(task.mod["main"].params[-1].dtype) == "bfloat16"
+    assert not [t.name for t in tasks if t.name.startswith("cast")]
+    x = np.random.default_rng(stride).standard_normal((1, 8, 20, 20)).astype("float32")
+    database = _with_sampled_schedule(task, llvm_target, seed)
+    assert error_against_torch(block, lowered, llvm_target, x, database) < 2e-2
+    off = lower_workload(workload, llvm_target, LoweringOptions(bfloat16=True, bf16_fuse_expand_depthwise=False))
+    assert _fused_tasks(workload, llvm_target, off) == []
+
+
+@pytest.mark.parametrize("option", ["fuse_expand_depthwise", "bf16_fuse_expand_depthwise"])
+def test_a_work_dir_tuned_before_the_fusion_existed_is_applied_without_it(option):
+    before = {k: v for k, v in LoweringOptions().as_dict().items() if k != option}
+    assert getattr(LoweringOptions.from_record(before), option) is False

@@ -97,6 +97,8 @@ class LoweringOptions:
     pad_product_rows: bool = True
     # channels-last through image resizes and sequences reshaped into images (SegFormer's head), with channels_last
     channels_last_resizes: bool = True
+    # in bf16, the fused inverted residual (fuse_expand_depthwise) kept, in fp32: its products are too short for bf16's
+    bf16_fuse_expand_depthwise: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -125,6 +127,7 @@ _PREDATING_RECORDS = {
     "bf16_image_windows_avx512": False,
     "pad_product_rows": False,
     "channels_last_resizes": False,
+    "bf16_fuse_expand_depthwise": False,
 }
 
 
@@ -141,11 +144,12 @@ def _bf16_products(options: LoweringOptions, unit: str | None) -> Bfloat16Produc
 
 
 def _in_fp32_only(options: LoweringOptions) -> LoweringOptions:
-    """In bf16, the rewrites that turn products into other float32 kernels (Winograd's, Strassen's, the
-    fused inverted residual) are left out, so that those products are bf16 ones."""
+    """In bf16, the rewrites that turn products into other float32 kernels (Winograd's, Strassen's) are left
+    out, so that those products are bf16 ones; the fused inverted residual only with its own option."""
     if not options.bfloat16:
         return options
-    return replace(options, winograd=False, fuse_expand_depthwise=False, strassen=False)
+    fused = options.fuse_expand_depthwise if options.bf16_fuse_expand_depthwise else False
+    return replace(options, winograd=False, fuse_expand_depthwise=fused, strassen=False)
 
 
 def inference_passes(options: LoweringOptions, target: tvm.target.Target | None = None) -> list[tvm.transform.Pass]:
@@ -172,7 +176,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         if _on_cpus_by_default(options.fuse_expand_depthwise, target):
             passes += [
                 relax.transform.FoldConstant(),  # the weights in HWIO
-                FuseExpandDepthwise(),
+                FuseExpandDepthwise("bfloat16" if options.bfloat16 else "float32"),
                 relax.transform.DeadCodeElimination(["main"]),
             ]
     # both take the weights, transposed, as constants

@@ -88,9 +88,11 @@ class _Bfloat16Products(PyExprMutator):
         """``expr`` in bf16: as it is where it is bf16 already (patches), else cast (once per activation)."""
         if is_bf16(expr):
             return expr
-        narrowed = next((self.rounded[var] for var, wide in self.widened.items() if wide.same_as(expr)), None)
-        if narrowed is not None:  # the fp32 copy of an activation another product read first: its bf16 original
-            return narrowed
+        widening = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
+        # an activation widened from bf16 (one another product read first, a fused inverted residual's output):
+        # its bf16 original
+        if isinstance(widening, Call) and op_name(widening) == "relax.astype" and is_bf16(widening.args[0]):
+            return widening.args[0]
         if isinstance(expr, relax.Var) and self.unit is not None:
             if expr not in self.rounded:
                 self.rounded[expr] = self.builder_.emit(relax.op.astype(expr, BF16))

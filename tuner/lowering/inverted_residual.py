@@ -10,6 +10,10 @@ activation band by band, each band with the rows its depthwise window needs.
 
 The kernel computes the expansion over the padded image, reading clamped input indices, and zeroes
 the padding after the activation: the padding then costs no condition in the expansion's inner loop.
+
+In a bf16 model the block stays a float32 kernel (its expansions reduce over 16-24 channels, less than
+one step of AMX's micro-kernel) but writes its output in bf16 for the projection after it, a bf16
+product: as two kernels, that output's cast to bf16 would be a pass of its own.
 """
 
 from __future__ import annotations
@@ -79,8 +83,9 @@ def expand_depthwise(
     depthwise_activation: Activation,
     stride: int,
     padding: tuple[int, int, int, int],
+    out_dtype: str = "float32",
 ) -> te.Tensor:
-    """NHWC ``act(depthwise(pad(act(data @ expand_weight + expand_bias))) + depthwise_bias)``."""
+    """NHWC ``act(depthwise(pad(act(data @ expand_weight + expand_bias))) + depthwise_bias)`` in ``out_dtype``."""
     batch, height, width, in_channels = (int(d) for d in data.shape)
     kernel_h, kernel_w, channels = (int(d) for d in depthwise_weight.shape)
     top, left, bottom, right = padding
@@ -126,7 +131,9 @@ def expand_depthwise(
     )
     return te.compute(
         (batch, out_h, out_w, channels),
-        lambda n, h, w, c: _activate(filtered[n, h, w, c] + depthwise_bias[c], depthwise_activation),
+        lambda n, h, w, c: _activate(filtered[n, h, w, c] + depthwise_bias[c], depthwise_activation).astype(
+            out_dtype
+        ),
         name="depthwise_epilogue",
         attrs=ours,
     )
@@ -206,9 +213,10 @@ def _continues(value: Expr, user: Expr | None) -> bool:
 
 @expr_functor.mutator
 class _FuseExpandDepthwise(PyExprMutator):
-    def __init__(self, mod: IRModule) -> None:
+    def __init__(self, mod: IRModule, out_dtype: str) -> None:
         super().__init__(mod)
         self.dataflow = Dataflow.of(mod)
+        self.out_dtype = out_dtype
 
     def _producer(self, expr: Expr) -> Expr | None:
         """The call that computes ``expr``, where ``expr`` is a variable used only once."""
@@ -271,7 +279,7 @@ class _FuseExpandDepthwise(PyExprMutator):
         block = self.match(call) if ends_block and isinstance(call, Call) else None
         if block is None:
             return call
-        return self.builder_.call_te(
+        fused = self.builder_.call_te(
             expand_depthwise,
             block.data,
             relax.const(block.expand_weight),
@@ -282,16 +290,25 @@ class _FuseExpandDepthwise(PyExprMutator):
             block.depthwise_activation,
             block.stride,
             block.padding,
+            self.out_dtype,
             primfunc_name_hint="expand_depthwise",
             primfunc_attrs={"op_pattern": OPAQUE_PATTERN},
         )
+        if self.out_dtype == "float32":
+            return fused
+        # for the block's other readers; a bf16 product reads the kernel's output itself (``bf16``)
+        return relax.op.astype(self.builder_.emit(fused), "float32")
 
 
 @tvm.transform.module_pass(opt_level=0, name="FuseExpandDepthwise")
 class FuseExpandDepthwise:
     """Each NHWC 1x1 expanding convolution followed by a depthwise convolution (biases and clip/ReLU
     activations between and after them allowed), whose intermediate results have no other use, as one
-    ``expand_depthwise`` kernel."""
+    ``expand_depthwise`` kernel, which writes ``out_dtype`` (widened to float32 after it where that is
+    not float32)."""
+
+    def __init__(self, out_dtype: str = "float32") -> None:
+        self.out_dtype = out_dtype
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
-        return rewrite_functions(_FuseExpandDepthwise(mod), mod)
+        return rewrite_functions(_FuseExpandDepthwise(mod, self.out_dtype), mod)
