@@ -131,9 +131,7 @@ def expand_depthwise(
     )
     return te.compute(
         (batch, out_h, out_w, channels),
-        lambda n, h, w, c: _activate(filtered[n, h, w, c] + depthwise_bias[c], depthwise_activation).astype(
-            out_dtype
-        ),
+        lambda n, h, w, c: _activate(filtered[n, h, w, c] + depthwise_bias[c], depthwise_activation).astype(out_dtype),
         name="depthwise_epilogue",
         attrs=ours,
     )
