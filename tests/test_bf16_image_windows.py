@@ -17,9 +17,11 @@ from tvm import relax, te
 
 from measure.bf16_dot import AMX, AVX512, register_if_ours
 from tuner.bf16_rule import _tile, padded_rows, tile_shapes
+from tuner.copy_rule import schedule_bf16_copy
 from tuner.lowering.bf16 import Bfloat16Products
 from tuner.lowering.bf16_flat import (
     bf16_conv2d_image_windows,
+    bf16_padded_image,
     image_windows_extent,
     pack_window_rows_weight,
     window_run,
@@ -96,6 +98,32 @@ def test_a_window_row_longer_than_an_amx_step_keeps_its_patches() -> None:
     image = np.zeros((1, 3, 32, 32), np.float32)
     lowered = Bfloat16Products(AMX)(_first_convolution(image, np.ones((11, 11, 3, 16), np.float32), 4, 2))
     assert "bf16_patches" in lowered.script()
+
+
+@pytest.mark.parametrize(
+    ("padding", "extent"), [((1, 1, 1, 1), (12, 20)), ((3, 3, 3, 3), (16, 18)), ((0, 0, 1, 1), (11, 11))]
+)
+def test_the_padded_image_copies_the_image_s_own_pixels_apart_from_its_padding(padding, extent) -> None:
+    """``tuner.copy_rule`` cuts each row's pixels at the image's edges, so that the image's own convert without
+    a test per value; the copy is the image transposed, cast and zero-padded, and the schedule replays from
+    its trace as a database stores it."""
+    data = te.placeholder((1, 3, 10, 10), "float32", name="data")
+    module = te_module([data, bf16_padded_image(data, padding, extent)])
+    sch = tvm.s_tir.Schedule(module)
+    (scheduled,) = schedule_bf16_copy(sch, sch.get_sblock("bf16_padded_image"))
+    parts = [p for p in (padding[1], 10, extent[1] - padding[1] - 10) if p > 0]
+    assert scheduled.mod.script().count("for pixel") == len(parts)
+    replayed = tvm.s_tir.Schedule(module)
+    tvm.s_tir.schedule.Trace.apply_json_to_schedule(scheduled.trace.as_json(), replayed)
+    tvm.ir.assert_structural_equal(replayed.mod, scheduled.mod)
+
+    image = np.random.default_rng(0).standard_normal((1, 3, 10, 10)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((1, *extent, 3), ml_dtypes.bfloat16))
+    tvm.compile(scheduled.mod, target="llvm")["main"](tvm.runtime.tensor(image), out)
+    top, left = padding[:2]
+    expected = np.zeros((1, *extent, 3), np.float32)
+    expected[0, top : top + 10, left : left + 10] = image[0].transpose(1, 2, 0).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(out.numpy().astype(np.float32), expected)
 
 
 @needs_bf16

@@ -33,7 +33,7 @@ from measure.amx_dot import STEP_VALUES
 from measure.bf16_dot import AMX, LANES, PAIR
 
 from ..bf16_rule import OVERLAP_ANNOTATION, WINDOW_ANNOTATION, padded_rows, tile_efficiency
-from ..copy_rule import BF16_COPY_RULE
+from ..copy_rule import BF16_COPY_RULE, PADDED_IMAGE
 from .bf16_kernels import BF16, F32, bf16_dense, gemm_attrs, out_extent, pack_conv_weight, pack_dense_weight
 
 MIN_GAIN = 1.1  # what the flat form must win over tiles along one image row to pay for its gather
@@ -216,9 +216,7 @@ def bf16_padded_image(data: te.Tensor, padding: tuple[int, int, int, int], exten
 
     # a fixed design space (parallel rows, the channels' short loop innermost): MetaSchedule's own, one
     # candidate deep, vectorised MobileNetV2's across pixels and channels, a test and a gather per lane (260 us)
-    return te.compute(
-        (batch, *extent, channels), value, name="bf16_padded_image", attrs={"schedule_rule": BF16_COPY_RULE}
-    )
+    return te.compute((batch, *extent, channels), value, name=PADDED_IMAGE, attrs={"schedule_rule": BF16_COPY_RULE})
 
 
 def bf16_padded_patches(
