@@ -112,15 +112,14 @@ def test_only_expansions_larger_than_a_cores_cache_are_fused(llvm_target):
 
 
 @pytest.mark.parametrize(("stride", "seed"), [(1, 3), (2, 5)])
-def test_in_bf16_a_fused_block_reads_and_writes_bf16(stride, seed, llvm_target, fuse_small_blocks):
-    """In a bf16 model the block stays one float32 kernel that reads its input and writes its output in bf16,
-    as the products before and after it (the projection, the previous block's) write and read them: no
-    kernel of its own casts them between. With the option off, the block is two bf16 products and a
-    depthwise kernel, as before."""
+def test_in_bf16_a_fused_block_writes_bf16_for_its_projection(stride, seed, llvm_target, fuse_small_blocks):
+    """In a bf16 model the block stays one float32 kernel whose output is bf16, read as it is by the
+    projection (a bf16 product): no kernel of its own casts it between them. With the option off, the
+    block is two bf16 products and a depthwise kernel, as before."""
     block, workload, lowered = _block(stride, 20, llvm_target, LoweringOptions(bfloat16=True))
     tasks = extract_tasks(workload, llvm_target, lowered)
     (task,) = [t for t in tasks if t.name.startswith("expand_depthwise")]
-    assert [str(p.dtype) for p in (task.mod["main"].params[0], task.mod["main"].params[-1])] == ["bfloat16"] * 2
+    assert str(task.mod["main"].params[-1].dtype) == "bfloat16"
     assert not [t.name for t in tasks if t.name.startswith("cast")]
     x = np.random.default_rng(stride).standard_normal((1, 8, 20, 20)).astype("float32")
     database = _with_sampled_schedule(task, llvm_target, seed)

@@ -115,10 +115,6 @@ class _Bfloat16Products(PyExprMutator):
         if self.rounded and any(isinstance(arg, relax.Var) and arg in self.rounded for arg in call.args):
             call = Call(call.op, [self._from_bf16(arg) for arg in call.args], call.attrs, call.ty_args)
         name = op_name(call)
-        if name == "relax.astype" and str(call.attrs.dtype) == BF16 and is_fp32(call.args[0]):
-            # a kernel of another pass reading an activation in bf16 (a fused inverted residual's): that
-            # activation's one cast, as for a product
-            return self._cast(call.args[0])
         if name not in ("relax.matmul", "relax.nn.conv2d") or not is_fp32(call.args[0]):
             return call
         if isinstance(call.args[0], Constant):  # a sum as a product (``channel_norms``): kept in fp32

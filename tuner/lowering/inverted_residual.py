@@ -12,9 +12,8 @@ The kernel computes the expansion over the padded image, reading clamped input i
 the padding after the activation: the padding then costs no condition in the expansion's inner loop.
 
 In a bf16 model the block stays a float32 kernel (its expansions reduce over 16-24 channels, less than
-one step of AMX's micro-kernel) but reads its input and writes its output in bf16, as the products
-before and after it do: its output's cast to bf16 would otherwise be a pass of its own, and its
-input would travel in fp32.
+one step of AMX's micro-kernel) but writes its output in bf16 for the projection after it, a bf16
+product: as two kernels, that output's cast to bf16 would be a pass of its own.
 """
 
 from __future__ import annotations
@@ -101,7 +100,7 @@ def expand_depthwise(
         (batch, padded_h, padded_w, in_channels),
         lambda n, h, w, k: data[
             n, tirx.max(tirx.min(h - top, height - 1), 0), tirx.max(tirx.min(w - left, width - 1), 0), k
-        ].astype("float32"),
+        ],
         name="data_clamped",
         attrs=ours,
     )
@@ -278,10 +277,9 @@ class _FuseExpandDepthwise(PyExprMutator):
         block = self.match(call) if ends_block and isinstance(call, Call) else None
         if block is None:
             return call
-        bf16 = self.out_dtype != "float32"
         fused = self.builder_.call_te(
             expand_depthwise,
-            self.builder_.emit(relax.op.astype(block.data, self.out_dtype)) if bf16 else block.data,
+            block.data,
             relax.const(block.expand_weight),
             relax.const(block.expand_bias),
             relax.const(block.depthwise_weight),
@@ -294,7 +292,7 @@ class _FuseExpandDepthwise(PyExprMutator):
             primfunc_name_hint="expand_depthwise",
             primfunc_attrs={"op_pattern": OPAQUE_PATTERN},
         )
-        if not bf16:
+        if self.out_dtype == "float32":
             return fused
         # for the block's other readers; a bf16 product reads the kernel's output itself (``bf16``)
         return relax.op.astype(self.builder_.emit(fused), "float32")
@@ -304,8 +302,8 @@ class _FuseExpandDepthwise(PyExprMutator):
 class FuseExpandDepthwise:
     """Each NHWC 1x1 expanding convolution followed by a depthwise convolution (biases and clip/ReLU
     activations between and after them allowed), whose intermediate results have no other use, as one
-    ``expand_depthwise`` kernel, which reads and writes ``out_dtype`` (its output widened to float32 after
-    it where that is not float32)."""
+    ``expand_depthwise`` kernel, which writes ``out_dtype`` (widened to float32 after it where that is
+    not float32)."""
 
     def __init__(self, out_dtype: str = "float32") -> None:
         self.out_dtype = out_dtype
