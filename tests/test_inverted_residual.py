@@ -56,8 +56,12 @@ def _block(stride: int, side: int, llvm_target, options=None):
     return block, workload, lower_workload(workload, llvm_target, options)
 
 
+def _fused(tasks):
+    return [t for t in tasks if t.name.startswith("expand_depthwise")]
+
+
 def _fused_tasks(workload, target, lowered):
-    return [t for t in extract_tasks(workload, target, lowered) if t.name.startswith("expand_depthwise")]
+    return _fused(extract_tasks(workload, target, lowered))
 
 
 @pytest.fixture
@@ -78,6 +82,12 @@ def _with_sampled_schedule(task, target, seed: int) -> ms.database.MemoryDatabas
     return database
 
 
+def _error_with_sampled_schedule(block, lowered, task, target, stride: int, seed: int) -> float:
+    """The lowered block's error against PyTorch, its fused kernel built with a schedule drawn by ``seed``."""
+    x = np.random.default_rng(stride).standard_normal((1, 8, 20, 20)).astype("float32")
+    return error_against_torch(block, lowered, target, x, _with_sampled_schedule(task, target, seed))
+
+
 @pytest.mark.parametrize(("stride", "seed"), [(1, 3), (2, 5)])
 def test_a_fused_block_computes_what_pytorch_computes(stride, seed, llvm_target, fuse_small_blocks):
     """One fused kernel per block (the projection stays a kernel of its own), built with a schedule from
@@ -85,9 +95,7 @@ def test_a_fused_block_computes_what_pytorch_computes(stride, seed, llvm_target,
     rewritten layout must all come out right."""
     block, workload, lowered = _block(stride, 20, llvm_target)
     (task,) = _fused_tasks(workload, llvm_target, lowered)
-    x = np.random.default_rng(stride).standard_normal((1, 8, 20, 20)).astype("float32")
-    database = _with_sampled_schedule(task, llvm_target, seed)
-    assert error_against_torch(block, lowered, llvm_target, x, database) < 1e-5
+    assert _error_with_sampled_schedule(block, lowered, task, llvm_target, stride, seed) < 1e-5
 
 
 def test_the_design_space_replays_whatever_tiles_are_drawn(llvm_target, fuse_small_blocks):
@@ -118,12 +126,10 @@ def test_in_bf16_a_fused_block_writes_bf16_for_its_projection(stride, seed, llvm
     block is two bf16 products and a depthwise kernel, as before."""
     block, workload, lowered = _block(stride, 20, llvm_target, LoweringOptions(bfloat16=True))
     tasks = extract_tasks(workload, llvm_target, lowered)
-    (task,) = [t for t in tasks if t.name.startswith("expand_depthwise")]
+    (task,) = _fused(tasks)
     assert str(task.mod["main"].params[-1].dtype) == "bfloat16"
     assert not [t.name for t in tasks if t.name.startswith("cast")]
-    x = np.random.default_rng(stride).standard_normal((1, 8, 20, 20)).astype("float32")
-    database = _with_sampled_schedule(task, llvm_target, seed)
-    assert error_against_torch(block, lowered, llvm_target, x, database) < 2e-2
+    assert _error_with_sampled_schedule(block, lowered, task, llvm_target, stride, seed) < 2e-2
     off = lower_workload(workload, llvm_target, LoweringOptions(bfloat16=True, bf16_fuse_expand_depthwise=False))
     assert _fused_tasks(workload, llvm_target, off) == []
 
