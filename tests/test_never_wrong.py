@@ -227,6 +227,20 @@ def test_a_model_whose_output_ignores_its_input_is_said_to_prove_nothing(tmp_pat
     assert "warning: the check proves nothing" in result.summary()
 
 
+def test_a_nan_in_any_output_makes_the_error_infinite():
+    from tuner.check import relative_error, widened
+
+    expected = [np.ones(3), np.ones(3)]
+    for wrong in (0, 1):
+        outputs = [np.ones(3), np.ones(3)]
+        outputs[wrong] = np.array([1.0, np.nan, 1.0])
+        assert relative_error(outputs, expected) == float("inf")
+    assert relative_error([np.ones(3), np.full(3, 1.5)], expected) == pytest.approx(0.5)
+    signalling_nan = np.array([0x7FA00000], dtype=np.uint32).view(np.float32)  # garbage a wrong kernel can leave
+    with np.errstate(invalid="raise"):
+        assert np.isnan(widened(signalling_nan)).all()
+
+
 def test_tvm_runs_a_second_build_of_a_model_with_the_first_ones_kernels(tmp_path):
     """Why the end-to-end check runs each build in a process of its own (tuner.run_model): loaded
     after the default-schedule build of the same model, a wrong build returns the right outputs.
