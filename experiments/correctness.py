@@ -15,8 +15,10 @@ Each tune() runs, with its comparison, in a fresh process (``common.run_step``),
 own under OUT/runs/ (a rerun resumes it). Compiled outputs are compared with PyTorch on the example
 inputs and on a second random input: error = max|out - ref| / max|ref| per output (the largest over
 outputs and inputs); wrong if above ``--tolerance`` (1e-4, fp32); unchecked (degenerate) if the
-reference is all zeros or constant or does not change with the input. One JSON line per graph or
-model goes to OUT/results.jsonl as soon as it is known; a rerun skips what it already holds.
+reference is all zeros or constant or does not change with the input. In bf16 each record also
+holds PyTorch autocast's own error on the same inputs (``autocast_error``: what bf16 alone does to
+that graph), and the summary says where ours is above it. One JSON line per graph or model goes to
+OUT/results.jsonl as soon as it is known; a rerun skips what it already holds.
 """
 
 from __future__ import annotations
@@ -87,6 +89,15 @@ def _outputs(out: Any) -> list:
     return list(out) if isinstance(out, tuple | list) else [out]
 
 
+def autocast_outputs(module: Any, *input_sets: list) -> list[list]:
+    """PyTorch's own bf16 outputs (``torch.autocast``, in fp32) on each set of inputs: how far bf16
+    alone moves the outputs of this module, beside which a bf16 build's error is read."""
+    import torch
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        return [[o.float() for o in _outputs(module(*inputs))] for inputs in input_sets]
+
+
 def _other_input(x: Any, seed: int) -> Any:
     """A second input like ``x``: new random values (integers within ``x``'s range; a constant
     integer tensor such as an all-ones attention mask stays as it is)."""
@@ -140,6 +151,7 @@ def check_step(
     others = [_other_input(x, 1000 + i) for i, x in enumerate(inputs)]
     with torch.no_grad():
         refs, refs2 = _outputs(module(*inputs)), _outputs(module(*others))
+    autocast = autocast_outputs(module, inputs, others) if dtype == "bfloat16" else None
     try:
         from tuner import tune
 
@@ -178,6 +190,13 @@ def check_step(
         errors2 = [_compare(outs2[i], refs2[i]) for i in group]
         degenerate = [why for i in group if (why := _degenerate(refs[i], refs2[i]))]
         error = max(errors + errors2)
+        if autocast is not None:
+            record = {
+                **record,
+                "autocast_error": max(
+                    _compare(o[i], r[i]) for o, r in zip(autocast, (refs, refs2), strict=True) for i in group
+                ),
+            }
         status = "wrong" if error > tolerance else "unchecked" if degenerate else "match"
         records.append(
             {
@@ -250,6 +269,22 @@ def _final(records: list[dict]) -> list[dict]:
     return list(last.values())
 
 
+def _against_autocast(final: list[dict]) -> list[str]:
+    """In bf16: the largest error beside PyTorch autocast's on the same graphs, and where ours is above."""
+    paired = [r for r in final if r.get("autocast_error") is not None and r.get("error") is not None]
+    if not paired:
+        return []
+    ours, theirs = max(paired, key=lambda r: r["error"]), max(r["autocast_error"] for r in paired)
+    above = sorted(
+        (r["error"] / max(r["autocast_error"], 1e-30), r["name"]) for r in paired if r["error"] > r["autocast_error"]
+    )
+    worst = f", at most {above[-1][0]:.2f}x ({above[-1][1]})" if above else ""
+    return [
+        f"bf16: largest error {ours['error']:.2e} ({ours['name']}); PyTorch autocast's largest {theirs:.2e}; "
+        f"ours above autocast's on {len(above)} of {len(paired)}{worst}"
+    ]
+
+
 def summary(records: list[dict]) -> str:
     final = _final(records)
     graphs = {r["name"] for r in final if r["kind"] == "graphs"}
@@ -259,6 +294,7 @@ def summary(records: list[dict]) -> str:
         f"graphs tried: {len(graphs)}, models tried: {len(models)}, checks (graph or model x seed): {len(final)}",
         ", ".join(f"{s}: {counts[s]}" for s in STATUSES),
     ]
+    lines += _against_autocast(final)
     for r in sorted(final, key=lambda r: (STATUSES.index(r["status"]), r["name"], r["seed"])):
         if r["status"] == "match":
             continue
