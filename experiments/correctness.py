@@ -275,8 +275,12 @@ def _against_autocast(final: list[dict]) -> list[str]:
     if not paired:
         return []
     ours, theirs = max(paired, key=lambda r: r["error"]), max(r["autocast_error"] for r in paired)
+    # below fp32's own rounding a graph has no bf16 operation to compare (autocast leaves pools alone)
+    floor = 1e-6
     above = sorted(
-        (r["error"] / max(r["autocast_error"], 1e-30), r["name"]) for r in paired if r["error"] > r["autocast_error"]
+        (r["error"] / max(r["autocast_error"], floor), r["name"])
+        for r in paired
+        if r["error"] > max(r["autocast_error"], floor)
     )
     worst = f", at most {above[-1][0]:.2f}x ({above[-1][1]})" if above else ""
     return [
