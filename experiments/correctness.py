@@ -17,7 +17,8 @@ inputs and on a second random input: error = max|out - ref| / max|ref| per outpu
 outputs and inputs); wrong if above ``--tolerance`` (1e-4, fp32); unchecked (degenerate) if the
 reference is all zeros or constant or does not change with the input. In bf16 each record also
 holds PyTorch autocast's own error on the same inputs (``autocast_error``: what bf16 alone does to
-that graph), and the summary says where ours is above it. One JSON line per graph or model goes to
+that graph): an error above the tolerance within 1.5x of it is bf16's rounding, a match; the summary
+says where ours is above autocast's. One JSON line per graph or model goes to
 OUT/results.jsonl as soon as it is known; a rerun skips what it already holds.
 """
 
@@ -38,6 +39,9 @@ from measure.error_text import error_line  # noqa: E402
 
 TOLERANCE = 1e-4
 BF16_TOLERANCE = 3e-2  # the tuner's own end-to-end tolerance in bf16: its inputs are rounded to 8 bits
+# above the tolerance, an error within this factor of PyTorch autocast's own is bf16's (the issue's
+# measure against OpenVINO's default): an average over a graph's output cancels to below its terms
+BF16_OWN_FACTOR = 1.5
 
 
 def tolerance_of(args: argparse.Namespace) -> float:
@@ -87,6 +91,15 @@ def _build(job: dict) -> tuple[Any, list, list[str], list[str]]:
 
 def _outputs(out: Any) -> list:
     return list(out) if isinstance(out, tuple | list) else [out]
+
+
+def verdict(error: float, tolerance: float, autocast_error: float | None, degenerate: bool) -> str:
+    """``wrong`` above the tolerance, unless (in bf16) within ``BF16_OWN_FACTOR`` of PyTorch
+    autocast's own error on the same inputs: bf16's rounding, not the build's."""
+    bf16s_own = autocast_error is not None and error <= BF16_OWN_FACTOR * autocast_error
+    if error > tolerance and not bf16s_own:
+        return "wrong"
+    return "unchecked" if degenerate else "match"
 
 
 def autocast_outputs(module: Any, *input_sets: list) -> list[list]:
@@ -191,13 +204,9 @@ def check_step(
         degenerate = [why for i in group if (why := _degenerate(refs[i], refs2[i]))]
         error = max(errors + errors2)
         if autocast is not None:
-            record = {
-                **record,
-                "autocast_error": max(
-                    _compare(o[i], r[i]) for o, r in zip(autocast, (refs, refs2), strict=True) for i in group
-                ),
-            }
-        status = "wrong" if error > tolerance else "unchecked" if degenerate else "match"
+            pairs = zip(autocast, (refs, refs2), strict=True)
+            record = {**record, "autocast_error": max(_compare(o[i], r[i]) for o, r in pairs for i in group)}
+        status = verdict(error, tolerance, record.get("autocast_error"), bool(degenerate))
         records.append(
             {
                 **record,

@@ -57,7 +57,7 @@ def test_the_hugging_face_builders_give_outputs_of_order_one():
 
 
 def test_in_bf16_each_graph_is_read_beside_pytorch_autocasts_own_error():
-    from experiments.correctness import _compare, autocast_outputs, summary
+    from experiments.correctness import _compare, autocast_outputs, summary, verdict
 
     module, inputs = random_graph(7)
     with torch.no_grad():
@@ -75,3 +75,8 @@ def test_in_bf16_each_graph_is_read_beside_pytorch_autocasts_own_error():
         "largest error 4.00e-03 (graph-1); PyTorch autocast's largest 3.00e-03; "
         "ours above autocast's on 1 of 3, at most 2.00x (graph-1)" in summary(records)
     )
+    # graph 117 of the suite: ours 3.4e-2 above the 3e-2 tolerance, PyTorch autocast's own 3.8e-2
+    assert verdict(3.4e-2, 3e-2, 3.8e-2, degenerate=False) == "match"
+    assert verdict(3.4e-2, 3e-2, 1e-2, degenerate=False) == "wrong"  # over 1.5x bf16's own
+    assert verdict(3.4e-2, 3e-2, None, degenerate=False) == "wrong"  # fp32: the tolerance alone
+    assert verdict(1e-2, 3e-2, None, degenerate=True) == "unchecked"
