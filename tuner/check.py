@@ -128,10 +128,15 @@ def as_outputs(value: object) -> list[np.ndarray]:
     return [widened(getattr(v, "numpy", lambda v=v: v)()) for v in items]
 
 
+def largest_value(arrays: list[np.ndarray]) -> float:
+    """The largest magnitude over ``arrays``: the scale an error is relative to."""
+    return max((float(np.max(np.abs(a))) for a in arrays if a.size), default=0.0)
+
+
 def relative_error(outputs: list[np.ndarray], expected: list[np.ndarray]) -> float:
     if len(outputs) != len(expected) or any(o.shape != e.shape for o, e in zip(outputs, expected, strict=True)):
         return float("inf")
-    scale = max((float(np.max(np.abs(e))) for e in expected if e.size), default=0.0)
+    scale = largest_value(expected)
     deviations = [float(np.max(np.abs(o - e))) for o, e in zip(outputs, expected, strict=True) if o.size]
     # each one tested: Python's max() passes over a NaN that is not first
     if not all(np.isfinite(d) for d in deviations):
@@ -177,7 +182,7 @@ class Referee:
 
     @property
     def scale(self) -> float:
-        return max((float(np.max(np.abs(e))) for e in self.expected if e.size), default=0.0)
+        return largest_value(self.expected)
 
     def error(self, outputs: list[np.ndarray]) -> float:
         return relative_error(outputs, self.expected)
