@@ -1,5 +1,7 @@
-"""Features of candidates, the XGBoost model that ranks them, its measured rank quality, and the
-policies that pick which candidates to measure (search's top-k, the Trimmer filter)."""
+"""The cost model: candidates' features, the XGBoost model ranking them, and the Trimmer filter.
+
+Also its measured rank quality and the policies that pick which candidates to measure (search's
+top-k, the Trimmer filter)."""
 
 from .features import CandidateFeatures
 from .model import CostModel

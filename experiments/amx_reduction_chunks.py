@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from bf16_builds import bf16_array, dense_module  # noqa: E402
 
-from measure.bf16_dot import AMX  # noqa: E402
-from measure.host import host_has_amx  # noqa: E402
-from tuner.bf16_rule import _tile  # noqa: E402
-from tuner.lowering.bf16_kernels import pack_dense_weight  # noqa: E402
+from codegen.bf16_dot import AMX  # noqa: E402
+from common.host import host_has_amx  # noqa: E402
+from tuner.lowering.bf16.kernels import pack_dense_weight  # noqa: E402
+from tuner.spaces.bf16_rule import _tile  # noqa: E402
 from tuner.targets import resolve_target  # noqa: E402
 
 SHAPES = [(128, 3072, 768), (128, 768, 3072), (128, 768, 768), (192, 256, 1024), (64, 512, 2048)]

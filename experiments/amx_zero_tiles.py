@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from bf16_builds import bf16_array, dense_module  # noqa: E402
 
-from measure.bf16_dot import AMX  # noqa: E402
-from measure.host import host_has_amx  # noqa: E402
-from tuner.bf16_rule import _tile  # noqa: E402
-from tuner.lowering.bf16_kernels import pack_dense_weight  # noqa: E402
+from codegen.bf16_dot import AMX  # noqa: E402
+from common.host import host_has_amx  # noqa: E402
+from tuner.lowering.bf16.kernels import pack_dense_weight  # noqa: E402
+from tuner.spaces.bf16_rule import _tile  # noqa: E402
 from tuner.targets import resolve_target  # noqa: E402
 
 SHAPES = [(3136, 64, 256), (3136, 256, 64), (768, 128, 512)]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.host import cpu_flags, cpu_model  # noqa: E402
 from experiments.machine_limits import bf16_peak, fma_gflops  # noqa: E402
-from measure.host import cpu_flags, cpu_model  # noqa: E402
 
 
 def _peaks(threads: int) -> dict[str, float | None]:

@@ -32,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.host import cpu_model  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
 from experiments.common import markdown_table, run_step  # noqa: E402
-from measure.host import cpu_model  # noqa: E402
 
 FP32_RUNTIMES = ("PyTorch eager", "torch.compile", "ONNX Runtime", fw.OPENVINO_FP32)
 # A 2-core VM's speed, and which contender it favours, changes with where it places the threads of a
@@ -65,7 +65,7 @@ def compile_step(name: str, work_dir: Path, cutoff: float, artifact: Path, seed:
     measures nothing new and does what the end of a run does (re-measure each kernel's best, verify
     it, compile, check the model end to end)."""
     from tuner import tune
-    from tuner.workdir import DATABASE_FILE
+    from tuner.database.workdir import DATABASE_FILE
 
     cut = artifact.parent / "work"
     shutil.rmtree(cut, ignore_errors=True)
@@ -87,7 +87,7 @@ def compile_step(name: str, work_dir: Path, cutoff: float, artifact: Path, seed:
 def time_step(name: str, artifacts: dict[str, str], threads: int, scratch: Path) -> dict:
     import torch
 
-    from tuner.runtime import ModelDescription
+    from tuner.runtime.compiled_model import ModelDescription
 
     torch.set_num_threads(threads)
     module, inputs = fw.module_and_inputs(name)

@@ -10,7 +10,7 @@
    outlives the tuner, and every measurement committed before the kill is still there at the end.
    At the end of each cycle: exactly N records, none twice, none half written (SQLite's integrity
    check, every row complete), and the result verified.
-3. A run with 20% of candidates failing for real (measure.faults: crashes, hangs, out of memory,
+3. A run with 20% of candidates failing for real (measure.workers.faults: crashes, hangs, out of memory,
    NaN and wrong output, compiler crashes): it completes, every failure is recorded with its
    reason, and the cost in throughput against the reference is printed.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuner.workdir import WorkDir  # noqa: E402
+from tuner.database.workdir import WorkDir  # noqa: E402
 
 TAG_ENV = "TENSOR_TUNER_CHAOS_TAG"  # inherited by the tuner's workers: finds them after a kill
 

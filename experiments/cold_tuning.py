@@ -1,7 +1,7 @@
 """A model tuned with cold caches against the same model tuned warm, timed interleaved in one process.
 
-    .venv/bin/python experiments/cold_tuning.py hf-distilbert \
-        --warm experiments/results/vs_frameworks_hf_coverage2/runs/hf-distilbert/model.so --work-dir /tmp/cold
+    W=experiments/results/vs_frameworks/hf-coverage/gemma-mistral-resnet-convnext-wav2vec2-bart-distilbert-clip
+    .venv/bin/python experiments/cold_tuning.py hf-distilbert --warm $W/runs/hf-distilbert/model.so --work-dir /tmp/cold
     .venv/bin/python experiments/cold_tuning.py resnet50 --dtype bfloat16 --warm /tmp/warm --work-dir /tmp/cold
 
 The warm library is one a `vs_frameworks.py` run tuned (its work dirs keep `model.so`), or, given a work

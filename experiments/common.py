@@ -76,7 +76,7 @@ def time_artifacts_interleaved(
     that drift of the machine affects all of them alike."""
     import tvm
 
-    from measure.run_job import random_arrays
+    from measure.workers.run_job import random_arrays
 
     dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
     tensors = [tvm.runtime.tensor(a, dev) for a in random_arrays(args)]
@@ -116,7 +116,7 @@ def sample_candidates(name: str, target, count: int, seed: int) -> list:
     """``count`` distinct schedules of a built-in workload, sampled from its design space."""
     from costmodel import CandidateFeatures, CostModel
     from measure import MeasureInput
-    from tuner.search import TaskSearch
+    from tuner.search.task_search import TaskSearch
     from workloads import get_workload
 
     search = TaskSearch(

@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.host import cpu_model  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
 from experiments.common import markdown_table  # noqa: E402
-from measure.host import cpu_model  # noqa: E402
 
 _COLUMNS = ["contender", "precision", "ms", "/ OpenVINO (default)", "by round (ms)", "error"]
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from tuner.runtime import ModelDescription
+    from tuner.runtime.compiled_model import ModelDescription
 
     torch.set_num_threads(args.threads)
     module, inputs = fw.module_and_inputs(args.model)

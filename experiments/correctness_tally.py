@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tuner.database import TuningDatabase  # noqa: E402
-from tuner.workdir import ResultRecord, read_meta  # noqa: E402
+from tuner.database.database import TuningDatabase  # noqa: E402
+from tuner.database.workdir import ResultRecord, read_meta  # noqa: E402
 
 
 def tally(out_dirs: list[Path]) -> dict:

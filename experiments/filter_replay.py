@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.common import markdown_table  # noqa: E402
-from experiments.trimmer import geometric_mean_curve, trials_to_reach  # noqa: E402
+from experiments.filter_curves import geometric_mean_curve, trials_to_reach  # noqa: E402
 
 SHARES = (0.25, 0.5, 0.75)
 RATIOS = (1.5, 2.0, 3.0)
@@ -51,7 +51,7 @@ def replay_run(
 
     from costmodel import CostModel
     from costmodel.model import read_training_data
-    from tuner.workdir import JobRecord, WorkDir, read_meta
+    from tuner.database.workdir import JobRecord, WorkDir, read_meta
 
     db = WorkDir(work_dir).open_database(read_only=True)
     try:
@@ -95,8 +95,8 @@ def replay_run(
 def _feature_rows(records: list, mods: dict, target) -> dict[int, np.ndarray]:
     """Each record's features (by record id), extracted in one batch per task."""
     from costmodel import CandidateFeatures, CostModel
-    from tuner import metaschedule as msc
-    from tuner.search import Candidate, TaskSearch
+    from tuner.search.task_search import Candidate, TaskSearch
+    from tuner.spaces import metaschedule as msc
 
     rows = {}
     for kernel_id, mod in mods.items():
@@ -156,7 +156,7 @@ def what_dropping_loses(batches: list[dict], records: list, weights: dict[int, f
 def model_latency_curve(records: list, weights: dict[int, float]) -> list[float]:
     """After each record, the sum over tasks of weight x best latency so far (inf until every
     task has a working candidate); for one task of weight 1, its best latency so far."""
-    from tuner.report import best_latency_curve
+    from tuner.cli.report import best_latency_curve
 
     curve = [math.inf] * len(records)
     measured = best_latency_curve(records, weights)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from measure.error_text import error_line
+from common.error_text import error_line
 
 OPENVINO_DEFAULT = "OpenVINO (default)"
 OPENVINO_FP32 = "OpenVINO fp32"
@@ -221,11 +221,11 @@ def _openvino_compiled(name: str, core: Any, converted: Any, feed: list[np.ndarr
 
 
 def tvm_model(name: str, library: Path, description: Any, inputs: Sequence[Any], precision: str = "fp32") -> Contender:
-    """A compiled TVM model called as a user calls it: ``tuner.runtime.CompiledModel`` on the torch
+    """A compiled TVM model called as a user calls it: ``tuner.runtime.compiled_model.CompiledModel`` on the torch
     inputs (passed through DLPack without a copy)."""
 
     def build():
-        from tuner.runtime import CompiledModel
+        from tuner.runtime.compiled_model import CompiledModel
 
         model = CompiledModel(library, description)
         return lambda: model(*inputs)

@@ -19,8 +19,8 @@ from experiments.measurement_engine import compare, copies, timed_pass
 def step_one_kernel(ctx: Context) -> StepResult:
     import numpy as np
 
-    from measure.cuda_artifact import gpu_binaries
-    from measure.run_job import random_arrays
+    from measure.cuda.artifact import gpu_binaries
+    from measure.workers.run_job import random_arrays
     from workloads import get_workload
 
     workload = get_workload(ctx.plan.kernel)
@@ -54,7 +54,7 @@ def step_one_kernel(ctx: Context) -> StepResult:
 
 
 def step_engine(ctx: Context) -> StepResult:
-    from measure.dop import DopController
+    from measure.dop.controller import DopController
 
     engine = ctx.engine
     inputs = sample_candidates(ctx.plan.engine_workload, ctx.target, ctx.plan.engine_candidates, seed=1)
@@ -224,7 +224,7 @@ def _elementwise(n: int):
     a = te.placeholder((n,), name="a")
     b = te.placeholder((n,), name="b")
     c = te.compute((n,), lambda i: a[i] + b[i], name="c")
-    from tuner.metaschedule import normalize_prim_func_module
+    from tuner.spaces.metaschedule import normalize_prim_func_module
 
     return normalize_prim_func_module(te.create_prim_func([a, b, c])), [["float32", [n]]] * 3
 

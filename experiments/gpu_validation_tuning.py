@@ -12,7 +12,7 @@ from experiments.gpu_validation_plan import Context, StepResult
 
 
 def step_doctor(ctx: Context) -> StepResult:
-    from tuner.doctor import run_checks, verdicts
+    from tuner.cli.doctor import run_checks, verdicts
 
     kind = ctx.target.kind.name
     checks = run_checks((kind,))
@@ -58,9 +58,9 @@ def step_gemms(ctx: Context) -> StepResult:
     import numpy as np
 
     from measure import EngineConfig, MeasureEngine, TimingConfig
-    from measure.run_job import random_arrays
+    from measure.workers.run_job import random_arrays
     from tuner import tune
-    from tuner.metaschedule import normalize_prim_func_module, tensor_cores_apply
+    from tuner.spaces.metaschedule import normalize_prim_func_module, tensor_cores_apply
     from workloads.operators import matmul
 
     rows, ok = [], True

@@ -25,8 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.host import cpu_model  # noqa: E402
 from experiments.common import markdown_table  # noqa: E402
-from measure.host import cpu_model  # noqa: E402
 
 _COLUMNS = ["kernel", "recorded (us)", "alone now (us)", "in the model, again", "after the model", "flushed"]
 
@@ -50,10 +50,10 @@ def _calls(model, inputs) -> list[tuple[str, object, list]]:
 
 def _alone(work_dir: Path, kernel: str, out_dir: Path) -> tuple[float, callable]:
     """The kernel's recorded latency, and a function that times its library as the tuning does."""
-    from measure.build_job import build_kernel
-    from measure.run_job import time_kernel
-    from tuner.database import TuningDatabase
-    from tuner.metaschedule import schedule_from_json
+    from codegen.build import build_kernel
+    from measure.workers.run_job import time_kernel
+    from tuner.database.database import TuningDatabase
+    from tuner.spaces.metaschedule import schedule_from_json
 
     db = TuningDatabase(work_dir / "tuning.db", read_only=True)
     try:
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     import tuner
-    from measure.run_job import random_arrays
+    from measure.workers.run_job import random_arrays
 
     model = tuner.load(args.work_dir / "model.so")
     inputs = random_arrays([[spec.dtype, list(spec.shape)] for spec in model.inputs])

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from measure.host import cpu_flags, host_has_amx
+from common.host import cpu_flags, host_has_amx
 
 _KERNELS = r"""
 #include <omp.h>

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from costmodel.quality import kendall_tau  # noqa: E402
 from experiments.common import markdown_table, sample_candidates, write_csv  # noqa: E402
 from measure import EngineConfig, MeasureEngine, TimingConfig  # noqa: E402
-from measure.dop import DopController  # noqa: E402
+from measure.dop.controller import DopController  # noqa: E402
 from measure.types import BuildResult, MeasureResult  # noqa: E402
 
 WORKLOADS = ["conv2d-resnet18-l2", "matmul-512"]

@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.error_text import error_line  # noqa: E402
 from experiments.common import markdown_table, run_step  # noqa: E402
 from experiments.correctness import TOLERANCE, _build, _compare, _degenerate, _other_input, _outputs  # noqa: E402
-from measure.error_text import error_line  # noqa: E402
 
 STAGES = ("build", "import", "lower", "tune", "compare")
 STEP_TIMEOUT = 3600.0  # seconds a model may take, all stages together
@@ -48,7 +48,7 @@ def coverage_step(name: str, trials_per_task: int, work_dir: Path, tolerance: fl
     from tuner import tune
     from tuner.quiet import native_logs_quiet
     from tuner.targets import resolve_target
-    from tuner.tasks import extract_tasks, load_model, lower_workload
+    from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
 
     record: dict = {"name": name, "stage": "build"}
     started = time.monotonic()

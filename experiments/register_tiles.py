@@ -25,13 +25,13 @@ import tvm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from codegen.build import build_kernel  # noqa: E402
+from common.host import cpu_model  # noqa: E402
 from experiments import machine_limits  # noqa: E402
 from experiments.common import markdown_table  # noqa: E402
-from measure.build_job import build_kernel  # noqa: E402
-from measure.host import cpu_model  # noqa: E402
-from tuner import metaschedule as msc  # noqa: E402
-from tuner.database import TuningDatabase  # noqa: E402
-from tuner.register_tiles import DISABLE_ENV, register_file, register_tile  # noqa: E402
+from tuner.database.database import TuningDatabase  # noqa: E402
+from tuner.spaces import metaschedule as msc  # noqa: E402
+from tuner.spaces.register_tiles import DISABLE_ENV, register_file, register_tile  # noqa: E402
 from tuner.targets import resolve_target  # noqa: E402
 
 WORKLOADS = [

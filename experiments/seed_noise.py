@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.trimmer import geometric_mean_curve, run_curve, saved_share, trials_to_reach  # noqa: E402
+from experiments.filter_curves import geometric_mean_curve, run_curve, saved_share, trials_to_reach  # noqa: E402
 
 TARGETS = {"end": 1.0, "3/4": 0.75}  # where on the reference's averaged curve the target is taken
 
@@ -96,7 +96,7 @@ def main() -> None:
 
 
 def _measured(work_dir: Path) -> int:
-    from tuner.workdir import WorkDir
+    from tuner.database.workdir import WorkDir
 
     db = WorkDir(work_dir).open_database(read_only=True)
     try:

@@ -41,8 +41,8 @@ def parse_workload(spec: str) -> tuple[str, int | None]:
 def tune_step(spec: str, target: str, trials: int, work_dir: Path, seed: int, transfer_from: list[str]) -> dict:
     """Tune one workload; its model-latency curve from the database."""
     from tuner import tune
-    from tuner.report import job_curve
-    from tuner.workdir import TransferRecord, WorkDir, read_meta
+    from tuner.cli.report import job_curve
+    from tuner.database.workdir import TransferRecord, WorkDir, read_meta
 
     name, batch = parse_workload(spec)
     result = tune(
@@ -112,7 +112,7 @@ def pair_row(target: str, source: str, trials_per_task: int, stock: dict, transf
 
 
 def run(args: argparse.Namespace) -> None:
-    from tuner.catalog import catalog
+    from tuner.cli.catalog import catalog
     from workloads import list_workloads
 
     out = Path(args.out).resolve()  # the steps run from the repository root
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> None:
 
 def _finished_trials(work_dir: Path) -> int | None:
     """The trials of the finished run in ``work_dir``; None if there is none."""
-    from tuner.workdir import ResultRecord, WorkDir, read_meta
+    from tuner.database.workdir import ResultRecord, WorkDir, read_meta
 
     if not WorkDir(work_dir).database.exists():
         return None

@@ -40,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.error_text import error_line  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
 from experiments.common import markdown_table, prepare_comparison, run_step, write_csv  # noqa: E402
 from experiments.vs_frameworks_tables import (  # noqa: E402
@@ -52,7 +53,6 @@ from experiments.vs_frameworks_tables import (  # noqa: E402
     public,
     summary,
 )
-from measure.error_text import error_line  # noqa: E402
 
 ZOO = [
     "attention-block",
@@ -155,7 +155,7 @@ def tune_step(name: str, trials_per_task: int, work_dir: Path, seed: int, settin
 def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bool, setting: Setting) -> dict:
     import torch
 
-    from tuner.runtime import CompiledModel, ModelDescription
+    from tuner.runtime.compiled_model import CompiledModel, ModelDescription
 
     torch.set_num_threads(threads)
     module, inputs = _placed(*fw.module_and_inputs(name), setting)

@@ -120,7 +120,7 @@ def matching_torch_time(flops: float, ops: list[tuple[str, float, float]]) -> fl
 
 
 def kernel_peak_gflops(kernel: str, limits) -> float:
-    """The peak of the kernel's own precision: a bf16 product's (tuner.lowering.bf16) is the bf16 dot
+    """The peak of the kernel's own precision: a bf16 product's (tuner.lowering.bf16.products) is the bf16 dot
     product's, where this machine has one."""
     bf16 = getattr(limits, "bf16_peak_gflops", None)
     return bf16 if bf16 and "bf16_" in kernel else limits.peak_gflops

@@ -51,8 +51,8 @@ def stock_step(kernel_name: str, target_spec: str, trials: int, work_dir: Path, 
 
         executable = tvm.compile(sch.mod, target=target)
     else:
-        from measure.build_job import build_lowered_model
-        from tuner.tasks import lower_workload
+        from codegen.build import build_lowered_model
+        from tuner.tasks.extraction import lower_workload
 
         # both tune the kernels of the same lowering (tune_relax finds no tasks in an un-lowered module)
         lowered = lower_workload(workload, target)
@@ -76,7 +76,7 @@ def ours_step(kernel_name: str, target_spec: str, trials: int, work_dir: Path, s
 
 
 def compare(args: argparse.Namespace) -> None:
-    from tuner.tasks import extract_tasks
+    from tuner.tasks.extraction import extract_tasks
     from workloads import get_workload
 
     out, target = prepare_comparison(args.out, args.target)

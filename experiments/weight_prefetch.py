@@ -1,10 +1,11 @@
-"""A tuned model compiled with and without the weights' prefetches (measure/weight_prefetch.py),
+"""A tuned model compiled with and without the weights' prefetches (codegen/weight_prefetch.py),
 timed interleaved in one process beside OpenVINO, each checked against PyTorch fp32.
 
-    .venv/bin/python experiments/weight_prefetch.py bert-base --work-dir experiments/results/RUN/runs/bert-base
+    .venv/bin/python experiments/weight_prefetch.py bert-base \
+        --work-dir experiments/results/vs_frameworks/LINEUP/runs/bert-base
 
 The work dir is one a tuning left (a `vs_frameworks.py` run keeps them under `runs/`); both libraries are
-compiled from its schedules with `tuner.apply`, one with `TENSOR_TUNER_WEIGHT_PREFETCH=0`. Prints each
+compiled from its schedules with `tuner.compile.apply`, one with `TENSOR_TUNER_WEIGHT_PREFETCH=0`. Prints each
 latency, the kernels' time inside the model, the error, and the ratio by round.
 """
 
@@ -31,9 +32,9 @@ def main() -> None:
     import torch
 
     import experiments.frameworks as fw
-    from measure.weight_prefetch import DISABLE_ENV
+    from codegen.weight_prefetch import DISABLE_ENV
     from tuner import load
-    from tuner.apply import apply
+    from tuner.compile.apply import apply
 
     module, inputs = fw.module_and_inputs(args.model)
     out = Path(tempfile.mkdtemp(prefix="weight_prefetch_"))

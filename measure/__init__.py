@@ -4,27 +4,21 @@ Attributes are loaded lazily: a measuring worker started with the TVM runtime al
 package and must not pull in the compiler.
 """
 
-from importlib import import_module
+from common.lazy_exports import lazy_exports
 
 _EXPORTS = {
-    "DeviceUnavailable": "engine",
-    "Engine": "contract",
-    "EngineConfig": "contract",
-    "MeasureEngine": "engine",
-    "BuildResult": "types",
-    "MeasureInput": "types",
-    "MeasureResult": "types",
-    "Status": "types",
-    "VerifyResult": "types",
-    "TimingConfig": "timing",
-    "AdaptiveTimeout": "timeouts",
-    "TimeoutPolicy": "timeouts",
+    "AdaptiveTimeout": ".timeouts",
+    "BuildResult": ".types",
+    "DeviceUnavailable": ".engine.engine",
+    "Engine": ".contract",
+    "EngineConfig": ".contract",
+    "MeasureEngine": ".engine.engine",
+    "MeasureInput": ".types",
+    "MeasureResult": ".types",
+    "Status": ".types",
+    "TimeoutPolicy": ".timeouts",
+    "TimingConfig": ".timing.sampling",
+    "VerifyResult": ".types",
 }
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

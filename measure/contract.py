@@ -13,8 +13,10 @@ from pathlib import Path
 
 import tvm
 
+from common.target_kind import is_cuda
+from measure.timing.sampling import TimingConfig
+
 from .timeouts import TimeoutPolicy
-from .timing import TimingConfig
 from .types import MeasureInput, MeasureResult, VerifyResult
 
 
@@ -35,20 +37,6 @@ class EngineConfig:
     # The unscheduled kernel candidates are checked against runs once per task, on one CPU core: a
     # 13-GFLOP matmul of the Llama-3 layer (its down projection in Strassen form) takes 50 s on this 2-core VM.
     reference_timeout: float = 600.0
-
-
-def is_cuda(target: tvm.target.Target | str) -> bool:
-    """Whether ``target`` compiles for an NVIDIA GPU: a Target, or a string naming one (the JSON form
-    ``str(Target)`` gives, as the database and model descriptions store it; a tag; "cuda -arch=sm_90").
-    The one test for it: tuner and experiments ask this too."""
-    if isinstance(target, str):
-        text = target.strip()
-        kind = text.split()[0] if text and not text.startswith("{") else ""
-        if not kind or "/" in kind:  # the JSON form or a tag ("nvidia/nvidia-a100"): TVM reads them
-            target = tvm.target.Target(text)
-        else:
-            return kind == "cuda"
-    return target.kind.name == "cuda"
 
 
 def device_kind(target: tvm.target.Target) -> str:
@@ -133,7 +121,7 @@ class Engine(ABC):
     # -- whole programs ---------------------------------------------------------------------------
     @abstractmethod
     def compile_program(self, artifact: Path, timeout: float = 1800.0, **request) -> Path:
-        """Compile a whole program (see ``build_job.compile_program``) into ``artifact``."""
+        """Compile a whole program (see ``codegen.build.compile_program``) into ``artifact``."""
 
     @abstractmethod
     def time_program(

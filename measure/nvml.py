@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .cuda_runtime import DeviceIdentity, device_identity
+from measure.cuda.runtime import DeviceIdentity, device_identity
+
 from .types import MeasureResult
 
 log = logging.getLogger("tensor_tuner.measure")

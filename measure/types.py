@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import tvm
 
-from .timing import median
+from measure.timing.sampling import median
 
 
 class Status:

@@ -8,10 +8,10 @@ import pytest
 import tvm
 from tvm import te
 
-from measure.bf16_dot import AMX, AVX512
-from measure.host import host_has_amx
-from tuner.bf16_rule import BF16_GEMM_RULE, _tile
-from tuner.precision import host_has_bf16
+from codegen.bf16_dot import AMX, AVX512
+from common.host import host_has_amx
+from tuner.lowering.bf16.precision import host_has_bf16
+from tuner.spaces.bf16_rule import BF16_GEMM_RULE, _tile
 from tuner.targets import resolve_target
 
 needs_bf16 = pytest.mark.skipif(not host_has_bf16(), reason="this CPU has no AVX512_BF16 (vdpbf16ps)")

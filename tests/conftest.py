@@ -14,7 +14,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 def _user_cache_for_the_session(tmp_path_factory):
     """Session fixtures (a shared tuning run) and subprocesses keep their DOP memory (whatever
     follows $TENSOR_TUNER_CACHE_DIR) in a temporary folder, not the real ~/.cache/tensor-tuner."""
-    from measure.dop_memory import CACHE_DIR_ENV
+    from measure.dop.memory import CACHE_DIR_ENV
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_DIR_ENV, str(tmp_path_factory.mktemp("user-cache")))
@@ -25,7 +25,7 @@ def _user_cache_for_the_session(tmp_path_factory):
 def user_cache(tmp_path_factory, monkeypatch) -> Path:
     """Each test its own user cache: what one test's engine remembers (its DOP) does not reach
     the next test's engine."""
-    from measure.dop_memory import CACHE_DIR_ENV
+    from measure.dop.memory import CACHE_DIR_ENV
 
     cache = tmp_path_factory.mktemp("user-cache")
     monkeypatch.setenv(CACHE_DIR_ENV, str(cache))

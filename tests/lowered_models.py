@@ -7,7 +7,7 @@ import tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
-from measure.build_job import build_lowered_model
+from codegen.build import build_lowered_model
 
 
 def error_against_torch(

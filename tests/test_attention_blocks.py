@@ -5,7 +5,7 @@ import pytest
 
 from tuner.lowering import LoweringOptions, attention_blocks
 from tuner.lowering.attention_blocks import query_blocks
-from tuner.tasks import extract_tasks, load_model, lower_workload
+from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
 
 torch = pytest.importorskip("torch")
 BLOCKS = LoweringOptions(attention_blocks=True)  # off by default (see the module's docstring)

@@ -16,7 +16,7 @@ import tvm
 from onnx_models import save_det_model, save_relu_model
 
 from tuner import Objectives, TunerError, tune
-from tuner.apply import apply
+from tuner.compile.apply import apply
 
 pytest.importorskip("onnx")
 NO_GPU = not tvm.cuda(0).exist

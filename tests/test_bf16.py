@@ -24,12 +24,12 @@ from bf16_builds import (
 from tvm import te
 
 import tuner
-from measure.amx_dot import fits
-from measure.bf16_dot import AMX, AVX512, PAIR
-from tuner.bf16_rule import padded_rows, tile_shapes
+from codegen.amx_dot import fits
+from codegen.bf16_dot import AMX, AVX512, PAIR
 from tuner.errors import TargetError
-from tuner.lowering.bf16_kernels import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
-from tuner.precision import bf16_unit, check_bf16, has_bf16_dot_product
+from tuner.lowering.bf16.kernels import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
+from tuner.lowering.bf16.precision import bf16_unit, check_bf16, has_bf16_dot_product
+from tuner.spaces.bf16_rule import padded_rows, tile_shapes
 from tuner.targets import host_features_missing
 
 
@@ -66,7 +66,7 @@ def test_amx_micro_kernels_compute_the_bf16_product_numpy_computes(m: int, k: in
 @needs_amx
 def test_amx_tiles_can_still_start_from_c_and_compute_the_same_product() -> None:
     # experiments/amx_zero_tiles.py compares the two starts on one schedule
-    from tuner.bf16_rule import _tile
+    from tuner.spaces.bf16_rule import _tile
     from tuner.targets import resolve_target
 
     m, n, k = 64, 64, 96
@@ -80,7 +80,7 @@ def test_amx_tiles_can_still_start_from_c_and_compute_the_same_product() -> None
 
 
 def _amx_space_intrinsics(mod: tvm.IRModule, block: str) -> list[set[str]]:
-    from tuner.bf16_rule import UNIT_ANNOTATION, schedule_bf16_gemm
+    from tuner.spaces.bf16_rule import UNIT_ANNOTATION, schedule_bf16_gemm
 
     sch = tvm.s_tir.Schedule(mod, seed=1)
     sch.annotate(sch.get_sblock(block), UNIT_ANNOTATION, AMX)
@@ -98,7 +98,7 @@ def _conv_module(channels: int, window: int) -> tvm.IRModule:
 
 
 def test_amx_design_spaces_take_a_long_reduction_whole_and_in_chunks_where_a_call_is_one_tap() -> None:
-    from tuner.bf16_rule import AMX_REDUCTION_CHUNK
+    from tuner.spaces.bf16_rule import AMX_REDUCTION_CHUNK
 
     k = 3 * AMX_REDUCTION_CHUNK * PAIR
     for mod, block in [(dense_module(64, 32, k), "gemm"), (_conv_module(k, 1), "bf16_conv2d")]:
@@ -118,7 +118,7 @@ def test_amx_design_spaces_take_a_long_reduction_whole_and_in_chunks_where_a_cal
 @needs_amx
 def test_amx_tiles_taking_the_reduction_in_chunks_compute_the_same_product() -> None:
     # the accumulators of a task's tiles go through memory between chunks; the first chunk starts from C's zeros
-    from tuner.bf16_rule import AMX_REDUCTION_CHUNK, _tile
+    from tuner.spaces.bf16_rule import AMX_REDUCTION_CHUNK, _tile
     from tuner.targets import resolve_target
 
     m, n, k = 96, 64, 3 * AMX_REDUCTION_CHUNK * PAIR
@@ -225,7 +225,7 @@ def test_a_product_computed_over_zero_rows_gives_the_product_in_its_own_rows() -
 def test_a_linear_layer_over_197_tokens_is_computed_over_198_and_sliced_back() -> None:
     from tvm import relax
 
-    from tuner.lowering.bf16 import Bfloat16Products
+    from tuner.lowering.bf16.products import Bfloat16Products
 
     weight = np.random.default_rng(2).standard_normal((64, 40)).astype(np.float32)
     builder = relax.BlockBuilder()
@@ -249,7 +249,7 @@ def test_the_work_after_a_slice_of_padded_rows_and_outputs_is_done_tile_by_tile_
     # 13 tokens computed over 14 rows and 40 outputs over 48: the copy dropping the rows, the slice dropping
     # the outputs, the bias and the activation after them were each a parallel pass of their own, then one
     # pass reading the whole fp32 product back
-    from tuner.bf16_rule import _tile
+    from tuner.spaces.bf16_rule import _tile
     from tuner.targets import resolve_target
 
     tokens, k, n = 13, 34, 40
@@ -317,7 +317,7 @@ def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch
 @needs_bf16
 @pytest.mark.slow  # 20 s more than the tuning above, which stays in CI: out of it (`pytest -m slow`)
 def test_a_bf16_work_dir_is_applied_in_bf16_though_the_call_names_no_dtype(tmp_path, capfd) -> None:
-    from tuner.apply import apply
+    from tuner.compile.apply import apply
 
     torch.manual_seed(0)
     model, x = _SmallNet().eval(), torch.randn(1, 3, 13, 13)
@@ -388,7 +388,7 @@ def test_attention_tuned_in_bf16_computes_its_products_of_activations_in_bf16(tm
 def test_an_activation_read_by_products_and_by_a_sum_is_cast_once_and_the_sum_reads_the_bf16_copy() -> None:
     from tvm import relax
 
-    from tuner.lowering.bf16 import Bfloat16Products
+    from tuner.lowering.bf16.products import Bfloat16Products
 
     builder = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 8, 8, 32), "float32"))

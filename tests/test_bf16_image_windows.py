@@ -15,18 +15,18 @@ import tvm
 from bf16_builds import EACH_UNIT, bf16_array, needs_bf16, run_built, te_module, torch_conv_nhwc
 from tvm import relax, te
 
-from measure.bf16_dot import AMX, AVX512, register_if_ours
-from tuner.bf16_rule import _tile, padded_rows, tile_shapes
-from tuner.copy_rule import schedule_bf16_copy
-from tuner.lowering.bf16 import Bfloat16Products
-from tuner.lowering.bf16_flat import (
+from codegen.bf16_dot import AMX, AVX512, register_if_ours
+from tuner.lowering.bf16.flat import (
     bf16_conv2d_image_windows,
     bf16_padded_image,
     image_windows_extent,
     pack_window_rows_weight,
     window_run,
 )
-from tuner.lowering.bf16_kernels import out_extent
+from tuner.lowering.bf16.kernels import out_extent
+from tuner.lowering.bf16.products import Bfloat16Products
+from tuner.spaces.bf16_rule import _tile, padded_rows, tile_shapes
+from tuner.spaces.copy_rule import schedule_bf16_copy
 from tuner.targets import resolve_target
 
 # ResNet's 7x7 at stride 2, SqueezeNet's and MobileNetV2's 3x3 at stride 2, ConvNeXt's 4x4 at stride 4
@@ -104,7 +104,7 @@ def test_a_window_row_longer_than_an_amx_step_keeps_its_patches() -> None:
     ("padding", "extent"), [((1, 1, 1, 1), (12, 20)), ((3, 3, 3, 3), (16, 18)), ((0, 0, 1, 1), (11, 11))]
 )
 def test_the_padded_image_copies_the_image_s_own_pixels_apart_from_its_padding(padding, extent) -> None:
-    """``tuner.copy_rule`` cuts each row's pixels at the image's edges, so that the image's own convert without
+    """``tuner.spaces.copy_rule`` cuts each row's pixels at the image's edges, so that the image's own convert without
     a test per value; the copy is the image transposed, cast and zero-padded, and the schedule replays from
     its trace as a database stores it."""
     data = te.placeholder((1, 3, 10, 10), "float32", name="data")

@@ -13,19 +13,19 @@ import tvm
 from bf16_builds import EACH_UNIT, bf16_array, built_tiled, needs_amx, needs_bf16, run_built, te_module, torch_conv_nhwc
 from tvm import te
 
-from measure.bf16_dot import AMX, AVX512
-from measure.host import host_has_amx
-from tuner.bf16_rule import _tile, padded_rows, tile_shapes
-from tuner.lowering.bf16_kernels import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
-from tuner.precision import bf16_unit, host_has_bf16
+from codegen.bf16_dot import AMX, AVX512
+from common.host import host_has_amx
+from tuner.lowering.bf16.kernels import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
+from tuner.lowering.bf16.precision import bf16_unit, host_has_bf16
+from tuner.spaces.bf16_rule import _tile, padded_rows, tile_shapes
 from tuner.targets import resolve_target
 
 
 def test_amx_takes_the_products_over_a_whole_step_of_the_reduction_and_avx512_the_rest() -> None:
     from tvm import relax
 
-    from tuner.bf16_rule import UNIT_ANNOTATION
-    from tuner.lowering.bf16 import Bfloat16Products
+    from tuner.lowering.bf16.products import Bfloat16Products
+    from tuner.spaces.bf16_rule import UNIT_ANNOTATION
 
     builder = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 16, 16, 16), "float32"))
@@ -53,7 +53,7 @@ def test_amx_takes_the_products_over_a_whole_step_of_the_reduction_and_avx512_th
     [(7, 3, 1, 1, 32), (8, 1, 2, 0, 32), (14, 3, 2, 1, 32), (7, 1, 1, 0, 32), (8, 1, 1, 0, 32), (10, 3, 1, 1, 96)],
 )
 def test_a_convolution_over_the_image_rows_end_to_end_is_the_convolution(size, kernel, stride, pad, channels) -> None:
-    from tuner.lowering.bf16_flat import bf16_conv2d_flat, flat_rows
+    from tuner.lowering.bf16.flat import bf16_conv2d_flat, flat_rows
 
     outputs = 40 if size != 8 else 48  # 40 outputs: 48 computed, 40 gathered back
     image, weight = bf16_array((1, size, size, channels), 1), bf16_array((kernel, kernel, channels, outputs), 2)
@@ -142,7 +142,7 @@ def test_a_first_convolution_is_a_product_over_its_window_s_patches(size, kernel
     # channels_first: the model's input (NCHW) transposed for it, read through a padded bf16 copy of its own
     from tvm import relax
 
-    from tuner.lowering.bf16 import Bfloat16Products
+    from tuner.lowering.bf16.products import Bfloat16Products
 
     image = np.random.default_rng(1).standard_normal((1, size, size, 3)).astype(np.float32)
     weight = np.random.default_rng(2).standard_normal((kernel, kernel, 3, 40)).astype(np.float32)
@@ -178,7 +178,7 @@ def test_a_first_convolution_over_patches_and_a_1x1_one_copy_nothing_and_merge_t
     from tvm import relax
 
     from tuner.lowering import LoweringOptions
-    from tuner.tasks import extract_tasks, load_model, lower_workload
+    from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, 2, 3), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 1)).eval()
@@ -208,7 +208,7 @@ def test_a_convolution_on_amx_over_channels_short_of_whole_steps_gets_zero_chann
     # padded to 64 (two steps), the activation's zero channels added by its pad, the result unchanged
     from tvm import relax
 
-    from tuner.lowering.bf16 import Bfloat16Products
+    from tuner.lowering.bf16.products import Bfloat16Products
 
     image = np.random.default_rng(1).standard_normal((1, 7, 7, 48)).astype(np.float32)
     weight = np.random.default_rng(2).standard_normal((3, 3, 48, 32)).astype(np.float32)
@@ -229,7 +229,7 @@ def test_a_convolution_on_amx_over_channels_short_of_whole_steps_gets_zero_chann
 
 @pytest.mark.parametrize("unit", EACH_UNIT)
 def test_a_product_of_two_activations_packs_its_second_operand_in_the_kernel(unit: str) -> None:
-    from tuner.lowering.bf16_kernels import bf16_batch_matmul
+    from tuner.lowering.bf16.kernels import bf16_batch_matmul
 
     a = np.random.default_rng(1).standard_normal((2, 3, 20, 40)).astype(np.float32)
     b = np.random.default_rng(2).standard_normal((2, 3, 40, 30)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""bf16 max pools compared in fp32 (tuner.lowering.bf16_pool, tuner.pool_rule): the kernel's design
+"""bf16 max pools compared in fp32 (tuner.lowering.bf16.pool, tuner.spaces.pool_rule): the kernel's design
 space vectorises channels under the window, and the model computes the same bits as with TVM's pool."""
 
 from dataclasses import replace
@@ -10,8 +10,8 @@ import tvm
 from tvm import te
 
 from tuner.lowering import LoweringOptions
-from tuner.lowering.bf16_pool import bf16_max_pool2d
-from tuner.pool_rule import schedule_bf16_pool
+from tuner.lowering.bf16.pool import bf16_max_pool2d
+from tuner.spaces.pool_rule import schedule_bf16_pool
 
 torch = pytest.importorskip("torch")
 
@@ -64,8 +64,8 @@ def test_the_pool_is_the_windows_maximum_vectorised_over_channels(
 def test_a_models_bf16_pools_are_ours_and_compute_what_tvms_compute(llvm_target):
     from test_bf16_rounding import _Fire, _run  # noqa: PLC0415 - the fire module of SqueezeNet in small
 
-    from tuner.metaschedule import design_spaces, make_context
-    from tuner.tasks import extract_tasks, lower_workload
+    from tuner.spaces.metaschedule import design_spaces, make_context
+    from tuner.tasks.extraction import extract_tasks, lower_workload
     from workloads import load_workload
 
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """In bf16, activations rounded before the max pools and concatenations that read them
-(tuner.lowering.bf16_rounding): the casts move into the convolutions' epilogues, and the model
+(tuner.lowering.bf16.rounding): the casts move into the convolutions' epilogues, and the model
 built by real TVM computes the same bits as with the casts after."""
 
 from dataclasses import replace
@@ -10,9 +10,9 @@ import tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
-from measure.build_job import build_lowered_model
+from codegen.build import build_lowered_model
 from tuner.lowering import LoweringOptions
-from tuner.tasks import lower_workload
+from tuner.tasks.extraction import lower_workload
 from workloads import load_workload
 
 torch = pytest.importorskip("torch")
@@ -75,11 +75,11 @@ def test_a_work_dir_tuned_before_the_rewrite_keeps_its_casts_after_the_pools():
 
 
 def test_a_bf16_concatenation_is_copied_a_vector_at_a_time(llvm_target):
-    # tuner.copy_rule: the concatenation's kernel names the design space, which vectorises its channels
+    # tuner.spaces.copy_rule: the concatenation's kernel names the design space, which vectorises its channels
     # by lanes that both inputs' widths divide, and copies what the concatenation copies
     import ml_dtypes
 
-    from tuner.copy_rule import BF16_COPY_RULE, schedule_bf16_copy
+    from tuner.spaces.copy_rule import BF16_COPY_RULE, schedule_bf16_copy
 
     lowered = _lowered(llvm_target, True)
     (concat,) = [func for gv, func in lowered.functions_items() if "concat" in gv.name_hint]

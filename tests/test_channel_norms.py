@@ -7,7 +7,7 @@ import pytest
 from lowered_models import error_against_torch
 
 from tuner.lowering import LoweringOptions
-from tuner.tasks import lower_workload
+from tuner.tasks.extraction import lower_workload
 from workloads import load_workload
 
 torch = pytest.importorskip("torch")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tuner.lowering import LoweringOptions
-from tuner.tasks import extract_tasks, lower_workload
+from tuner.tasks.extraction import extract_tasks, lower_workload
 from workloads import load_workload
 
 torch = pytest.importorskip("torch")

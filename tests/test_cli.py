@@ -18,7 +18,7 @@ def tuner(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def tuner_here(*args: str, cwd: Path, capfd) -> tuple[int, str]:
     """The same command's exit code and stderr, run in this process: a mistake is answered before
     anything starts, so the seconds an interpreter takes to import TVM are all a subprocess adds."""
-    from tuner.cli import main
+    from tuner.cli.main import main
 
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     here = os.getcwd()
@@ -132,7 +132,7 @@ def test_workloads_lists_flops_tasks_and_sources(tmp_path):
     import json
     import os
 
-    from tuner.catalog import _definitions_fingerprint
+    from tuner.cli.catalog import _definitions_fingerprint
 
     cache = tmp_path / "cache"
     cache.mkdir()

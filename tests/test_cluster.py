@@ -14,8 +14,8 @@ import pytest
 from ray_cluster import LocalRayCluster
 
 from measure import MeasureInput
-from measure.cluster import ClusterEngine, ClusterOptions
-from measure.ray_connect import CLIENT_CONNECT_ATTEMPTS, init_remote
+from measure.cluster.connect import CLIENT_CONNECT_ATTEMPTS, init_remote
+from measure.cluster.engine import ClusterEngine, ClusterOptions
 from tuner import TunerError, tune
 
 
@@ -218,7 +218,7 @@ def test_a_malformed_address_names_the_forms_it_takes(tmp_path):
 def test_tasks_are_spread_over_gpu_models_and_never_change_model():
     from collections import Counter
 
-    from measure.cluster_state import assign_device
+    from measure.cluster.state import assign_device
 
     measurers, groups = Counter({"NVIDIA H100": 2, "NVIDIA A100": 1}), {}
     assert [assign_device(task, measurers, groups) for task in ("t1", "t2", "t3")] == [
@@ -241,7 +241,7 @@ def test_build_workers_are_refused_on_a_cluster(tmp_path):
 def test_cuda_candidates_build_on_the_cluster_and_a_node_without_a_gpu_says_so(ray_cluster, tmp_path):
     from costmodel import CandidateFeatures, CostModel
     from measure import DeviceUnavailable
-    from tuner.search import TaskSearch
+    from tuner.search.task_search import TaskSearch
     from tuner.targets import resolve_target
     from workloads import get_workload
 

@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT))
 
 from experiments import frameworks as fw  # noqa: E402
 from experiments.machine_limits import MachineLimits, bf16_peak, fma_gflops  # noqa: E402
-from tuner.precision import host_has_bf16  # noqa: E402
+from tuner.lowering.bf16.precision import host_has_bf16  # noqa: E402
 
 torch = pytest.importorskip("torch")
 

@@ -5,9 +5,9 @@ import os
 import faulty
 import pytest
 
+from common.host import physical_cores
 from measure import EngineConfig, MeasureEngine, MeasureInput
-from measure.cpu_slots import default_cpu_dop, runner_cpu_sets
-from measure.host import physical_cores
+from measure.timing.cpu_slots import default_cpu_dop, runner_cpu_sets
 from tuner.targets import resolve_target
 
 

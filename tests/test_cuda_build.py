@@ -11,10 +11,10 @@ import tvm
 
 from costmodel import CandidateFeatures, CostModel
 from measure import DeviceUnavailable, EngineConfig, MeasureEngine, MeasureInput
-from measure.cuda_artifact import gpu_binaries
-from measure.cuda_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode, nvrtc_available
-from tuner import metaschedule as msc
-from tuner.search import TaskSearch
+from measure.cuda.artifact import gpu_binaries
+from measure.cuda.compile_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode, nvrtc_available
+from tuner.search.task_search import TaskSearch
+from tuner.spaces import metaschedule as msc
 from tuner.targets import resolve_target
 from workloads import get_workload
 from workloads.operators import matmul
@@ -98,7 +98,7 @@ def test_the_compile_path_is_chosen_on_purpose(monkeypatch):
 
 @pytest.mark.slow  # over a minute and a half on 2 cores: out of CI (`pytest -m slow`)
 def test_fp16_matmuls_for_sm90_are_tensorized_into_mma_instructions(tmp_path):
-    """MetaSchedule's tensor-core rules (ours: tuner.metaschedule.tensor_core_rules) for a
+    """MetaSchedule's tensor-core rules (ours: tuner.spaces.metaschedule.tensor_core_rules) for a
     half-precision GEMM: every candidate builds, its CUDA code calls WMMA, and nvcc turns that
     into PTX mma instructions. Its trace replays in a build worker, as the final compile does."""
     target = resolve_target("cuda -arch=sm_90")

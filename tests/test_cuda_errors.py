@@ -11,9 +11,9 @@ import faulty
 import pytest
 
 from measure import EngineConfig, MeasureEngine, MeasureInput, Status, TimeoutPolicy
-from measure.cuda_errors import cuda_error_line, poisons_the_context
-from measure.worker import _last_meaningful_line
-from measure.worker_main import describe_error
+from measure.cuda.errors import cuda_error_line, poisons_the_context
+from measure.workers.main import describe_error
+from measure.workers.worker import _last_meaningful_line
 
 # CUDAWrappedFunc's launch failure (src/backend/cuda/runtime/cuda_module.cc): the error's name on
 # the first line, then the launch's shape and, where TVM still has it, the kernel's whole source.
@@ -109,10 +109,10 @@ def test_a_dead_workers_reason_is_the_cuda_error_its_last_request_logged(tmp_pat
     log.write_text(f"an earlier request's failure\n{ILLEGAL_ADDRESS.replace('Illegal', 'Old')}\n")
     mark = log.stat().st_size
     with open(log, "a") as out:
-        out.write(f"Traceback (most recent call last):\nmeasure.cuda_timing.CudaCallError: {ILLEGAL_ADDRESS}\n")
+        out.write(f"Traceback (most recent call last):\nmeasure.timing.cuda_cold.CudaCallError: {ILLEGAL_ADDRESS}\n")
         out.write(
             "terminate called after throwing an instance of 'tvm::ffi::Error'\nFatal Python error: Aborted\n\nCurrent "
             "thread 0x1 (most recent call first):\n"
         )
-    assert _last_meaningful_line(log, mark) == f"measure.cuda_timing.CudaCallError: {ILLEGAL_ADDRESS}"
+    assert _last_meaningful_line(log, mark) == f"measure.timing.cuda_cold.CudaCallError: {ILLEGAL_ADDRESS}"
     assert _last_meaningful_line(log, log.stat().st_size) == ""

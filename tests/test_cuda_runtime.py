@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import tvm
 
-from measure.cuda_runtime import CUDART_SONAME, format_uuid, runtime_problem, wheel_cudart
+from measure.cuda.runtime import CUDART_SONAME, format_uuid, runtime_problem, wheel_cudart
 from tuner.errors import NoDeviceError
 from tuner.targets import require_device
 
@@ -43,7 +43,7 @@ def test_a_driver_older_than_cuda_13_is_named_with_the_release_to_upgrade_to(tmp
         ["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp_path / "libcuda.so.1"), str(source)],
         check=True,
     )
-    probe = "from measure.cuda_runtime import runtime_problem; print(runtime_problem())"
+    probe = "from measure.cuda.runtime import runtime_problem; print(runtime_problem())"
     out = subprocess.run(
         [sys.executable, "-c", probe],
         capture_output=True,

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from measure.cuda_timing import RETRIES, QueuedColdTimer
+from measure.timing.cuda_cold import RETRIES, QueuedColdTimer
 
 
 class SimulatedStream:

@@ -9,7 +9,7 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
-from tuner.database import TuningDatabase
+from tuner.database.database import TuningDatabase
 from tuner.errors import DatabaseError
 from workloads import get_workload
 
@@ -35,7 +35,7 @@ def test_stock_tvm_applies_our_database(tuned_matmul, llvm_target):
         best = db.best(db.find_kernel(mod), str(llvm_target), 1)[0]
         sch = ms.tir_integration.compile_tir(db.as_tvm_database(llvm_target), mod, llvm_target)
         assert sch is not None
-        from tuner.metaschedule import structural_key
+        from tuner.spaces.metaschedule import structural_key
 
         assert structural_key(sch.mod) == best.candidate
         _run_and_compare(tvm.compile(sch.mod, target=llvm_target))

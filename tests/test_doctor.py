@@ -5,7 +5,7 @@ import socket
 import pytest
 import tvm
 
-from tuner.cli import main
+from tuner.cli.main import main
 
 
 def _doctor(capsys, *args: str) -> tuple[int, list[str]]:

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from measure.dop import DopController, DopState, relative_error
+from measure.dop.controller import DopController, DopState, relative_error
 
 
 def test_grows_from_one_while_accurate_and_stops_at_the_ceiling():

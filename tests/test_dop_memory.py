@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from measure.dop import DopController, DopState
-from measure.dop_memory import CACHE_DIR_ENV, DopMemory, machine_key, user_cache_dir
+from measure.dop.controller import DopController, DopState
+from measure.dop.memory import CACHE_DIR_ENV, DopMemory, machine_key, user_cache_dir
 
 
 def run_where_parallel_never_holds(controller: DopController, windows: int) -> list[int]:

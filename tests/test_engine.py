@@ -7,8 +7,8 @@ import faulty
 import pytest
 
 from measure import AdaptiveTimeout, EngineConfig, MeasureEngine, MeasureInput, Status, TimeoutPolicy, TimingConfig
-from measure.dop import DopState
-from measure.dop_memory import DopMemory, machine_key
+from measure.dop.controller import DopState
+from measure.dop.memory import DopMemory, machine_key
 
 
 def test_good_candidates_are_built_and_timed(engine):
@@ -202,7 +202,7 @@ def test_a_cold_cache_run_times_cpu_kernels_with_their_arguments_flushed(tmp_pat
 
 def test_a_program_timed_past_its_timeout_raises_and_the_worker_comes_back(engine, tmp_path):
     # the untuned program of a large model can take many minutes a call (tuner.run._untuned_latency)
-    from measure.worker import WorkerTimeout
+    from measure.workers.worker import WorkerTimeout
     from workloads import get_workload
 
     artifact = engine.compile_program(tmp_path / "op.so", mod=get_workload("matmul-128").mod, kind="tir", schedules=[])

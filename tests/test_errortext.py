@@ -1,6 +1,6 @@
-"""Which line of an error's text names it (``measure.error_text.error_line``)."""
+"""Which line of an error's text names it (``common.error_text.error_line``)."""
 
-from measure.error_text import error_line
+from common.error_text import error_line
 
 # What Ray reports for a task that raised: its header, the remote traceback, then the exception.
 RAY_TASK_ERROR = (

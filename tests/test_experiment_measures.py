@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from experiments.filter_curves import saved_share
 from experiments.filter_replay import _task_batches, model_latency_curve, what_dropping_loses
 from experiments.seed_noise import chance_spread, scored
-from experiments.trimmer import _saved, saved_share
+from experiments.trimmer import _saved
 
 
 def curve(drops: dict[int, float], trials: int = 100) -> list[float]:

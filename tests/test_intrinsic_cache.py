@@ -10,8 +10,8 @@ from pathlib import Path
 import tvm
 from bf16_builds import needs_bf16
 
-from measure.bf16_dot import AVX512, _intrinsic, intrinsic_name
-from measure.intrinsic_cache import cached_intrinsic, entry_path
+from codegen.bf16_dot import AVX512, _intrinsic, intrinsic_name
+from codegen.intrinsic_cache import cached_intrinsic, entry_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,8 +49,8 @@ def test_a_process_that_loads_the_intrinsics_from_the_cache_computes_the_product
 import sys
 import numpy as np
 from bf16_builds import bf16_array, built_tiled, dense_module, run_built
-from measure import bf16_dot
-from tuner.lowering.bf16_kernels import pack_dense_weight
+from codegen import bf16_dot
+from tuner.lowering.bf16.kernels import pack_dense_weight
 if sys.argv[1] == "load":
     bf16_dot._intrinsic = lambda *args: sys.exit("parsed although the cache holds the intrinsic")
 m, n, k = 12, 64, 34

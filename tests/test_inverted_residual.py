@@ -1,5 +1,5 @@
 """A 1x1 expanding convolution and the depthwise convolution after it as one kernel
-(tuner.lowering.inverted_residual, scheduled by tuner.schedule_rules): which blocks are fused, that
+(tuner.lowering.inverted_residual, scheduled by tuner.spaces.schedule_rules): which blocks are fused, that
 the fused kernel's design space replays under new decisions, and that the model built with its
 schedules, by real TVM, still computes what PyTorch computes."""
 
@@ -8,9 +8,9 @@ import pytest
 from lowered_models import error_against_torch
 from tvm.s_tir import meta_schedule as ms
 
-from tuner import metaschedule as msc
 from tuner.lowering import LoweringOptions, inverted_residual
-from tuner.tasks import extract_tasks, lower_workload
+from tuner.spaces import metaschedule as msc
+from tuner.tasks.extraction import extract_tasks, lower_workload
 from workloads import load_workload
 
 torch = pytest.importorskip("torch")

@@ -4,12 +4,12 @@ import pytest
 
 from costmodel import CostModel
 from measure import EngineConfig, MeasureEngine, TimeoutPolicy
-from tuner.database import TuningDatabase
+from tuner.database.database import TuningDatabase
 from tuner.errors import TunerError
-from tuner.loop import LoopConfig, TuningLoop, auto_batch_size
-from tuner.objectives import Objectives
-from tuner.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, task_kind
-from tuner.tasks import extract_tasks
+from tuner.search.loop import LoopConfig, TuningLoop, auto_batch_size
+from tuner.search.objectives import Objectives
+from tuner.search.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, task_kind
+from tuner.tasks.extraction import extract_tasks
 from workloads import get_workload
 
 
@@ -129,7 +129,7 @@ def test_batch_size_follows_the_budget(budget, tasks, expected):
 
 @pytest.mark.slow  # over 45 s on 2 cores; CI's time goes to the rest
 def test_the_final_choice_re_measures_only_the_best_of_a_task_too_small_to_matter(tmp_path, llvm_target):
-    from tuner.loop import MINOR_SHARE
+    from tuner.search.loop import MINOR_SHARE
 
     tasks = extract_tasks(get_workload("tiny-resnet"), llvm_target)
     db = TuningDatabase(tmp_path / "tuning.db")

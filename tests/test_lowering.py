@@ -7,10 +7,10 @@ import tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
-from measure.build_job import build_lowered_model
-from tuner import metaschedule as msc
+from codegen.build import build_lowered_model
 from tuner.lowering import LoweringOptions, lower_model
-from tuner.tasks import extract_tasks, lower_workload
+from tuner.spaces import metaschedule as msc
+from tuner.tasks.extraction import extract_tasks, lower_workload
 from workloads import get_workload, load_workload
 
 torch = pytest.importorskip("torch")
@@ -255,7 +255,7 @@ def test_a_residual_reshaped_around_a_matmul_keeps_the_matmul_schedulable(llvm_t
     """BERT's residual add: the activation (1, 128, 64) reshaped to (128, 64) for the matmul's
     epilogue. As a TE reshape it reads ``p0[0, (j // 64 + i) % 128, j % 64]``, which MetaSchedule
     does not inline, and the matmul's design space then fails to generate; as a squeeze it does."""
-    from tuner import metaschedule as msc
+    from tuner.spaces import metaschedule as msc
 
     class Residual(torch.nn.Module):
         def __init__(self):
@@ -285,7 +285,7 @@ def test_a_pool_whose_window_covers_the_input_is_a_mean(pool, becomes_mean, llvm
     clipped to the input, so it is the mean over it, which a mean kernel computes reading it once."""
     from lowered_models import error_against_torch
 
-    from tuner.tasks import load_model
+    from tuner.tasks.extraction import load_model
 
     kernel, ceil_mode = pool
     model = torch.nn.Sequential(
@@ -313,7 +313,7 @@ def test_whole_powers_are_multiplies(exponent, becomes_products, llvm_target):
     written as multiplies."""
     from lowered_models import error_against_torch
 
-    from tuner.tasks import load_model
+    from tuner.tasks.extraction import load_model
 
     class TanhGelu(torch.nn.Module):
         def forward(self, x):

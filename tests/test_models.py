@@ -6,7 +6,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tuner.tasks import extract_tasks, lower_workload
+from tuner.tasks.extraction import extract_tasks, lower_workload
 from workloads import WorkloadError, get_workload, list_workloads
 
 torch = pytest.importorskip("torch")

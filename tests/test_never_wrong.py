@@ -14,12 +14,12 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from tuner import tune
-from tuner.apply import apply
-from tuner.checked_build import find_culprits
-from tuner.compile import choose_schedules
-from tuner.metaschedule import trace_to_json
-from tuner.tasks import extract_tasks, load_model, lower_workload
-from tuner.workdir import WorkDir
+from tuner.compile.apply import apply
+from tuner.compile.checked_build import find_culprits
+from tuner.compile.compile import choose_schedules
+from tuner.database.workdir import WorkDir
+from tuner.spaces.metaschedule import trace_to_json
+from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
 
 
 @I.ir_module
@@ -130,7 +130,7 @@ def test_every_candidate_of_a_same_padded_model_verifies(tmp_path):
             assert record.status != "wrong_result", record.error
             if record.status != "ok":
                 continue
-            from tuner.metaschedule import schedule_from_json
+            from tuner.spaces.metaschedule import schedule_from_json
 
             kernel = db.kernel_mod(record.kernel_id)
             outcome = engine.verify(kernel, schedule_from_json(kernel, record.trace).mod, 1e-3)
@@ -228,7 +228,7 @@ def test_a_model_whose_output_ignores_its_input_is_said_to_prove_nothing(tmp_pat
 
 
 def test_a_nan_in_any_output_makes_the_error_infinite():
-    from tuner.check import relative_error, widened
+    from tuner.compile.check import relative_error, widened
 
     expected = [np.ones(3), np.ones(3)]
     for wrong in (0, 1):
@@ -242,11 +242,11 @@ def test_a_nan_in_any_output_makes_the_error_infinite():
 
 
 def test_tvm_runs_a_second_build_of_a_model_with_the_first_ones_kernels(tmp_path):
-    """Why the end-to-end check runs each build in a process of its own (tuner.run_model): loaded
+    """Why the end-to-end check runs each build in a process of its own (tuner.runtime.run_model): loaded
     after the default-schedule build of the same model, a wrong build returns the right outputs.
     (Exporting each build's kernels under names of their own did not change that.)"""
-    from measure.build_job import _memory_database, build_lowered_model
-    from tuner.check import run_compiled
+    from codegen.build import _memory_database, build_lowered_model
+    from tuner.compile.check import run_compiled
 
     workload, target = load_model(ConvThenPad), tvm.target.Target({"kind": "llvm"})
     lowered = lower_workload(workload, target, None)
@@ -258,7 +258,7 @@ def test_tvm_runs_a_second_build_of_a_model_with_the_first_ones_kernels(tmp_path
     inputs = [rng.standard_normal((1, 4, 8, 8)).astype("float32"), rng.standard_normal((8, 4, 1, 1)).astype("float32")]
     alone = [run_compiled(tmp_path / name, workload, target, inputs)[0] for name in ("default.so", "wrong.so")]
     assert not np.allclose(alone[1], alone[0])  # in processes of their own, the wrong build shows
-    from tuner.runtime import CompiledModel, ModelDescription
+    from tuner.runtime.compiled_model import CompiledModel, ModelDescription
 
     description = ModelDescription(workload.name, "relax", str(target), workload.inputs)
     together = [np.array(CompiledModel(tmp_path / n, description)(*inputs)) for n in ("default.so", "wrong.so")]
@@ -334,7 +334,7 @@ def test_a_kernel_without_a_design_space_keeps_the_default_schedule_and_the_run_
 def test_integer_arguments_stay_inside_the_smallest_axis_they_may_index():
     """An attention mask's gather (a (1, 128) mask indexed on its axis of 1) failed verification with
     indices up to 7: reference and candidate read different memory out of bounds."""
-    from measure.run_job import random_arrays
+    from measure.workers.run_job import random_arrays
 
     mask, indices, _ = random_arrays([["bool", [1, 128]], ["int64", [1, 1, 1, 128]], ["bool", [1, 1, 1, 128]]])
     assert not indices.any()

@@ -15,11 +15,11 @@ import pynvml
 import pytest
 
 from measure import EngineConfig, MeasureEngine, MeasureInput, TimingConfig
-from measure.cuda_runtime import DeviceIdentity, format_uuid
+from measure.cuda.runtime import DeviceIdentity, format_uuid
 from measure.nvml import GpuSample, NvmlMonitor, split_energy
 from measure.types import MeasureResult, Status
 from tuner.errors import TunerError
-from tuner.objectives import Objectives, check_measurable
+from tuner.search.objectives import Objectives, check_measurable
 
 
 class FakeNvml:

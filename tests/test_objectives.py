@@ -4,7 +4,7 @@ import pytest
 
 from tuner import Objectives, TunerError, tune
 from tuner.api import run_objectives
-from tuner.objectives import Spending, check_measurable, met
+from tuner.search.objectives import Spending, check_measurable, met
 
 
 def _spent(trials=0, seconds=0.0, joules=None, history=()):
@@ -55,7 +55,7 @@ def test_bad_objectives_are_refused_with_the_fix():
 def test_an_energy_budget_on_a_cpu_is_refused_before_anything_is_measured(tmp_path):
     with pytest.raises(TunerError, match="use a time or money budget instead"):
         tune("matmul-128", trials=None, stop=Objectives(joules=100), work_dir=tmp_path, progress=False)
-    from tuner.database import TuningDatabase
+    from tuner.database.database import TuningDatabase
 
     db = TuningDatabase(tmp_path / "tuning.db")
     assert db.records() == []
@@ -76,7 +76,7 @@ def test_a_run_ends_by_the_objective_that_was_met(tmp_path, stop, reason):
     result = tune("matmul-128", trials=200, stop=stop, work_dir=tmp_path, batch_size=8, progress=False)
     assert result.stop_reason.startswith(reason)
     assert 0 < result.trials < 200
-    from tuner.report import write_report
+    from tuner.cli.report import write_report
 
     md, _ = write_report(tmp_path)
     assert f"stopped by {reason}" in md.read_text()
@@ -100,7 +100,7 @@ def test_a_task_meeting_its_objective_is_dropped_while_the_others_go_on(tmp_path
 
 
 def test_the_cli_names_a_missing_price(capsys):
-    from tuner.cli import main
+    from tuner.cli.main import main
 
     assert main(["tune", "matmul-128", "--max-cost", "3"]) == 2
     assert "--price-per-hour" in capsys.readouterr().err

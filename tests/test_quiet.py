@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tuner import Objectives, tune
-from tuner.budget import DEFAULT_MIN_TRIALS, DEFAULT_TRIALS_PER_TASK, choose_budget, describe_budget
-from tuner.cli import build_parser, objectives_from_args
+from tuner.cli.main import build_parser
+from tuner.cli.tune_flags import objectives_from_args
+from tuner.search.budget import DEFAULT_MIN_TRIALS, DEFAULT_TRIALS_PER_TASK, choose_budget, describe_budget
 
 torch = pytest.importorskip("torch")
 

@@ -1,12 +1,12 @@
-"""Fresh CPU samples drawn so that a tile's accumulators fill the vector registers (tuner/register_tiles.py)."""
+"""Fresh CPU samples drawn so that a tile's accumulators fill the vector registers (tuner/spaces/register_tiles.py)."""
 
 import numpy as np
 import pytest
 import tvm
 from tvm import te, topi
 
-from tuner import metaschedule as msc
-from tuner.register_tiles import MIN_INNER_REDUCTION, RegisterFile, register_file, register_tile
+from tuner.spaces import metaschedule as msc
+from tuner.spaces.register_tiles import MIN_INNER_REDUCTION, RegisterFile, register_file, register_tile
 from tuner.targets import resolve_target
 from workloads.operators import matmul
 
@@ -99,7 +99,7 @@ def test_a_fitted_convolution_computes_what_numpy_does(llvm_target, seed):
 
 def test_the_search_proposes_mostly_fitted_candidates(llvm_target):
     from costmodel import CandidateFeatures, CostModel
-    from tuner.search import TaskSearch
+    from tuner.search.task_search import TaskSearch
 
     mod = msc.normalize_prim_func_module(matmul(128, 768, 256))
     search = TaskSearch(mod, llvm_target, seed=3, cost_model=CostModel(), features=CandidateFeatures(), group="m")

@@ -104,7 +104,7 @@ def test_tuning_survives_a_fifth_of_candidates_failing_for_real(tmp_path, monkey
     monkeypatch.setenv("TENSOR_TUNER_INJECT_FAULTS", "build-crash,segfault,oom,nan,wrong:0.2")
     result = tune("matmul-128", trials=40, batch_size=8, work_dir=tmp_path / "run", progress=False)
     assert result.trials == 40 and all(task.verified for task in result.tasks)
-    from tuner.database import TuningDatabase
+    from tuner.database.database import TuningDatabase
 
     db = TuningDatabase(result.database_path, read_only=True)
     failed = [r for r in db.records() if r.status != "ok"]
@@ -167,7 +167,7 @@ def test_a_work_dir_turning_read_only_ends_the_run_without_blaming_candidates(tm
             subprocess.run(["umount", "-l", str(run)], capture_output=True)
         last = _last_line(tuner.stderr_path)
         assert last.startswith("tuner: error: the work dir became read-only"), last
-        from tuner.database import TuningDatabase
+        from tuner.database.database import TuningDatabase
 
         db = TuningDatabase(run / "tuning.db", read_only=True)
         statuses = {r.status for r in db.records()}

@@ -9,8 +9,8 @@ import statistics
 import faulty
 
 from measure import MeasureInput, TimingConfig
-from tuner.database import TuningDatabase
-from tuner.retiming import SUSPECT_RATIO, faster, retime, suspect
+from tuner.database.database import TuningDatabase
+from tuner.search.retiming import SUSPECT_RATIO, faster, retime, suspect
 
 TIMING = TimingConfig(min_repeats=3, max_repeats=5, budget_seconds=0.05)
 BURST = [5.98e-3] * 22  # SqueezeNet's 3.6-us concatenation, re-timed while something else held a core

@@ -10,7 +10,7 @@ from lowered_models import error_against_torch
 from tuner.lowering import LoweringOptions, inference_passes
 from tuner.lowering.row_padding import PadProductRows, padded_row_count
 from tuner.targets import resolve_target
-from tuner.tasks import lower_workload
+from tuner.tasks.extraction import lower_workload
 from workloads import load_workload
 
 torch = pytest.importorskip("torch")

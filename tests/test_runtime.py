@@ -1,4 +1,4 @@
-"""The compiled model as a callable (tuner.runtime): numpy and torch in and out, without copies
+"""The compiled model as a callable (tuner.runtime.compiled_model): numpy and torch in and out, without copies
 where the memory allows, and loadable in another process without tuning again."""
 
 import subprocess
@@ -78,13 +78,13 @@ def test_an_exported_model_runs_in_another_process_without_tuning(tuned_mlp, tmp
 
 
 def test_the_checks_process_runs_a_model_without_importing_torch(tuned_mlp, tmp_path):
-    """Each end-to-end check runs a build in a process of its own (tuner.run_model): torch, which
+    """Each end-to-end check runs a build in a process of its own (tuner.runtime.run_model): torch, which
     tvm_ffi imports whenever it is installed, took 3.5 of its 5.5 s there."""
     library = tuned_mlp.export(tmp_path / "mlp.so")
     x = _input(3)
     np.savez(tmp_path / "in.npz", x)
     script = (
-        "import sys; from tuner import run_model; "
+        "import sys; from tuner.runtime import run_model; "
         f"run_model.main({str(library)!r}, {str(tmp_path / 'in.npz')!r}, {str(tmp_path / 'out.npz')!r}); "
         "print(sys.modules.get('torch') is None)"
     )

@@ -3,7 +3,7 @@
 import faulty
 
 from costmodel import CandidateFeatures, CostModel
-from tuner.search import TaskSearch
+from tuner.search.task_search import TaskSearch
 
 
 def test_a_small_space_is_sampled_without_spinning(llvm_target):
@@ -20,7 +20,7 @@ def test_a_small_space_is_sampled_without_spinning(llvm_target):
 
 
 def test_a_space_a_little_smaller_than_a_batch_is_not_drawn_in_ever_larger_rounds(llvm_target):
-    from tuner import metaschedule as msc
+    from tuner.spaces import metaschedule as msc
     from workloads.operators import matmul
 
     mod = msc.normalize_prim_func_module(matmul(1, 1, 2))  # about 20 distinct schedules
@@ -33,7 +33,7 @@ def test_a_space_a_little_smaller_than_a_batch_is_not_drawn_in_ever_larger_round
 
 
 def test_queued_seeds_make_up_a_batch_of_their_own(llvm_target):
-    from tuner import metaschedule as msc
+    from tuner.spaces import metaschedule as msc
     from workloads.operators import matmul
 
     mod = msc.normalize_prim_func_module(matmul(64, 64, 64))

@@ -1,4 +1,4 @@
-"""Softmaxes a row per parallel task (tuner.softmax_rule, named on the kernels by
+"""Softmaxes a row per parallel task (tuner.spaces.softmax_rule, named on the kernels by
 tuner.lowering.softmax_rows): the kernels the tuner sees carry the rule, and its schedule computes
 what the kernel computes, over rows of any length (ViT's 197 tokens, a prime, among them)."""
 
@@ -8,12 +8,12 @@ import tvm
 from tvm import te
 
 from tuner.lowering import LoweringOptions, lower_model
-from tuner.lowering.rewrites import row_softmax
+from tuner.lowering.fast_math import row_softmax
 from tuner.lowering.softmax_rows import by_rows
-from tuner.metaschedule import design_spaces, make_context
-from tuner.softmax_rule import SOFTMAX_RULE, schedule_softmax
+from tuner.spaces.metaschedule import design_spaces, make_context
+from tuner.spaces.softmax_rule import SOFTMAX_RULE, schedule_softmax
 from tuner.targets import resolve_target
-from tuner.tasks import extract_tasks
+from tuner.tasks.extraction import extract_tasks
 from workloads import get_workload
 
 

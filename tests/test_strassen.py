@@ -10,7 +10,7 @@ from tvm import te
 
 from tuner.lowering import LoweringOptions, strassen
 from tuner.targets import resolve_target
-from tuner.tasks import lower_workload
+from tuner.tasks.extraction import lower_workload
 from workloads import load_workload
 
 torch = pytest.importorskip("torch")
@@ -99,8 +99,8 @@ def test_the_output_kernel_loops_over_strassen_blocks_and_computes_what_the_refe
     vectorised inside a block), and that schedule, built by TVM, computes what the unscheduled kernel does."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tuner import schedule_rules
-    from tuner.tasks import extract_tasks
+    from tuner.spaces import schedule_rules
+    from tuner.tasks.extraction import extract_tasks
 
     schedule_rules.register()
     torch.manual_seed(0)

@@ -3,7 +3,7 @@ policy, not TVM's timer, is under test; real timing is covered by the engine tes
 
 import random
 
-from measure.timing import TimingConfig, median_precision, time_with_evaluator
+from measure.timing.sampling import TimingConfig, median_precision, time_with_evaluator
 
 
 class Recorder:

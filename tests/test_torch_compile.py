@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch")
 
 from torch_compile_models import MixedNet, SplitNet, example, tiny_net  # noqa: E402
 
-from tuner.torch_backend import BACKEND_NAME, BackendOptions, cache_key, tensor_tuner_backend  # noqa: E402
-from tuner.torch_cache import LIBRARY_FILE  # noqa: E402
-from tuner.workdir import ARTIFACT_FILE  # noqa: E402
+from tuner.database.workdir import ARTIFACT_FILE  # noqa: E402
+from tuner.torch_compile.backend import BACKEND_NAME, BackendOptions, cache_key, tensor_tuner_backend  # noqa: E402
+from tuner.torch_compile.cache import LIBRARY_FILE  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 TOLERANCE = 1e-4
@@ -102,7 +102,8 @@ with torch.no_grad():
 ready = time.perf_counter() - started
 with torch.no_grad():
     error = (out - model(x)).abs().max().item()
-tuning_modules = sorted(m for m in ("tuner.api", "tuner.run", "tuner.loop", "measure.engine") if m in sys.modules)
+tuning = ("tuner.api", "tuner.run", "tuner.search.loop", "measure.engine.engine")
+tuning_modules = sorted(m for m in tuning if m in sys.modules)
 print(json.dumps({{"ready": ready, "error": error, "tuning_modules": tuning_modules}}))
 """
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

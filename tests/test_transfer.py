@@ -12,10 +12,10 @@ import tvm
 
 from costmodel import CostModel
 from tuner import DatabaseError, TunerError, tune
-from tuner import metaschedule as msc
-from tuner.database import TuningDatabase
-from tuner.opclass import base_name, operator_class
-from tuner.transfer import adapt_tile
+from tuner.database.database import TuningDatabase
+from tuner.search.transfer import adapt_tile
+from tuner.spaces import metaschedule as msc
+from tuner.tasks.opclass import base_name, operator_class
 from workloads import get_workload
 from workloads.operators import matmul
 
@@ -25,7 +25,7 @@ def _matmul(m, n, k):
 
 
 def _task(m, n, k, name="matmul"):
-    from tuner.tasks import Task
+    from tuner.tasks.extraction import Task
 
     return Task(name, _matmul(m, n, k), 1, 2 * m * n * k)
 
@@ -257,7 +257,7 @@ def test_borrowed_data_does_not_delay_learning_from_this_run(tmp_path):
 
 def _transfer_from(source, loop, model, target) -> None:
     from tuner.progress import Progress
-    from tuner.transfer import read_sources, transfer
+    from tuner.search.transfer import read_sources, transfer
 
     transfer(read_sources([source.work_dir]), loop, model, target, Progress(enabled=False))
 
@@ -265,8 +265,8 @@ def _transfer_from(source, loop, model, target) -> None:
 def test_the_model_waits_for_every_tasks_first_transferred_schedules_before_it_retrains(
     tuned_matmul, tmp_path, engine, llvm_target
 ):
-    from tuner.loop import LoopConfig, TuningLoop
-    from tuner.objectives import Objectives
+    from tuner.search.loop import LoopConfig, TuningLoop
+    from tuner.search.objectives import Objectives
 
     tasks = [_task(*shape, name=f"matmul{i}") for i, shape in enumerate([(96, 192, 64), (64, 96, 128)])]
     model = CostModel()
@@ -286,8 +286,8 @@ def test_the_model_waits_for_every_tasks_first_transferred_schedules_before_it_r
 
 def test_the_filter_never_drops_a_transferred_schedule(tuned_matmul, tmp_path, engine, llvm_target):
     from costmodel import FilterSettings
-    from tuner.loop import LoopConfig, TuningLoop
-    from tuner.objectives import Objectives
+    from tuner.search.loop import LoopConfig, TuningLoop
+    from tuner.search.objectives import Objectives
 
     # trusts any model fully and calls anything rated below the task's best poor
     eager = FilterSettings(min_tau=-1.0, full_trust_tau=-0.9, poor_ratio=1.0001, max_drop=0.9, exploration=0.01)

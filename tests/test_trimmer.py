@@ -159,7 +159,7 @@ def test_a_run_reports_rank_quality_and_what_the_filter_saved(tmp_path):
     assert len(entries) >= 8 and any(e["tau"] is not None for e in entries)
     assert result.filtered["proposed"] >= 64 and result.filtered["proposed"] == 64 + result.filtered["dropped"]
     assert result.trials == 64
-    from tuner.report import write_report
+    from tuner.cli.report import write_report
 
     md, _ = write_report(tmp_path)
     assert "Kendall tau" in md.read_text()

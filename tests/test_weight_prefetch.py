@@ -1,4 +1,4 @@
-"""The weights' prefetches (measure/weight_prefetch.py): where a product re-reads blocks of its weight,
+"""The weights' prefetches (codegen/weight_prefetch.py): where a product re-reads blocks of its weight,
 the next block is asked for while this one is computed; nothing changes in what a kernel computes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tvm
 from bf16_builds import needs_bf16
 from tvm.script import tirx as T
 
-from measure.weight_prefetch import DISABLE_ENV, tir_pipeline
+from codegen.weight_prefetch import DISABLE_ENV, tir_pipeline
 from tuner.targets import resolve_target
 
 ROWS, BLOCKS, COLUMN_GROUPS, STEPS, LANES = 32, 4, 8, 32, 16  # 16 KB weight blocks: the smallest helped
@@ -108,8 +108,8 @@ def test_a_kernel_that_reads_its_arguments_once_gets_no_prefetch():
 def test_a_store_through_lets_of_lets_still_moves_with_its_row_loop():
     # C[b] with b = a + 1 and a = row * 4, as TVM's common-subexpression pass writes it: the row loop
     # is not a reduction loop, the step loop (not named) is
-    from measure.tir_walk import binds
-    from measure.weight_prefetch import _innermost_reduction_loop, _Loop
+    from codegen.tir_walk import binds
+    from codegen.weight_prefetch import _innermost_reduction_loop, _Loop
 
     step, row, a, b = (tvm.tirx.Var(name, "int32") for name in ("step", "row", "a", "b"))
     out = tvm.tirx.decl_buffer((64,), "float32", name="out")
@@ -169,7 +169,7 @@ def test_a_bf16_tile_re_reading_its_weight_slice_asks_for_the_next_tasks_slice_s
     # each asking for a quarter of the next task's slice, a line a step of its 384
     from bf16_builds import bf16_array, dense_module, run_built
 
-    from tuner.bf16_rule import _tile
+    from tuner.spaces.bf16_rule import _tile
 
     def built() -> tvm.runtime.Executable:
         sch = tvm.s_tir.Schedule(dense_module(128, 768, 768), seed=1)
@@ -191,8 +191,8 @@ def test_a_bf16_convolution_asks_for_its_next_window_tap_while_computing_this_on
     from bf16_builds import bf16_array, run_built, te_module, torch_conv_nhwc
     from tvm import te
 
-    from tuner.bf16_rule import _tile
-    from tuner.lowering.bf16_kernels import bf16_conv2d_nhwc, pack_conv_weight
+    from tuner.lowering.bf16.kernels import bf16_conv2d_nhwc, pack_conv_weight
+    from tuner.spaces.bf16_rule import _tile
 
     image, kernel = bf16_array((1, 7, 7, 256), 1), bf16_array((3, 3, 256, 64), 2)
     image_t = te.placeholder(image.shape, "bfloat16", name="image")

@@ -7,7 +7,7 @@ from lowered_models import error_against_torch
 
 from tuner.lowering import LoweringOptions
 from tuner.lowering.winograd import tile_size, transforms
-from tuner.tasks import extract_tasks, lower_workload
+from tuner.tasks.extraction import extract_tasks, lower_workload
 from workloads import load_workload
 
 torch = pytest.importorskip("torch")

@@ -8,17 +8,9 @@ import tvm
 
 from costmodel import CandidateFilter, FilterSettings
 from measure import Engine, EngineConfig, MeasureEngine
-from measure.cluster import ClusterEngine, ClusterOptions
+from measure.cluster.engine import ClusterEngine, ClusterOptions
 from tuner import TunerError
-from tuner.workdir import (
-    JobRecord,
-    JobTask,
-    ResultRecord,
-    TransferRecord,
-    WorkDir,
-    read_meta,
-    write_meta,
-)
+from tuner.database.workdir import JobRecord, JobTask, ResultRecord, TransferRecord, WorkDir, read_meta, write_meta
 
 
 def test_a_work_dir_names_its_files_and_is_made_where_asked(tmp_path):

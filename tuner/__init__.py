@@ -2,26 +2,27 @@
 
 from typing import TYPE_CHECKING
 
-from workloads.lazy_exports import lazy_exports
+from common.lazy_exports import lazy_exports
 
 from .errors import DatabaseError, NoDeviceError, TargetError, TunerError, WorkloadError
 
 if TYPE_CHECKING:
+    from tuner.lowering import LoweringOptions
+    from tuner.runtime.compiled_model import CompiledModel, load
+    from tuner.search.objectives import Objectives
+
     from .api import tune
-    from .lowering import LoweringOptions
-    from .objectives import Objectives
     from .result import TaskResult, TuneResult
-    from .runtime import CompiledModel, load
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "CompiledModel": ".runtime",
+        "CompiledModel": ".runtime.compiled_model",
         "LoweringOptions": ".lowering",
-        "Objectives": ".objectives",
+        "Objectives": ".search.objectives",
         "TaskResult": ".result",
         "TuneResult": ".result",
-        "load": ".runtime",
+        "load": ".runtime.compiled_model",
         "tune": ".api",
     },
 )

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import tvm
 
-from measure.contract import is_cuda
+from common.target_kind import is_cuda
+from tuner.compile.check import ModelCheck
+from tuner.runtime.compiled_model import CompiledModel, ModelDescription
 from workloads import TensorSpec
 
-from .check import ModelCheck
 from .progress import filter_summary, format_latency, format_phases, format_seconds
-from .runtime import CompiledModel, ModelDescription
 from .targets import describe_target
 
 
@@ -91,7 +91,7 @@ class TuneResult:
         return path
 
     def compiled(self, device: tvm.runtime.Device | None = None) -> CompiledModel:
-        """The tuned model, ready to run (``tuner.runtime.CompiledModel``): keep it and call it."""
+        """The tuned model, ready to run (``tuner.runtime.compiled_model.CompiledModel``): keep it and call it."""
         if self._compiled is None or device is not None:
             compiled = CompiledModel(self.artifact_path, self.description, device)
             if device is not None:

@@ -16,18 +16,14 @@ from typing import Any
 
 import tvm
 
+from common.target_kind import is_cuda
 from costmodel import CostModel
 from measure import DeviceUnavailable, Engine, EngineConfig, MeasureEngine, TimingConfig
-from measure.cluster import ClusterEngine, ClusterLost, ClusterOptions, ClusterUnavailable
-from measure.contract import is_cuda
-from measure.worker import WorkerTimeout
-from workloads import Workload
-
-from . import metaschedule as msc
-from .budget import Budget, choose_budget, describe_budget
-from .check import ModelCheck
-from .checked_build import CheckedBuild
-from .compile import (
+from measure.cluster.engine import ClusterEngine, ClusterLost, ClusterOptions, ClusterUnavailable
+from measure.workers.worker import WorkerTimeout
+from tuner.compile.check import ModelCheck
+from tuner.compile.checked_build import CheckedBuild
+from tuner.compile.compile import (
     UNTUNED_TIMEOUT_S,
     UNTUNED_TIMING,
     KernelChoice,
@@ -36,22 +32,8 @@ from .compile import (
     fell_back,
     time_workload,
 )
-from .database import TuningDatabase
-from .errors import NoDeviceError, TunerError
-from .loop import LoopConfig, TaskRun, TuningLoop
-from .lowering import LoweringOptions
-from .metaschedule import schedule_from_json
-from .objectives import Objectives, check_measurable
-from .options import TuneOptions
-from .precision import check_bf16
-from .progress import Progress
-from .quiet import native_logs_quiet
-from .result import TaskResult, TuneResult
-from .scheduler import check_scheduler
-from .targets import require_device, resolve_target
-from .tasks import Task, extract_tasks, load_model, lower_workload
-from .transfer import TransferSource, read_model_sources, read_sources, transfer, warm_start
-from .workdir import (
+from tuner.database.database import TuningDatabase
+from tuner.database.workdir import (
     STORAGE_FAILURES,
     CostModelSourceRecord,
     JobRecord,
@@ -62,6 +44,25 @@ from .workdir import (
     storage_errno,
     write_meta,
 )
+from tuner.lowering import LoweringOptions
+from tuner.lowering.bf16.precision import check_bf16
+from tuner.search.budget import Budget, choose_budget, describe_budget
+from tuner.search.loop import LoopConfig, TuningLoop
+from tuner.search.objectives import Objectives, check_measurable
+from tuner.search.scheduler import check_scheduler
+from tuner.search.task_run import TaskRun
+from tuner.search.transfer import TransferSource, read_model_sources, read_sources, transfer, warm_start
+from tuner.spaces import metaschedule as msc
+from tuner.spaces.metaschedule import schedule_from_json
+from tuner.tasks.extraction import Task, extract_tasks, load_model, lower_workload
+from workloads import Workload
+
+from .errors import NoDeviceError, TunerError
+from .options import TuneOptions
+from .progress import Progress
+from .quiet import native_logs_quiet
+from .result import TaskResult, TuneResult
+from .targets import require_device, resolve_target
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from typing import Any
 import tvm
 from tvm.target import Target
 
-from measure.cuda_runtime import no_gpu_reason, runtime_problem
-from measure.error_text import error_line
-from measure.host import cpu_flags, physical_cores
+from common.error_text import error_line
+from common.host import cpu_flags, physical_cores
+from measure.cuda.runtime import no_gpu_reason, runtime_problem
 
 from .errors import TargetError
 

@@ -2,8 +2,9 @@
 
 from typing import TYPE_CHECKING
 
+from common.lazy_exports import lazy_exports
+
 from .errors import WorkloadError
-from .lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from .catalog import get_workload, list_workloads, load_workload

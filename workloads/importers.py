@@ -17,7 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from measure.error_text import error_line
+from common.error_text import error_line
 
 from .errors import WorkloadError
 from .precision import in_precision
@@ -72,7 +72,7 @@ def import_optional(module: str, extra: str, why: str) -> Any:
 
 
 def from_prim_func(func: tvm.tirx.PrimFunc, name: str) -> Workload:
-    from .operators import prim_func_workload
+    from workloads.operators import prim_func_workload
 
     try:
         inputs = prim_func_inputs(func)

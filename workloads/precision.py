@@ -1,5 +1,5 @@
 """A model's convolutions and matmuls computed in half precision (bfloat16: marked here, done by the
-tuner's lowering, which knows the target: ``tuner.lowering.bf16``).
+tuner's lowering, which knows the target: ``tuner.lowering.bf16.products``).
 
 TVM's torch importer gives every convolution a float32 output, so a half-precision torch module
 does not import; TVM's mixed-precision pass (``ToMixedPrecision``) is the supported route instead:
@@ -21,8 +21,9 @@ from tvm import relax
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
+from common.relax_functions import rewrite_functions
+
 from .errors import WorkloadError
-from .relax_functions import rewrite_functions
 from .workload import Workload
 
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
@@ -45,7 +46,7 @@ def in_precision(workload: Workload, dtype: str | None) -> Workload:
         workload.precision = "float16"
         workload.name += "-fp16"
         workload.description = f"{workload.description}; float16" if workload.description else "float16"
-    elif dtype == "bfloat16":  # the lowering computes its products from bf16 (tuner.lowering.bf16)
+    elif dtype == "bfloat16":  # the lowering computes its products from bf16 (tuner.lowering.bf16.products)
         workload.precision = "bfloat16"
         workload.name += "-bf16"
         workload.description = f"{workload.description}; bfloat16" if workload.description else "bfloat16"

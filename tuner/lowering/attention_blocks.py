@@ -29,9 +29,10 @@ from tvm import relax
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
-from workloads.relax_functions import rewrite_functions
+from common.relax_functions import rewrite_functions
 
-from .rewrites import is_float32, op_name, row_softmax, static_shape
+from .fast_math import row_softmax
+from .graph import is_float32, op_name, static_shape
 
 # Split where the scores outgrow the caches of a few cores; each block's scores fit in a
 # last-level cache slice.

@@ -20,9 +20,9 @@ from tvm import relax
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
-from workloads.relax_functions import rewrite_functions
+from common.relax_functions import rewrite_functions
 
-from .rewrites import ints, op_name, static_shape
+from .graph import ints, op_name, static_shape
 
 
 def _per_channel_over_positions(call: Call) -> tuple[int, ...] | None:

@@ -34,10 +34,11 @@ from tvm import relax
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
-from workloads.relax_functions import rewrite_functions
+from common.relax_functions import rewrite_functions
+from tuner.spaces.schedule_rules import VECTOR_LANES
 
-from ..schedule_rules import VECTOR_LANES
-from .rewrites import conv2d_like, fast_form_call, fast_form_named, ints, op_name, static_shape
+from .fast_math import fast_form_call, fast_form_named
+from .graph import conv2d_like, ints, op_name, static_shape
 
 # Channels are the vectorised axis of an NHWC convolution; MetaSchedule tiles an axis only by its
 # exact divisors, so an output-channel count that is not a multiple of the vector length (1000

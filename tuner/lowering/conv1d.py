@@ -14,9 +14,9 @@ from tvm import relax
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
-from workloads.relax_functions import rewrite_functions
+from common.relax_functions import rewrite_functions
 
-from .rewrites import ints, static_shape
+from .graph import ints, static_shape
 
 NWC = [0, 2, 1]  # NCW <-> NWC
 

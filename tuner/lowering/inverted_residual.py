@@ -5,7 +5,7 @@ MobileNetV2 widens each block's input six times with a 1x1 convolution, filters 
 depthwise convolution and narrows it again. As separate kernels, the wide activation (4.8 MB at
 112x112x96) is written by one kernel and read back by the next; inside the model those two kernels
 ran 2-3x slower than alone (experiments/vs_frameworks.md, "What holds MobileNetV2"). Here both are
-one kernel whose schedule (``tuner.schedule_rules.schedule_expand_depthwise``) computes the wide
+one kernel whose schedule (``tuner.spaces.schedule_rules.schedule_expand_depthwise``) computes the wide
 activation band by band, each band with the rows its depthwise window needs.
 
 The kernel computes the expansion over the padded image, reading clamped input indices, and zeroes
@@ -30,12 +30,12 @@ from tvm.ir.expr import Constant
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
-from workloads.relax_functions import rewrite_functions
+from common.relax_functions import rewrite_functions
+from tuner.spaces.metaschedule import FLOPS_ANNOTATION
+from tuner.spaces.schedule_rules import EXPAND_DEPTHWISE_RULE, VECTOR_LANES
 
-from ..metaschedule import FLOPS_ANNOTATION
-from ..schedule_rules import EXPAND_DEPTHWISE_RULE, VECTOR_LANES
 from .dataflow import Dataflow
-from .rewrites import op_name, static_shape
+from .graph import op_name, static_shape
 
 # (low, high) bounds of a clip or ReLU; None where unbounded
 Activation = tuple[float | None, float | None]

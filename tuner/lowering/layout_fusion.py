@@ -24,7 +24,7 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.ir.module import IRModule
 
-from ..metaschedule import prim_func_flops
+from tuner.spaces.metaschedule import prim_func_flops
 
 _INJECTIVE = 2  # op patterns (tvm/relax/op_attr_types.h): element-wise 0, broadcast 1, injective 2
 _BROADCAST = 1
@@ -299,7 +299,7 @@ class FuseLayoutIntoConsumers:
 
 
 def _tensorized(unit: _Unit) -> bool:
-    """Whether ``unit`` holds a bf16 product by a packed weight (``tuner.lowering.bf16_kernels``): its
+    """Whether ``unit`` holds a bf16 product by a packed weight (``tuner.lowering.bf16.kernels``): its
     micro-kernel reads the operand through a pointer, so a producer pulled in stays a pass of its own."""
     return any("bf16_dense" in step.prim.name_hint for step in unit.steps)
 

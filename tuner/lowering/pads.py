@@ -29,11 +29,11 @@ from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 from tvm.s_tir import Schedule
 
-from workloads.relax_functions import rewrite_functions
+from common.relax_functions import rewrite_functions
+from tuner.spaces.copy_rule import BF16_COPY_RULE
 
-from ..copy_rule import BF16_COPY_RULE
+from .graph import conv2d_like, op_name
 from .inverted_residual import OPAQUE_PATTERN
-from .rewrites import conv2d_like, op_name
 
 _SPATIAL_AXES = {"NCHW": (2, 3), "NHWC": (1, 2)}
 _INJECTIVE_PATTERN = 2  # relax's kInjective
@@ -126,7 +126,7 @@ class KeepGrowingBlocksOutOfEpilogues:
 
 
 def _with_bf16_copy_rule(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    """A bf16 concatenation with ``tuner.copy_rule``'s design space named on its block (vectorised copies;
+    """A bf16 concatenation with ``tuner.spaces.copy_rule``'s design space named on its block (vectorised copies;
     a pad's or a patch gather's condition varies along the innermost axis, and their own spaces stay)."""
     if str(func.params[-1].dtype) != "bfloat16":
         return func

@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import relax, te, topi
+from tvm import relax
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
-
-def static_shape(expr: Expr) -> tuple[int, ...] | None:
-    """The shape of a tensor expression, if every dimension is a known integer."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    values = ty.shape.values
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in values):
-        return None
-    return tuple(int(d) for d in values)
+from .fast_math import FAST_FORMS, fast_form_call, row_softmax
+from .graph import is_float32, op_name, static_shape
 
 
 def _whole_input_pool_as_mean(call: Call) -> Expr:
@@ -38,121 +30,8 @@ def _whole_input_pool_as_mean(call: Call) -> Expr:
     return relax.op.mean(call.args[0], axis=axes, keepdims=True)
 
 
-def ints(values) -> list[int]:
-    """An attribute's array of integers (strides, padding, axes) as Python ints."""
-    return [int(v) for v in values]
-
-
-def op_name(expr: Expr) -> str | None:
-    """The operator ``expr`` calls, if it is a call of a Relax operator."""
-    return expr.op.name if isinstance(expr, Call) and isinstance(expr.op, tvm.ir.Op) else None
-
-
-_CONV2D_ATTRS = ("strides", "padding", "dilation", "groups", "data_layout", "kernel_layout", "out_layout", "out_dtype")
-
-
-def conv2d_like(call: Call, data: Expr, weight: Expr, **changes: object) -> Expr:
-    """A conv2d of ``data`` and ``weight`` with the attributes of the conv2d ``call``, but ``changes``."""
-    attrs = {name: getattr(call.attrs, name) for name in _CONV2D_ATTRS}
-    return relax.op.nn.conv2d(data, weight, **{**attrs, **changes})
-
-
-def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
-    exp = topi.fast_exp(topi.negative(x))
-    return te.compute(
-        x.shape, lambda *i: tvm.tirx.const(1.0, x.dtype) / (tvm.tirx.const(1.0, x.dtype) + exp(*i)), name="fast_sigmoid"
-    )
-
-
-def _fast_silu(x: te.Tensor) -> te.Tensor:
-    return topi.multiply(x, _fast_sigmoid(x))
-
-
-def _fast_gelu(x: te.Tensor) -> te.Tensor:
-    """0.5 x (1 + erf(x / sqrt 2)), torch's exact GELU, with TOPI's polynomial erf."""
-    erf = topi.fast_erf(topi.multiply(x, tvm.tirx.const(0.7071067811865476, x.dtype)))
-    return te.compute(
-        x.shape,
-        lambda *i: x(*i) * tvm.tirx.const(0.5, x.dtype) * (tvm.tirx.const(1.0, x.dtype) + erf(*i)),
-        name="fast_gelu",
-    )
-
-
-def _fast_gelu_tanh(x: te.Tensor) -> te.Tensor:
-    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), torch's GELU(approximate="tanh"), with TOPI's
-    rational tanh: TVM's own tanh calls libm's expf per element (Gemma's FFN output kernel, this
-    GELU merged into it, ran at 3 GFLOP/s, 2.4 of the model's 9.8 ms)."""
-
-    def const(value: float) -> tvm.tirx.PrimExpr:
-        return tvm.tirx.const(value, x.dtype)
-
-    inner = te.compute(
-        x.shape, lambda *i: const(0.7978845608028654) * x(*i) * (const(1.0) + const(0.044715) * x(*i) * x(*i))
-    )
-    tanh = topi.fast_tanh(inner)
-    return te.compute(x.shape, lambda *i: x(*i) * const(0.5) * (const(1.0) + tanh(*i)), name="fast_gelu_tanh")
-
-
-def whole_row(values: te.Tensor, reducer, combine, name: str, axis: str) -> te.Tensor:
-    """``reducer`` over the last axis of ``values``, in one reduction (``combine``: its binary form)."""
-    *outer, length = values.shape
-    over = te.reduce_axis((0, length), name=axis)
-    return te.compute(outer, lambda *i: reducer(values(*i, over), axis=over), name=name)
-
-
-def row_softmax(x: te.Tensor, fast: bool, safe: bool, reduction=whole_row) -> te.Tensor:
-    """Softmax over the last axis as one kernel: the row's maximum, its exponentials, their sum,
-    the quotient. The exponentials are stored once (MetaSchedule may not inline them into both
-    their readers, which computed each exp twice). ``safe``: a row of -inf gives 0, as PyTorch's
-    ``_safe_softmax`` does (scaled_dot_product_attention uses it); such a row is the one whose
-    maximum is -inf, so the softmax's own maximum decides. ``reduction``: how the maximum and the
-    sum reduce a row (``whole_row``'s signature)."""
-    row_max = reduction(x, te.max, tvm.tirx.max, "row_max", "k")
-    shifted = te.compute(x.shape, lambda *i: x(*i) - row_max(*i[:-1]), name="shifted")
-    exp = topi.fast_exp(shifted) if fast else topi.exp(shifted)
-    stored = te.compute(x.shape, lambda *i: exp(*i), name="exp", attrs={"meta_schedule.inline_rule": "disable"})
-    total = reduction(stored, te.sum, lambda a, b: a + b, "row_sum", "j")
-    if not safe:
-        return te.compute(x.shape, lambda *i: stored(*i) / total(*i[:-1]), name="softmax")
-    zero, minus_inf = tvm.tirx.const(0.0, x.dtype), tvm.tirx.const(float("-inf"), x.dtype)
-    return te.compute(
-        x.shape,
-        lambda *i: tvm.tirx.Select(row_max(*i[:-1]) == minus_inf, zero, stored(*i) / total(*i[:-1])),
-        name="safe_softmax",
-    )
-
-
-# float32 activations whose legalized forms call libm once per element (LLVM does not vectorise
-# those calls), with vectorisable replacements
-_FAST_FORMS = {
-    "relax.sigmoid": _fast_sigmoid,
-    "relax.nn.silu": _fast_silu,
-    "relax.nn.gelu": _fast_gelu,
-    "relax.tanh": topi.fast_tanh,
-    "relax.nn.gelu_tanh": _fast_gelu_tanh,
-}
-
-
-def _kernel_name(form) -> str:
-    return form.__name__.lstrip("_")
-
-
-_FAST_FORMS_BY_NAME = {_kernel_name(form): form for form in _FAST_FORMS.values()}
-
-
-def fast_form_call(builder: relax.BlockBuilder, form, x: Expr) -> Expr:
-    """``form`` (a value of ``_FAST_FORMS``) of ``x``, as a kernel named after it."""
-    return builder.call_te(form, x, primfunc_name_hint=_kernel_name(form))
-
-
-def fast_form_named(kernel: str):
-    """The fast form a kernel computes, by its name (``fast_gelu1``: ``_fast_gelu``), or None: a pass
-    after the fast forms were given sees the kernel, not the operator."""
-    return _FAST_FORMS_BY_NAME.get(kernel.rstrip("0123456789"))
-
-
 _UNARY_ELEMENTWISE = {
-    *_FAST_FORMS,
+    *FAST_FORMS,
     *(
         f"relax.{op}"
         for op in (
@@ -219,7 +98,7 @@ class _Rewriter(PyExprMutator):
         return _first(self._reshape(result, static_shape(call)), relax.op.reshape(result, shape))
 
     def _fast_form(self, call: Call) -> Expr:
-        form = _FAST_FORMS.get(call.op.name)
+        form = FAST_FORMS.get(call.op.name)
         if form is None or not self.fast_math or not is_float32(call):
             return call
         return fast_form_call(self.builder_, form, call.args[0])
@@ -398,11 +277,6 @@ class _Rewriter(PyExprMutator):
 
 def _first(preferred: Expr | None, fallback: Expr) -> Expr:
     return preferred if preferred is not None else fallback
-
-
-def is_float32(call: Call) -> bool:
-    ty = call.ty
-    return isinstance(ty, relax.TensorType) and ty.dtype == "float32"
 
 
 @expr_functor.mutator

@@ -14,10 +14,9 @@ from tvm import relax
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
-from workloads.relax_functions import rewrite_functions
+from common.relax_functions import rewrite_functions
 
-from .products import fp32_activation_by_weight
-from .rewrites import static_shape
+from .graph import fp32_activation_by_weight, static_shape
 
 ROW_MULTIPLE = 8  # padded row counts are multiples of it
 TILE_ROWS = range(4, 17)  # a row count with one of these divisors tiles well as it is

@@ -1,4 +1,4 @@
-"""Softmax kernels (``rewrites.row_softmax``) rebuilt for ``tuner.softmax_rule``'s design space: a
+"""Softmax kernels (``rewrites.row_softmax``) rebuilt for ``tuner.spaces.softmax_rule``'s design space: a
 row per parallel task, its maximum and its sum over ``LANES`` partial results.
 
 MetaSchedule tiles a softmax's loops by perfect factors only: ViT's rows of 197 (a prime) got no
@@ -16,8 +16,9 @@ from tvm import te
 from tvm.ir.module import IRModule
 from tvm.s_tir import Schedule
 
-from ..softmax_rule import LANES, QUOTIENTS, SOFTMAX_RULE
-from .rewrites import row_softmax
+from tuner.spaces.softmax_rule import LANES, QUOTIENTS, SOFTMAX_RULE
+
+from .fast_math import row_softmax
 
 
 def in_lanes(values: te.Tensor, reducer, combine, name: str, axis: str) -> te.Tensor:
@@ -67,7 +68,7 @@ def by_rows(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
 
 @tvm.transform.module_pass(opt_level=0, name="SoftmaxByRows")
 class SoftmaxByRows:
-    """Every row softmax's kernel rebuilt for ``tuner.softmax_rule`` (module docstring)."""
+    """Every row softmax's kernel rebuilt for ``tuner.spaces.softmax_rule`` (module docstring)."""
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         for gv, func in list(mod.functions_items()):

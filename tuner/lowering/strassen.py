@@ -21,12 +21,11 @@ from tvm import relax, te, tirx
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
-from workloads.relax_functions import rewrite_functions
+from common.relax_functions import rewrite_functions
+from tuner.spaces.strassen_rule import STRASSEN_OUTPUT_RULE
 
-from ..strassen_rule import STRASSEN_OUTPUT_RULE
+from .graph import fp32_activation_by_weight, static_shape
 from .inverted_residual import OPAQUE_PATTERN
-from .products import fp32_activation_by_weight
-from .rewrites import static_shape
 
 # A block by its (row, column) in the 2x2 split.
 _11, _12, _21, _22 = (0, 0), (0, 1), (1, 0), (1, 1)

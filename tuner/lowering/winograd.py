@@ -31,10 +31,10 @@ from tvm import relax, te
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
-from workloads.relax_functions import rewrite_functions
+from common.relax_functions import rewrite_functions
+from tuner.spaces.metaschedule import FLOPS_ANNOTATION
 
-from ..metaschedule import FLOPS_ANNOTATION
-from .rewrites import static_shape
+from .graph import static_shape
 
 # m = 4 (4x fewer multiply-adds than direct) where its tiles cover the output with at most this
 # fraction of wasted area, else m = 2 (2.25x fewer): a 14x14 output in 4x4 tiles computes 16x16.

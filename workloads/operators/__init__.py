@@ -1,5 +1,6 @@
-"""Single-operator workloads: the operator families of the DOPpler evaluation, each at shapes taken
-from real models (the ``source`` of each says which model and layer). TVM's own operator
+"""Single-operator workloads: the operator families of the DOPpler evaluation.
+
+Each is at shapes taken from real models (the ``source`` of each says which model and layer). TVM's own operator
 definitions (TOPI) describe the computation; ``reference`` recomputes it with NumPy.
 
 fp32 everywhere; operators with a tensor-core path on CUDA (matmul, dense, batch_matmul,

@@ -1,0 +1,1 @@
+"""Helpers every package shares and none owns: host facts, error lines, lazy exports, Relax rewriting."""

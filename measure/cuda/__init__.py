@@ -1,0 +1,1 @@
+"""CUDA on a host: the runtime, the compile environment, what a built artifact holds, which errors poison a context."""

@@ -1,0 +1,192 @@
+"""How CUDA candidates are compiled: the compile path, chosen on purpose, and what lets TVM's
+CUDA code generator build real cubins on a host without a GPU driver.
+
+TVM compiles CUDA C with NVRTC (through the ``cuda-bindings`` package) unless
+``TVM_CUDA_COMPILE_MODE=nvcc``, so installing that package silently changes the compiler. Here
+nvcc is preferred wherever it is installed (CPU build hosts have it, so a kernel is compiled alike
+wherever it is built) and NVRTC is the fallback; an explicit ``TVM_CUDA_COMPILE_MODE`` wins.
+
+TVM registers its CUDA codegen only if ``libtvm_runtime_cuda.so`` loads, and that library links
+against the driver (``libcuda.so.1``). On a build host with the CUDA toolkit but no driver we load
+a stand-in driver whose entry points all answer "no device"; nothing here ever runs a kernel.
+Call :func:`prepare_cuda_build_env` before ``import tvm``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.host import user_cache_dir
+
+# Driver entry points libtvm_runtime_cuda.so links against (TVM 0.27); extended from `nm` when present.
+_KNOWN_DRIVER_SYMBOLS = (
+    "cuDeviceGetName",
+    "cuFuncSetAttribute",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuLaunchKernelEx",
+    "cuModuleGetFunction",
+    "cuModuleLoadData",
+    "cuModuleUnload",
+    "cuTensorMapEncodeTiled",
+)
+_CUDA_ERROR_NO_DEVICE = 100
+COMPILE_MODE_ENV = "TVM_CUDA_COMPILE_MODE"  # read by TVM's tvm_callback_cuda_compile: "nvcc" or "nvrtc"
+NVRTC_PACKAGES = "cuda-bindings nvidia-cuda-nvrtc"
+
+
+class CudaBuildEnvError(RuntimeError):
+    """CUDA candidates cannot be built on this host."""
+
+
+@dataclass(frozen=True)
+class CompileMode:
+    mode: str  # "nvcc" or "nvrtc"
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.mode} ({self.why})"
+
+
+def driver_available() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def cuda_home() -> str | None:
+    for var in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(var):
+            return os.environ[var]
+    # /usr/local/bin/nvcc may be a wrapper script, which misleads TVM's libdevice lookup.
+    for candidate in ("/usr/local/cuda",):
+        if Path(candidate, "bin", "nvcc").exists():
+            return str(Path(candidate).resolve())
+    nvcc = shutil.which("nvcc")
+    return str(Path(nvcc).resolve().parent.parent) if nvcc else None
+
+
+def nvcc_path() -> str | None:
+    home = cuda_home()
+    if home and Path(home, "bin", "nvcc").exists():
+        return str(Path(home, "bin", "nvcc"))
+    return shutil.which("nvcc")
+
+
+def nvcc_version(nvcc: str) -> str:
+    """ "13.0" from ``nvcc --version``, or "unknown version"."""
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown version"
+    found = re.search(r"release (\d+\.\d+)", out)
+    return found.group(1) if found else "unknown version"
+
+
+def nvrtc_available() -> bool:
+    """Whether TVM can compile with NVRTC here: its Python bindings (``cuda.bindings.nvrtc``, which
+    TVM imports) import, and find the NVRTC library when asked its version."""
+    try:
+        if importlib.util.find_spec("cuda.bindings.nvrtc") is None:
+            return False
+        from cuda.bindings import nvrtc
+
+        return nvrtc.nvrtcVersion()[0] == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    except Exception:  # noqa: BLE001 - no ``cuda`` package, or a library it cannot find: no NVRTC either way
+        return False
+
+
+def choose_compile_mode() -> CompileMode:
+    """The CUDA compile path for this host: ``$TVM_CUDA_COMPILE_MODE`` if set (checked), else nvcc
+    where installed, else NVRTC; raises CudaBuildEnvError naming what to install if neither is."""
+    requested = os.environ.get(COMPILE_MODE_ENV, "").strip().lower()
+    nvcc = nvcc_path()
+    if requested == "nvcc":
+        if nvcc is None:
+            raise CudaBuildEnvError(
+                f"{COMPILE_MODE_ENV}=nvcc but nvcc is not installed: install the CUDA toolkit, set CUDA_PATH, or "
+                f"unset {COMPILE_MODE_ENV}"
+            )
+        return CompileMode("nvcc", f"{COMPILE_MODE_ENV}=nvcc; nvcc {nvcc_version(nvcc)} at {nvcc}")
+    if requested == "nvrtc":
+        if not nvrtc_available():
+            raise CudaBuildEnvError(
+                f"{COMPILE_MODE_ENV}=nvrtc but NVRTC's Python bindings are missing: pip install {NVRTC_PACKAGES}, or "
+                f"unset {COMPILE_MODE_ENV}"
+            )
+        return CompileMode("nvrtc", f"{COMPILE_MODE_ENV}=nvrtc; cuda-bindings")
+    if requested:
+        raise CudaBuildEnvError(
+            f"{COMPILE_MODE_ENV}={requested!r} is not a compile mode: set it to nvcc or nvrtc, or unset it"
+        )
+    if nvcc is not None:
+        return CompileMode("nvcc", f"nvcc {nvcc_version(nvcc)} at {nvcc}, preferred where installed")
+    if nvrtc_available():
+        return CompileMode("nvrtc", "cuda-bindings; no nvcc installed")
+    raise CudaBuildEnvError(
+        f"building for CUDA needs nvcc (the CUDA toolkit; or set CUDA_PATH) or NVRTC (pip install {NVRTC_PACKAGES})"
+    )
+
+
+def prepare_cuda_build_env(cache_dir: Path | None = None) -> CompileMode:
+    """Set this process up to compile CUDA (call before ``import tvm``); returns the compile path."""
+    mode = choose_compile_mode()
+    os.environ[COMPILE_MODE_ENV] = mode.mode
+    home = cuda_home()
+    if home is not None:
+        os.environ.setdefault("CUDA_PATH", home)
+    nvcc = nvcc_path()
+    if mode.mode == "nvcc" and nvcc and shutil.which("nvcc") is None:  # TVM runs "nvcc" from PATH
+        os.environ["PATH"] = os.pathsep.join((str(Path(nvcc).parent), os.environ.get("PATH", "")))
+    if not driver_available():
+        ctypes.CDLL(str(stand_in_driver(cache_dir)), mode=ctypes.RTLD_GLOBAL)
+    return mode
+
+
+def stand_in_driver(cache_dir: Path | None = None) -> Path:
+    """Build (once) a libcuda.so.1 whose every entry point fails with CUDA_ERROR_NO_DEVICE."""
+    symbols = sorted(set(_KNOWN_DRIVER_SYMBOLS) | _driver_symbols_from_nm())
+    cache_dir = Path(cache_dir or user_cache_dir() / "cuda-stand-in")
+    library = cache_dir / hashlib.sha1("\n".join(symbols).encode()).hexdigest()[:12] / "libcuda.so.1"
+    if library.exists():
+        return library
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise CudaBuildEnvError(
+            "building CUDA candidates without a GPU driver needs a C compiler (cc) for a stand-in libcuda"
+        )
+    library.parent.mkdir(parents=True, exist_ok=True)
+    # Several build workers may get here at once: each compiles its own copy, then renames atomically.
+    source = library.with_name(f"stand-in-{os.getpid()}.c")
+    source.write_text("".join(f"int {name}(void) {{ return {_CUDA_ERROR_NO_DEVICE}; }}\n" for name in symbols))
+    partial = library.with_name(f"libcuda-{os.getpid()}.tmp")
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(partial), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    os.replace(partial, library)
+    source.unlink()
+    return library
+
+
+def _driver_symbols_from_nm() -> set[str]:
+    spec = importlib.util.find_spec("tvm")
+    nm = shutil.which("nm")
+    if spec is None or not spec.submodule_search_locations or nm is None:
+        return set()
+    runtime = Path(list(spec.submodule_search_locations)[0], "lib", "libtvm_runtime_cuda.so")
+    if not runtime.exists():
+        return set()
+    out = subprocess.run([nm, "-D", "--undefined-only", str(runtime)], capture_output=True, text=True).stdout
+    return set(re.findall(r"\bU (cu[A-Z]\w+)", out))

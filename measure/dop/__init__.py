@@ -1,0 +1,1 @@
+"""DOPpler's degree-of-parallelism controller, and what it learned, remembered per machine."""

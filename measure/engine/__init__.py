@@ -1,0 +1,1 @@
+"""The local measurement engine: build and measuring workers, their gate, the fastest builds kept."""

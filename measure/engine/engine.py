@@ -1,0 +1,449 @@
+"""The measurement engine: build candidates in a pool of worker processes, time them in an
+isolated measuring process, and hand back one result per candidate as soon as it is known.
+
+On a CPU target the builds finish before any timing starts, because a compiling process on the
+same cores would distort the timings; on a GPU, builds go on while earlier candidates are timed.
+
+The DOP controller starts where the last run on this machine and device left it (see
+``measure.dop.memory``), and its state is saved after each of its decisions and on ``close()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import queue
+import random
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+import tvm
+
+from common.host import available_memory_bytes
+from measure.contract import Engine, EngineConfig, device_kind, host_target
+from measure.cuda.compile_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode
+from measure.dop.controller import GPU_DEFAULT_MAX_DOP, DopController, DopDecision, relative_error
+from measure.dop.memory import DopMemory, machine_key
+from measure.nvml import NvmlMonitor, split_energy
+from measure.timeouts import AdaptiveTimeout
+from measure.timing.cpu_slots import default_cpu_dop, pinned_env, runner_cpu_sets
+from measure.timing.sampling import TimingConfig
+from measure.types import BuildResult, MeasureInput, MeasureResult, Status, VerifyResult
+from measure.workers.env import CUDA_BUILD_ENV, RUN_DEVICE_ENV
+from measure.workers.worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
+
+from .building import REFERENCE_KEY, artifact_stem, build_with
+from .kept_builds import KeptBuilds, remove_artifact
+from .runners import DeviceUnavailable, RunnerPool
+
+__all__ = ["DeviceUnavailable", "EngineConfig", "MeasureEngine"]
+
+log = logging.getLogger("tensor_tuner.measure")
+_RUN_FAILURES = (Status.RUN_ERROR, Status.RUN_TIMEOUT, Status.RUN_CRASH)
+SERIAL_WINDOW = 4  # built candidates one measuring window takes when each is timed alone
+
+
+def default_build_workers() -> int:
+    memory_bound = max(1, available_memory_bytes() // (2 << 30))  # ~2 GiB per compiling worker
+    return max(1, min(os.cpu_count() or 1, memory_bound))
+
+
+class MeasureEngine(Engine):
+    """This machine's worker processes. ``monitor``: the NVML monitor of the runners' GPU (default:
+    one is made for a CUDA target)."""
+
+    def __init__(
+        self,
+        target: tvm.target.Target,
+        work_dir: Path,
+        config: EngineConfig | None = None,
+        monitor: NvmlMonitor | None = None,
+    ):
+        super().__init__(target, work_dir, config)
+        self.build_timeout = AdaptiveTimeout(self.config.build_timeout)
+        self.run_timeout = AdaptiveTimeout(self.config.run_timeout)
+        self.overlap_builds_with_runs = self.device != "cpu"
+        self._artifact_dir = Path(work_dir) / "artifacts"
+        log_dir = self.log_dir
+        self.notes: list[str] = []  # how this engine measures (compile path, GPU watched): logs/engine.log
+        workers = default_build_workers() if self.config.build_workers is None else self.config.build_workers
+        # A compiling process's idle TVM threads spin for a while after each build; on a CPU that
+        # slowed the first timings after a batch's builds.
+        build_env = {"TVM_THREAD_POOL_SPIN_COUNT": "0"} | (
+            self._cuda_build_env() if self.device == "cuda" and workers else {}
+        )
+        # The measuring workers create their device's context (seconds, on a GPU) during start-up, so
+        # that it counts against the start-up timeout, not the first candidate's run timeout.
+        run_env = {RUN_DEVICE_ENV: self.device} | (
+            {"TVM_USE_RUNTIME_LIB": "1"} if self.config.runtime_only_runner else {}
+        )
+        self._builders = [
+            WorkerProcess("build", f"builder-{i}", log_dir / f"builder-{i}.log", build_env) for i in range(workers)
+        ]
+        if self.device == "cpu":
+            kernel_threads = int(target.attrs.get("num-cores", os.cpu_count() or 1))
+            run_env["TVM_NUM_THREADS"] = str(kernel_threads)
+            max_dop = self.config.max_dop or default_cpu_dop(kernel_threads)
+            cpu_sets = runner_cpu_sets(max_dop, kernel_threads)
+        else:
+            max_dop = self.config.max_dop or GPU_DEFAULT_MAX_DOP
+            # one more worker than the DOP prepares the next candidate during timed regions
+            cpu_sets = [None] * (max_dop + 1)
+        runners = [
+            WorkerProcess("run", f"runner-{i}", log_dir / f"runner-{i}.log", run_env | pinned_env(cpus))
+            for i, cpus in enumerate(cpu_sets)
+        ]
+        self.monitor = monitor if monitor is not None or self.device != "cuda" else NvmlMonitor()
+        if self.monitor is not None:
+            self._note(self.monitor.describe())
+        self._runners = RunnerPool(runners, self.device, self.run_timeout, self.monitor)
+        self.dop = DopController(max_dop, self.config.dop_error_threshold, self.config.dop_check_fraction)
+        self._dop_memory = DopMemory(machine_key(self.device, self.gpu_name())) if self.config.remember_dop else None
+        if self._dop_memory is not None:
+            self._dop_memory.resume(self.dop)
+        else:
+            self.dop.start = "start: DOP 1 (remember_dop is off)"
+        self._rng = random.Random(0)
+        self._names = itertools.count()
+        self._kept = KeptBuilds(self.config.kept_builds)
+        self._name_lock = threading.Lock()
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start every worker; they import TVM in the background while the caller goes on."""
+        for worker in self._builders:
+            worker.start()
+        self._runners.start()
+
+    def close(self) -> None:
+        self._remember_dop()
+        for worker in self._builders:
+            worker.close()
+        self._runners.close()
+        if self.monitor is not None:
+            self.monitor.close()
+        shutil.rmtree(self._artifact_dir, ignore_errors=True)
+
+    @property
+    def worker_restarts(self) -> int:
+        return sum(w.restarts for w in self._builders) + self._runners.restarts
+
+    @property
+    def energy_measurable(self) -> bool:
+        """Whether measurements come with the GPU's energy (NVML counts it on this device)."""
+        return self.monitor is not None and self.monitor.energy_supported
+
+    # -- measuring candidates -------------------------------------------------------------------
+    def measure(
+        self,
+        inputs: Sequence[MeasureInput],
+        timing: TimingConfig | None = None,
+        serial: bool = False,
+        group: str | None = None,
+    ) -> Iterator[MeasureResult]:
+        """Yield one result per input, as each becomes known, for the caller to commit.
+
+        Built candidates are timed in windows at the DOP controller's degree of parallelism; a
+        sample of each parallel window (and every candidate that failed in parallel) is re-measured
+        serially, and that serial result is the one handed back. ``serial=True`` times every
+        candidate alone (for final choices) and leaves the controller as it is. ``group`` names the
+        candidates' comparison (a task): engines with devices of several models measure one group
+        on one model; here there is one device.
+        """
+        reused, to_build = self._kept.take(group, inputs)
+        built = self.build(to_build, group=group) if to_build else ()
+        return self.measure_built(itertools.chain(reused, built), timing, serial, group)
+
+    def measure_built(
+        self,
+        builds: Iterable[BuildResult],
+        timing: TimingConfig | None = None,
+        serial: bool = False,
+        group: str | None = None,
+    ) -> Iterator[MeasureResult]:
+        """``measure`` for candidates already built (here or on another host); once timed, their
+        artifacts are deleted, or kept for the final choice where they are among ``group``'s fastest."""
+        timing = timing or self.config.timing
+        window: list[BuildResult] = []
+        for built in builds:
+            if not built.ok:
+                yield built.as_failure()
+                continue
+            window.append(built)
+            if self.overlap_builds_with_runs and len(window) >= self.window_size(serial):
+                yield from self._measure_window(window, timing, serial, group)
+                window = []
+        while window:
+            size = self.window_size(serial)
+            yield from self._measure_window(window[:size], timing, serial, group)
+            window = window[size:]
+
+    @property
+    def dop_decisions(self) -> list[DopDecision]:
+        return self.dop.decisions
+
+    def window_size(self, serial: bool) -> int:
+        """How many built candidates one measuring window takes at the current DOP."""
+        return SERIAL_WINDOW if serial else 5 * self.dop.dop
+
+    def _measure_window(
+        self, window: list[BuildResult], timing: TimingConfig, serial: bool, group: str | None
+    ) -> Iterator[MeasureResult]:
+        """Time a window at the current DOP. At DOP 1 each result is handed back as it comes. A
+        parallel window is held until its serial checks are done: if they find a loss, the whole
+        window is re-measured serially, so distorted numbers never reach the caller."""
+        dop = 1 if serial else self.dop.dop
+        self._runners.gate.set_limit(dop)
+        results: dict[int, MeasureResult] = {}
+        threads = dop + (self.device != "cpu")  # on a GPU, one more prepares while others are timed
+        before = self.monitor.sample() if self.monitor is not None and dop > 1 else None
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            futures = {
+                pool.submit(self._runners.measure, built, timing, serial): index for index, built in enumerate(window)
+            }
+            for future in as_completed(futures):
+                index, result = futures[future], future.result()
+                result.dop = dop
+                if dop > 1:
+                    results[index] = result
+                    continue
+                self._kept.offer(group, window[index], result)
+                yield result
+        if serial:
+            return
+        if dop > 1:
+            if self.monitor is not None:  # the candidates' timed regions overlapped: share the window's energy
+                split_energy(self.monitor.energy_between(before, self.monitor.sample()), list(results.values()))
+            checks = set(self.dop.to_check(len(window), self._rng))
+            checks |= {i for i, r in results.items() if r.status in _RUN_FAILURES}
+            errors, parallel_only_failures = [], 0
+            for index in sorted(checks):
+                parallel = results[index]
+                results[index] = alone = self._alone(window[index], parallel, timing)
+                if alone.ok and parallel.ok:
+                    errors.append(relative_error(parallel.latency, alone.latency))
+                elif alone.ok:
+                    parallel_only_failures += 1
+            decision = self.dop.update(errors, parallel_only_failures)
+            if decision.loss:
+                for index in sorted(set(results) - checks):
+                    results[index] = self._alone(window[index], results[index], timing)
+            for index, result in sorted(results.items()):
+                self._kept.offer(group, window[index], result)
+                yield result
+        else:
+            decision = self.dop.update([], 0)
+        self._log_decision(decision)
+        self._remember_dop()
+        self._runners.gate.set_limit(self.dop.dop)
+
+    def _alone(self, built: BuildResult, parallel: MeasureResult, timing: TimingConfig) -> MeasureResult:
+        """Re-measure a candidate with nothing else being timed, keeping its parallel samples and
+        counting the energy of both measurements."""
+        alone = self._runners.measure(built, timing, serial=True)
+        if alone.ok:
+            alone.parallel_samples = parallel.samples or None
+        if parallel.energy_j is not None:
+            alone.energy_j = parallel.energy_j + (alone.energy_j or 0.0)
+        return alone
+
+    def gpu_name(self) -> str | None:
+        """The name from NVML of the GPU the runners use, if known."""
+        return self.monitor.name if self.monitor is not None else None
+
+    def _cuda_build_env(self) -> dict[str, str]:
+        """The build workers' environment for CUDA: the compile path chosen here, on purpose."""
+        try:
+            mode = choose_compile_mode()
+        except CudaBuildEnvError as err:  # the build workers fail to start with the same reason, as build results
+            self._note(f"CUDA compile: none available ({err})")
+            return {CUDA_BUILD_ENV: "1"}
+        self._note(f"CUDA compile: {mode.describe()}")
+        return {CUDA_BUILD_ENV: "1", COMPILE_MODE_ENV: mode.mode}
+
+    def _note(self, text: str) -> None:
+        """Say how this engine measures, in the run's log (logs/engine.log)."""
+        self.notes.append(text)
+        log.info("%s", text)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / "engine.log", "a") as out:
+            out.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+
+    def _remember_dop(self) -> None:
+        if self._dop_memory is not None:
+            self._dop_memory.save_new(self.dop)
+
+    def _log_decision(self, decision: DopDecision) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / "dop.jsonl", "a") as log:
+            log.write(json.dumps({"time": time.time(), **decision.as_dict()}) + "\n")
+
+    def build(
+        self,
+        inputs: Sequence[MeasureInput],
+        keep_layout_rewrite: bool = False,
+        target: tvm.target.Target | None = None,
+        timeout: float | None = None,
+        group: str | None = None,
+    ) -> Iterator[BuildResult]:
+        """Build candidates in parallel, yielding each as it finishes. Artifacts are left in the
+        work dir's artifacts folder for the caller (they can be timed on another host). ``timeout``:
+        each build's, instead of the adaptive one that candidates get (and then not learnt from),
+        which is sized on the builds of their ``group`` (task) where given."""
+        free: queue.Queue[WorkerProcess] = queue.Queue()
+        for worker in self._builders:
+            free.put(worker)
+        target = target or self.target
+        with ThreadPoolExecutor(max_workers=len(self._builders)) as pool:
+            futures = [
+                pool.submit(self._build_one, free, item, target, keep_layout_rewrite, timeout, group) for item in inputs
+            ]
+            try:
+                for future in as_completed(futures):
+                    yield future.result()
+            finally:
+                for future in futures:
+                    future.cancel()
+
+    def verify(
+        self, reference: tvm.IRModule, candidate: tvm.IRModule, rtol: float, group: str | None = None
+    ) -> VerifyResult:
+        """Check the candidate's output against the unscheduled function's on random inputs
+        (``group`` as in ``measure``)."""
+        ref_target = host_target(self.target)
+        # not the candidates' adaptive timeout (10x their median build): the unscheduled reference can take
+        # far longer to build than they do, and a verification that cannot build falls back to TVM's default
+        # schedule (a bf16 convolution 40x slower than its tuned one)
+        timeout = self.config.reference_timeout
+        (ref,) = self.build([MeasureInput(REFERENCE_KEY, reference)], True, ref_target, timeout)
+        (cand,) = self.build([MeasureInput("candidate", candidate)], True, timeout=timeout)
+        try:
+            for built in (ref, cand):
+                if not built.ok:
+                    return VerifyResult(None, f"could not build the {built.key} to compare: {built.error}")
+            return self.compare_built(ref, cand, device_kind(ref_target), rtol)
+        finally:
+            for built in (ref, cand):
+                if built.artifact:
+                    remove_artifact(built.artifact)
+
+    def compare_built(
+        self, reference: BuildResult, candidate: BuildResult, reference_device: str, rtol: float
+    ) -> VerifyResult:
+        """Run a built candidate on the arguments its built reference was run on, and compare."""
+        try:
+            expected = self._reference_outputs(reference, reference_device, candidate.args)
+        except WorkerTimeout:
+            return VerifyResult(
+                None,
+                f"its unscheduled kernel takes over {self.config.reference_timeout:.0f} s on the CPU, too long to "
+                "check against",
+                worth_retrying=False,
+            )
+        except (WorkerError, WorkerCrashed) as err:
+            return VerifyResult(None, f"could not run the unscheduled kernel to compare: {err}")
+        try:
+            outcome = self._runners.call_alone(
+                "compare_outputs",
+                self.run_timeout.value * 10,
+                candidate=candidate.artifact,
+                candidate_device=self.device,
+                reference_outputs=str(expected),
+                args=candidate.args,
+                rtol=rtol,
+            )
+        except (WorkerError, WorkerTimeout, WorkerCrashed) as err:
+            return VerifyResult(False, f"running the candidate to compare failed: {err}")
+        return VerifyResult(bool(outcome["ok"]), outcome["detail"])
+
+    def _reference_outputs(self, reference: BuildResult, reference_device: str, args: Sequence) -> Path:
+        """The file of what the reference wrote (``run_job.reference_outputs``), run once per reference."""
+        digest = hashlib.sha256(Path(reference.artifact).read_bytes()).hexdigest()[:16]
+        path = self._artifact_dir / "references" / f"{digest}-{reference_device}.npz"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            ran = self._runners.call_alone(
+                "reference_outputs",
+                self.config.reference_timeout,
+                reference=reference.artifact,
+                reference_device=reference_device,
+                args=args,
+                path=str(path),
+            )
+            log.info("ran the unscheduled kernel to check candidates against in %.1f s", ran["seconds"])
+        return path
+
+    # -- whole programs ---------------------------------------------------------------------------
+    def compile_program(self, artifact: Path, timeout: float = 1800.0, **request) -> Path:
+        """Compile a whole program in a build worker (see codegen.build.compile_program) into ``artifact``."""
+        self._builders[0].call("compile_program", timeout, artifact=str(artifact), target=str(self.target), **request)
+        return artifact
+
+    def time_program(
+        self,
+        artifact: Path,
+        kind: str,
+        args: Sequence,
+        timing: TimingConfig | None = None,
+        timeout: float | None = None,
+    ) -> list[float]:
+        """Time a compiled model (``kind="relax"``) or kernel (``"tir"``) in the measuring worker; past
+        ``timeout`` seconds the worker is stopped (and started again) and WorkerTimeout raised."""
+        op = "time_model" if kind == "relax" else "time_kernel"
+        timing = timing or self.config.timing
+        outcome = self._runners.call_alone(
+            op, timeout, artifact=str(artifact), args=args, device_kind=self.device, timing=timing.as_dict()
+        )
+        return outcome["samples"]
+
+    def run_kernel(self, artifact: Path | str, arrays: Sequence) -> list:
+        """Run a built kernel once on ``arrays`` (numpy) in the measuring worker; every argument afterwards."""
+        return self._runners.call_alone(
+            "run_kernel", None, artifact=str(artifact), arrays=list(arrays), device_kind=self.device
+        )
+
+    def cold_timings(self, artifact: Path | str, args: Sequence) -> dict:
+        """A GPU kernel timed cold the tuner's way and TVM's way (``run_job.cold_timings``)."""
+        return self._runners.call_alone("cold_timings", None, artifact=str(artifact), args=list(args))
+
+    # -- looking into CUDA builds -------------------------------------------------------------------
+    def cuda_source(self, mod: tvm.IRModule) -> str:
+        """The CUDA C a scheduled kernel compiles to (compiled in a build worker)."""
+        return self._builders[0].call("cuda_source", self.build_timeout.value, mod=mod, target=str(self.target))
+
+    def load_cuda_artifact(self, artifact: str, kernels: list[str]) -> dict:
+        """Load a built library in a build worker: its CUDA module's code format and which of ``kernels`` it has."""
+        return self._builders[0].call("load_cuda_artifact", 120, artifact=str(artifact), kernels=list(kernels))
+
+    # -- internals --------------------------------------------------------------------------------
+    def _artifact_path(self, item: MeasureInput) -> str:
+        stem = artifact_stem(item)
+        with self._name_lock:
+            self._artifact_dir.mkdir(parents=True, exist_ok=True)
+            return str(self._artifact_dir / f"{stem}-{next(self._names)}.so")
+
+    def _build_one(
+        self,
+        free: queue.Queue,
+        item: MeasureInput,
+        target: tvm.target.Target,
+        keep_layout: bool,
+        timeout: float | None,
+        group: str | None,
+    ) -> BuildResult:
+        worker = free.get()
+        try:
+            limit = timeout or self.build_timeout.value_for(group)
+            built = build_with(worker, item, str(target), self._artifact_path(item), keep_layout, limit)
+        finally:
+            free.put(worker)
+        if built.ok and timeout is None:
+            self.build_timeout.record(built.seconds, group)
+        return built

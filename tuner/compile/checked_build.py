@@ -1,0 +1,167 @@
+"""Compile a model so that no tuned kernel can sink it or make it wrong.
+
+A tuned schedule that breaks the model's compile, or whose kernel makes the model's output differ
+from its reference, is found by bisection (each probe a compile, and a run of the model) and left
+out: that kernel keeps TVM's default schedule, and a line says which and why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+from common.error_text import error_line
+from measure import Engine
+from measure.workers.worker import WorkerCrashed, WorkerError, WorkerTimeout
+from tuner.errors import TunerError
+from workloads import Workload
+
+from .check import (
+    DEFAULT_SCHEDULES,
+    ModelCheck,
+    as_outputs,
+    make_referee,
+    no_device_here,
+    reference_label,
+    relative_error,
+    run_compiled,
+    tolerance_for,
+)
+from .compile import KernelChoice, compile_workload, schedules_of
+
+
+def find_culprits(suspects: Sequence[str], fails_with: Callable[[list[str]], bool]) -> list[str]:
+    """The members of ``suspects`` whose presence makes ``fails_with(kept)`` true, given that it is
+    false for none kept and true for all: bisection, about two probes per culprit and halving."""
+
+    def search(group: list[str], kept: list[str]) -> list[str]:
+        if len(group) == 1:
+            return group
+        left, right = group[: len(group) // 2], group[len(group) // 2 :]
+        bad = search(left, kept) if fails_with(kept + left) else []
+        kept = kept + [name for name in left if name not in bad]
+        if fails_with(kept + right):
+            bad += search(right, kept)
+        return bad
+
+    return search(list(suspects), []) if suspects else []
+
+
+class CheckedBuild:
+    """The compile of one model with its chosen schedules, and its end-to-end check."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        workload: Workload,
+        lowered: tvm.IRModule,
+        choices: list[KernelChoice],
+        target: tvm.target.Target,
+        untuned: Path,
+        say: Callable[[str], None],
+    ):
+        self.engine, self.workload, self.lowered, self.choices = engine, workload, lowered, choices
+        self.target, self.untuned, self.say = target, untuned, say
+        self.tuned = [c.task.name for c in choices if c.record is not None]
+        self.left_out: dict[str, str] = {}
+        self.check_seconds = 0.0  # spent running the model and its reference, and finding culprits
+        self._probes = 0
+
+    def build(self, artifact: Path, check: bool = True) -> ModelCheck:
+        """Compile into ``artifact`` (leaving out the schedules that break it), then check the model
+        against its reference (leaving out the schedules that make it wrong)."""
+        self._compile_leaving_out_breakers(artifact)
+        skipped = "a single kernel: checked while tuning" if self.workload.kind != "relax" else None
+        skipped = skipped or (None if check else "turned off") or no_device_here(self.target)
+        if skipped:
+            return ModelCheck("", None, None, tolerance_for(self.workload), skipped=skipped, left_out=self.left_out)
+        started = time.monotonic()
+        try:
+            return self._check(artifact)
+        finally:
+            self.check_seconds = time.monotonic() - started
+
+    # -- compile ----------------------------------------------------------------------------------
+    def _compile(self, kept: Sequence[str], artifact: Path) -> str | None:
+        """Compile keeping the schedules of ``kept``; the error line if it fails."""
+        leave_out = frozenset(c.task.name for c in self.choices if c.record is not None) - set(kept)
+        try:
+            compile_workload(self.engine, self.workload, self.lowered, schedules_of(self.choices, leave_out), artifact)
+        except (WorkerError, WorkerCrashed, WorkerTimeout) as err:  # a compiler that failed, crashed or hung
+            return error_line(err)
+        return None
+
+    def _compile_leaving_out_breakers(self, artifact: Path) -> None:
+        failure = self._compile(self.tuned, artifact)
+        if failure is None:
+            return
+        self.say(f"the compile with every tuned schedule failed ({failure}); finding the kernel(s) that break it")
+        breakers = find_culprits(self.tuned, lambda kept: self._probe_compile(kept, artifact) is not None)
+        for name in breakers:
+            self._leave_out(name, f"its schedule breaks the model's compile ({failure})")
+        last = self._compile(self.tuned, artifact)
+        if last is not None:
+            raise TunerError(f"the model does not compile even with TVM's default schedules: {last}")
+
+    def _probe_compile(self, kept: Sequence[str], artifact: Path) -> str | None:
+        """``_compile`` into a probe beside ``artifact``, removed afterwards."""
+        probe = self._probe_path(artifact)
+        try:
+            return self._compile(kept, probe)
+        finally:
+            probe.unlink(missing_ok=True)
+
+    def _leave_out(self, name: str, why: str) -> None:
+        self.left_out[name] = why
+        self.tuned.remove(name)
+        self.say(f"{name}: built with TVM's default schedule: {why}")
+
+    def _probe_path(self, artifact: Path) -> Path:
+        self._probes += 1
+        return artifact.with_name(f"{artifact.stem}.probe{self._probes}{artifact.suffix}")
+
+    # -- check ------------------------------------------------------------------------------------
+    def _outputs(self, artifact: Path, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        return run_compiled(artifact, self.workload, self.target, inputs)
+
+    def _run_untuned(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        if not self.untuned.exists():
+            compile_workload(self.engine, self.workload, self.lowered, [], self.untuned)
+        return self._outputs(self.untuned, inputs)
+
+    def _check(self, artifact: Path) -> ModelCheck:
+        referee = make_referee(self.workload, self._run_untuned)
+        outputs = self._outputs(artifact, referee.inputs)
+        error = referee.error(outputs)
+        result = ModelCheck(
+            referee.name, error, referee.scale, referee.tolerance, referee.degenerate, left_out=self.left_out
+        )
+        if self.workload.precision == "bfloat16" and self.workload.reference is not None:
+            expected = as_outputs(self.workload.reference(*referee.inputs))
+            label = reference_label(self.workload)
+            result = replace(result, precision_error=relative_error(outputs, expected), precision_reference=label)
+        if result.ok:
+            return result
+        self.say(f"the compiled model differs from {referee.name} by {error:.1e}: finding the kernel(s) responsible")
+        if referee.name != DEFAULT_SCHEDULES and not referee.matches(self._run_untuned(referee.inputs)):
+            return replace(result, lowering_wrong=True)
+
+        def wrong_with(kept: list[str]) -> bool:
+            probe = self._probe_path(artifact)
+            try:
+                if self._compile(kept, probe) is not None:
+                    return True
+                return not referee.matches(self._outputs(probe, referee.inputs))
+            finally:
+                probe.unlink(missing_ok=True)
+
+        for name in find_culprits(self.tuned, wrong_with):
+            self._leave_out(name, f"the model's output was wrong with its schedule (error {error:.1e})")
+        self._compile(self.tuned, artifact)
+        error = referee.error(self._outputs(artifact, referee.inputs))
+        return replace(result, error=error, left_out=self.left_out)

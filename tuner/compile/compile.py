@@ -1,0 +1,107 @@
+"""Apply the best schedules to a workload, compile it, and time it against TVM's defaults."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+
+from common.error_text import error_line
+from measure import Engine, TimingConfig
+from tuner.database.database import Record, TuningDatabase
+from tuner.spaces import metaschedule as msc
+from tuner.tasks.extraction import Task
+from workloads import Workload
+
+_MODEL_TIMING = TimingConfig(min_repeats=5, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.1)
+# TVM's default schedules can take minutes per call on a large model (a Llama layer): one
+# warm-up and as many samples as half a second affords, at least one.
+UNTUNED_TIMING = TimingConfig(min_repeats=1, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.0)
+UNTUNED_TIMEOUT_S = 300.0  # for the warm-up call and one timed call of TVM's default schedules
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """What compile takes for one kernel: a tuned record, or TVM's default schedule (``record`` None),
+    with ``fell_back`` saying why where tuned records existed but none could be used."""
+
+    task: Task
+    record: Record | None
+    fell_back: str | None = None
+
+
+def choose_schedules(
+    db: TuningDatabase, tasks: list[Task], target: tvm.target.Target, verified_only: bool = True
+) -> list[KernelChoice]:
+    """Per task, the fastest record compile may use: with ``verified_only`` (verification on, the
+    default), only one whose output was checked against the unscheduled kernel and matched; a record
+    whose trace no longer replays on the kernel is never used."""
+    key = str(target)
+    choices = []
+    for task in tasks:
+        kernel_id = db.find_kernel(task.mod)
+        if kernel_id is None:
+            choices.append(KernelChoice(task, None))
+            continue
+        if verified_only:
+            record = db.best_verified(kernel_id, key)
+        else:
+            record = next(iter(db.best(kernel_id, key, 1)), None)
+        if record is None:
+            choices.append(KernelChoice(task, None, _why_none_usable(db, kernel_id, key)))
+            continue
+        try:
+            msc.schedule_from_json(task.mod, record.trace)
+        except Exception as err:  # noqa: BLE001 - TVM raises several types for a trace that does not replay
+            choices.append(KernelChoice(task, None, f"its schedule does not replay ({error_line(err)})"))
+            continue
+        choices.append(KernelChoice(task, record))
+    return choices
+
+
+def _why_none_usable(db: TuningDatabase, kernel_id: int, key: str) -> str | None:
+    wrong = db.count_status(kernel_id, key, "wrong_result")
+    unchecked = db.count_status(kernel_id, key, "ok")
+    parts = [f"{wrong} candidate{'s' if wrong != 1 else ''} wrong"] if wrong else []
+    if unchecked:
+        parts.append(f"{unchecked} not checked")
+    return ", ".join(parts) or None
+
+
+def schedules_of(choices: list[KernelChoice], leave_out: frozenset[str] = frozenset()) -> list[tuple]:
+    """(kernel, trace JSON) pairs for ``compile_workload``: the tuned kernels not in ``leave_out``."""
+    return [(c.task.mod, c.record.trace) for c in choices if c.record and c.task.name not in leave_out]
+
+
+def fell_back(choices: list[KernelChoice]) -> dict[str, str]:
+    return {c.task.name: c.fell_back for c in choices if c.fell_back}
+
+
+def compile_workload(
+    engine: Engine, workload: Workload, lowered: tvm.IRModule, schedules: list, artifact: Path
+) -> Path:
+    """Compile ``workload`` (``lowered``: its ``tasks.lower_workload``) with ``schedules`` (none:
+    TVM's default schedules) into ``artifact``."""
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    mod = lowered if workload.kind == "relax" else workload.mod
+    return engine.compile_program(artifact, mod=mod, kind=workload.kind, schedules=schedules)
+
+
+def time_workload(
+    engine: Engine,
+    workload: Workload,
+    artifact: Path,
+    timing: TimingConfig = _MODEL_TIMING,
+    windows: int = 3,
+    timeout: float | None = None,
+) -> float:
+    """Median seconds per run of a compiled workload, timed in the measuring worker: the lowest of
+    ``windows`` separate timing windows. A shared machine's passing load (another process, a VM
+    neighbour) lifts a window's median, never lowers it: one such window made a model tuned to
+    12.5 ms report 26 ms."""
+    args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
+    return min(
+        statistics.median(engine.time_program(artifact, workload.kind, args, timing, timeout)) for _ in range(windows)
+    )

@@ -1,0 +1,1 @@
+"""The tuning database and the work dir that holds it."""

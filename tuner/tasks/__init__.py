@@ -1,0 +1,1 @@
+"""The tunable kernels of a model and the operator class of each."""
