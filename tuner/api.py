@@ -55,7 +55,7 @@ def tune(
     least 64 in all), stated in the first progress line. ``trimmer=`` is ``filter``'s former name and
     still works. The settings, each a field of ``TuneOptions``:
     """
-    settings = dict(locals())
+    settings = dict(locals())  # the parameters by name: the first statement, before anything else is local
     if trimmer is not None:
         settings["filter"] = trimmer
     return run_tuning(model, TuneOptions.from_keywords(settings))
