@@ -249,7 +249,7 @@ def main() -> None:
     out = options.out.resolve()
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    args = [options.model, "--trials", str(options.trials), "--batch-size", "8"]
+    args = [options.model, "--trials", str(options.trials), "--batch-size", "8", "--time-untuned"]
     rng = random.Random(options.seed)
 
     def fresh(name: str) -> Path:

@@ -45,7 +45,9 @@ def tuned_matmul(tmp_path_factory) -> TuneResult:  # noqa: F821
     from tuner import tune
 
     work_dir = tmp_path_factory.mktemp("tuned-matmul")
-    return tune("matmul-128", target="llvm", trials=16, work_dir=work_dir, batch_size=8, progress=False)
+    return tune(
+        "matmul-128", target="llvm", trials=16, work_dir=work_dir, batch_size=8, progress=False, time_untuned=True
+    )
 
 
 @pytest.fixture(scope="session")

@@ -45,6 +45,7 @@ def test_tuning_through_ray_gives_what_the_local_path_gives(ray_cluster, tuned_m
         batch_size=8,
         progress=False,
         cluster=ray_cluster.address,
+        time_untuned=True,
     )
     assert result.trials == tuned_matmul.trials == 16
     assert result.tasks[0].verified and tuned_matmul.tasks[0].verified

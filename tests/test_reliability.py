@@ -86,7 +86,7 @@ def test_sigkill_at_random_moments_then_resume_loses_and_repeats_nothing(tmp_pat
     """Two kills of a multi-task run at random instants, then the same command until it ends."""
     cycle = kill_cycle(
         tmp_path / "run",
-        ["tiny-resnet", "--trials", "32", "--batch-size", "8"],
+        ["tiny-resnet", "--trials", "32", "--batch-size", "8", "--time-untuned"],
         32,
         2,
         random.Random(3),

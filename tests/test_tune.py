@@ -21,6 +21,17 @@ def test_tuning_beats_the_untuned_kernel_and_checks_its_result(tuned_matmul):
     np.testing.assert_allclose(c, a @ b, rtol=1e-4)
 
 
+def test_the_untuned_program_is_compiled_and_timed_only_when_asked(tuned_mlp, tmp_path):
+    """Timing TVM's default schedules costs minutes on a large model (26-680x slower than tuned): by
+    default it is neither timed, nor compiled where the end-to-end check does not need it."""
+    assert tuned_mlp.latency_before is None and tuned_mlp.latency_after > 0  # its check compiled it, untimed
+    assert "untuned not timed" in tuned_mlp.summary()
+    result = tune("matmul-128", trials=8, work_dir=tmp_path, batch_size=8, progress=False)
+    assert result.latency_before is None and not (tmp_path / "untuned.so").exists()
+    asked = tune("matmul-128", trials=8, work_dir=tmp_path, batch_size=8, progress=False, time_untuned=True)
+    assert asked.latency_before > asked.latency_after and (tmp_path / "untuned.so").exists()
+
+
 def test_export_writes_a_library_tvm_loads(tuned_matmul, tmp_path):
     path = tuned_matmul.export(tmp_path / "mm.so")
     lib = tvm.runtime.load_module(str(path))

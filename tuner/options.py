@@ -100,6 +100,11 @@ class TuneOptions:
         "let TVM's own log lines reach the terminal (by default they go to the work dir's logs/libraries.log; "
         "TENSOR_TUNER_VERBOSE=1 does the same)",
     )
+    time_untuned: bool = _setting(
+        False,
+        "also compile and time the model with TVM's default schedules, for the summary's before and after "
+        "(minutes on a large model, whose untuned products run 26-680x slower than tuned)",
+    )
 
     @property
     def filter_settings(self) -> FilterSettings:

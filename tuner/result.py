@@ -132,6 +132,8 @@ class TuneResult:
                 f"latency {format_latency(self.latency_before)} untuned -> {format_latency(self.latency_after)} "
                 f"tuned{speedup}"
             )
+        elif self.latency_after is not None:
+            lines.append(f"latency {format_latency(self.latency_after)} tuned (untuned not timed: time_untuned=True)")
         for task in self.tasks:
             speed = f"  {task.gflops:.1f} GFLOP/s" if task.gflops else ""
             check = {True: "verified", False: "WRONG", None: "unverified"}[task.verified]

@@ -127,7 +127,9 @@ def _run(plan: Plan, options: TuneOptions, started: float) -> TuneResult:
             loop.finalize()
             cost_model.save(plan.work_dir.cost_model)
             compiling = time.monotonic()
-            built = compile_and_time(engine, plan, tasks, db, report, options.verify, loop.unsearchable)
+            built = compile_and_time(
+                engine, plan, tasks, db, report, options.verify, loop.unsearchable, options.time_untuned
+            )
             seconds = {
                 "start-up": tuning_started - started,
                 **({"transfer": transfer_seconds} if plan.sources else {}),
@@ -346,20 +348,25 @@ def compile_and_time(
     report: Progress,
     verify: bool = True,
     untunable: dict[str, str] | None = None,
+    time_untuned: bool = False,
 ) -> BuiltModel:
-    """The tuned program (verified schedules only, with ``verify``) and the untuned one, compiled,
-    the tuned one checked against the model's own framework, and both timed."""
-    report.line("compiling the tuned and the untuned program")
+    """The tuned program (verified schedules only, with ``verify``) compiled, checked against the model's
+    own framework and timed; with ``time_untuned``, the untuned one (TVM's default schedules) compiled and
+    timed too. Otherwise the untuned program is compiled only where the check needs it (a model with no
+    framework to compare with, or a difference to bisect)."""
+    report.line("compiling the tuned and the untuned program" if time_untuned else "compiling the tuned program")
     workload, work_dir = plan.workload, plan.work_dir
     choices = choose_schedules(db, tasks.tasks, plan.target, verified_only=verify)
     for name, why in fell_back(choices).items():
         report.line(f"{name}: built with TVM's default schedule: no usable candidate ({why})")
-    untuned = compile_workload(engine, workload, tasks.lowered, [], work_dir.untuned)
-    build = CheckedBuild(engine, workload, tasks.lowered, choices, plan.target, untuned, report.line)
+    work_dir.untuned.unlink(missing_ok=True)  # an earlier run's, of the same lowering or not
+    if time_untuned:
+        compile_workload(engine, workload, tasks.lowered, [], work_dir.untuned)
+    build = CheckedBuild(engine, workload, tasks.lowered, choices, plan.target, work_dir.untuned, report.line)
     check = build.build(work_dir.artifact, check=verify)
     _mark_wrong_in_model(db, choices, check)
     latency_after = time_workload(engine, workload, work_dir.artifact)
-    latency_before = _untuned_latency(engine, workload, untuned, report)
+    latency_before = _untuned_latency(engine, workload, work_dir.untuned, report) if time_untuned else None
     reasons = {**(untunable or {}), **fell_back(choices), **check.left_out}
     return BuiltModel(work_dir.artifact, latency_before, latency_after, check, reasons, build.check_seconds)
 

@@ -99,6 +99,8 @@ def _markdown(
             f"- latency: {format_latency(before)} with TVM's default schedules, {format_latency(after)} tuned "
             f"({before / after:.2f}x)"
         )
+    elif result.latency_after:
+        lines.append(f"- latency: {format_latency(result.latency_after)} tuned (TVM's default schedules not timed)")
     if result.seconds:
         lines.append("- time of the last run: " + format_phases(result.seconds))
     if result.stop_reason:

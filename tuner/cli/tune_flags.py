@@ -133,6 +133,7 @@ TUNE_FLAGS: dict[str, tuple[str, ...]] = {
     "trials_per_task": ("--trials-per-task",),
     "cold_cache": ("--cold-cache",),
     "verbose": ("--verbose",),
+    "time_untuned": ("--time-untuned",),
 }
 
 
@@ -162,6 +163,7 @@ def options_from_args(args: argparse.Namespace) -> TuneOptions:
         trials_per_task=args.trials_per_task,
         cold_cache=args.cold_cache,
         verbose=args.verbose,
+        time_untuned=args.time_untuned,
     )
 
 
@@ -278,6 +280,11 @@ def add_tune_command(commands) -> None:
         "--no-verify", action="store_true", help="skip checking the best schedules' outputs against the untuned kernels"
     )
     tune.add_argument("--quiet", action="store_true", help="print only the final summary")
+    tune.add_argument(
+        "--time-untuned",
+        action="store_true",
+        help="also compile and time the model with TVM's default schedules, for the summary's before and after",
+    )
     add_verbose(tune)
 
 
