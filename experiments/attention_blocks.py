@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common.host import cpu_model  # noqa: E402
 from experiments import budget_curve  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
-from experiments.common import run_step  # noqa: E402
+from experiments.harness import run_step  # noqa: E402
 
 VARIANTS = {"tuned, query blocks": True, "tuned, whole scores": False}
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.host import cpu_model  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
-from experiments.common import markdown_table, run_step  # noqa: E402
+from experiments.harness import markdown_table, run_step  # noqa: E402
 
 FP32_RUNTIMES = ("PyTorch eager", "torch.compile", "ONNX Runtime", fw.OPENVINO_FP32)
 # A 2-core VM's speed, and which contender it favours, changes with where it places the threads of a

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.host import cpu_model  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
-from experiments.common import markdown_table  # noqa: E402
+from experiments.harness import markdown_table  # noqa: E402
 
 _COLUMNS = ["contender", "precision", "ms", "/ OpenVINO (default)", "by round (ms)", "error"]
 

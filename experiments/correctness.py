@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.error_text import error_line  # noqa: E402
-from experiments.common import prepare_comparison, run_step  # noqa: E402
+from experiments.harness import prepare_comparison, run_step  # noqa: E402
 
 TOLERANCE = 1e-4
 BF16_TOLERANCE = 3e-2  # the tuner's own end-to-end tolerance in bf16: its inputs are rounded to 8 bits

@@ -29,8 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.common import markdown_table  # noqa: E402
 from experiments.filter_curves import geometric_mean_curve, trials_to_reach  # noqa: E402
+from experiments.harness import markdown_table  # noqa: E402
 
 SHARES = (0.25, 0.5, 0.75)
 RATIOS = (1.5, 2.0, 3.0)

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from codegen.bf16_dot import AMX  # noqa: E402
 from common.host import cpu_model  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
-from experiments.common import markdown_table  # noqa: E402
+from experiments.harness import markdown_table  # noqa: E402
 from tuner.lowering import LoweringOptions  # noqa: E402
 from tuner.lowering.bf16.precision import bf16_unit  # noqa: E402
 from tuner.targets import resolve_target  # noqa: E402

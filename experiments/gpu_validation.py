@@ -41,7 +41,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # faulty.py: the project's failing kernels (plain TVM, no pytest)
 
 from common.error_text import error_line  # noqa: E402
-from experiments.common import markdown_table  # noqa: E402
 from experiments.gpu_validation_measuring import (  # noqa: E402
     step_engine,
     step_faults,
@@ -51,6 +50,7 @@ from experiments.gpu_validation_measuring import (  # noqa: E402
 )
 from experiments.gpu_validation_plan import PLANS, Context, StepResult  # noqa: E402
 from experiments.gpu_validation_tuning import step_doctor, step_gemms, step_tune  # noqa: E402
+from experiments.harness import markdown_table  # noqa: E402
 
 # The steps themselves: gpu_validation_tuning.py (1, 3, 8) and gpu_validation_measuring.py (2, 4-7).
 STEPS: list[tuple[int, str, Callable[[Context], StepResult]]] = [

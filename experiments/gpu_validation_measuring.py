@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.common import ROOT, sample_candidates
 from experiments.gpu_validation_plan import Context, StepResult
+from experiments.harness import ROOT, sample_candidates
 from experiments.measurement_engine import compare, copies, timed_pass
 
 

@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.host import cpu_model  # noqa: E402
-from experiments.common import markdown_table  # noqa: E402
+from experiments.harness import markdown_table  # noqa: E402
 
 _COLUMNS = ["kernel", "recorded (us)", "alone now (us)", "in the model, again", "after the model", "flushed"]
 

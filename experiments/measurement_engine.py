@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from costmodel.quality import kendall_tau  # noqa: E402
-from experiments.common import markdown_table, sample_candidates, write_csv  # noqa: E402
+from experiments.harness import markdown_table, sample_candidates, write_csv  # noqa: E402
 from measure import EngineConfig, MeasureEngine, TimingConfig  # noqa: E402
 from measure.dop.controller import DopController  # noqa: E402
 from measure.types import BuildResult, MeasureResult  # noqa: E402

@@ -31,8 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.error_text import error_line  # noqa: E402
-from experiments.common import markdown_table, run_step  # noqa: E402
 from experiments.correctness import TOLERANCE, _build, _compare, _degenerate, _other_input, _outputs  # noqa: E402
+from experiments.harness import markdown_table, run_step  # noqa: E402
 
 STAGES = ("build", "import", "lower", "tune", "compare")
 STEP_TIMEOUT = 3600.0  # seconds a model may take, all stages together

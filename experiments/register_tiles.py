@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from codegen.build import build_kernel  # noqa: E402
 from common.host import cpu_model  # noqa: E402
 from experiments import machine_limits  # noqa: E402
-from experiments.common import markdown_table  # noqa: E402
+from experiments.harness import markdown_table  # noqa: E402
 from tuner.database.database import TuningDatabase  # noqa: E402
 from tuner.spaces import metaschedule as msc  # noqa: E402
 from tuner.spaces.register_tiles import DISABLE_ENV, register_file, register_tile  # noqa: E402

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.target_kind import is_cuda  # noqa: E402
-from experiments.common import markdown_table, sample_candidates, write_csv  # noqa: E402
+from experiments.harness import markdown_table, sample_candidates, write_csv  # noqa: E402
 from measure import EngineConfig, MeasureEngine, MeasureInput  # noqa: E402
 from measure.cluster.engine import ClusterEngine, ClusterOptions  # noqa: E402
 

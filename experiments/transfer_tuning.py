@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.common import markdown_table, run_step, step_args, write_csv  # noqa: E402
+from experiments.harness import markdown_table, run_step, step_args, write_csv  # noqa: E402
 
 DEFAULT_PAIRS = ["resnet18:resnet50", "tiny-resnet:resnet18"]
 QUICK_PAIRS = ["tiny-resnet:tiny-resnet@4"]

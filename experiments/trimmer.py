@@ -35,20 +35,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.common import (  # noqa: E402
-    markdown_table,
-    prepare_comparison,
-    run_step,
-    step_args,
-    time_side_by_side,
-    write_csv,
-)
 from experiments.filter_curves import (  # noqa: E402
     TOLERANCE,
     geometric_mean_curve,
     run_curve,
     saved_share,
     trials_to_reach,
+)
+from experiments.harness import (  # noqa: E402
+    markdown_table,
+    prepare_comparison,
+    run_step,
+    step_args,
+    time_side_by_side,
+    write_csv,
 )
 from experiments.seed_noise import TARGETS, chance_spread, describe, target_index  # noqa: E402
 

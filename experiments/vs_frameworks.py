@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.error_text import error_line  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
-from experiments.common import markdown_table, prepare_comparison, run_step, write_csv  # noqa: E402
+from experiments.harness import markdown_table, prepare_comparison, run_step, write_csv  # noqa: E402
 from experiments.vs_frameworks_tables import (  # noqa: E402
     Lineup,
     arithmetic_floor,  # noqa: F401 - tests/test_vs_frameworks.py imports it from here

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.common import markdown_table
 from experiments.frameworks import OPENVINO_DEFAULT
+from experiments.harness import markdown_table
 
 GEMM_KINDS = ("conv2d", "matmul", "dense")
 REFERENCE = "PyTorch eager"  # whose output every other runtime's is checked against

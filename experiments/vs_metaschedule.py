@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.common import (  # noqa: E402
+from experiments.harness import (  # noqa: E402
     markdown_table,
     prepare_comparison,
     run_step,
