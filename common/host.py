@@ -1,5 +1,5 @@
-"""Facts about this host: its CPU, cores and free memory (psutil when installed, the OS otherwise), and
-where tensor-tuner keeps its per-user cache."""
+"""Facts about this host: its CPU, caches, cores and free memory (psutil when installed, the OS otherwise),
+and where tensor-tuner keeps its per-user cache."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import os
 import platform
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -37,6 +38,44 @@ def cpu_flags() -> set[str] | None:
 def host_has_amx() -> bool:
     """Whether this machine's CPU has AMX's bf16 tiles (``amx_tile`` and ``amx_bf16`` in its flags)."""
     return {"amx_tile", "amx_bf16"} <= (cpu_flags() or set())
+
+
+@dataclass(frozen=True)
+class CacheLevel:
+    level: int
+    bytes: int  # of one instance
+    shared_by: int  # logical CPUs sharing one instance (1: private to a core)
+
+
+# sizes of a common server core, where the OS does not say (no sysfs): Zen 4's
+_FALLBACK_CACHES = (CacheLevel(1, 32 << 10, 1), CacheLevel(2, 1 << 20, 1), CacheLevel(3, 32 << 20, 8))
+
+
+def data_caches(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> tuple[CacheLevel, ...]:
+    """CPU 0's data and unified caches, innermost first, as Linux's sysfs lists them (a common server
+    core's where it lists none)."""
+    levels = []
+    for index in sorted(root.glob("index*")):
+        try:
+            kind = (index / "type").read_text().strip()
+            if kind == "Instruction":
+                continue
+            size = (index / "size").read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            shared = _cpu_list_length((index / "shared_cpu_list").read_text())
+            levels.append(CacheLevel(int((index / "level").read_text()), int(size.rstrip("KMG")) * scale, shared))
+        except (OSError, ValueError):
+            continue
+    return tuple(sorted(levels, key=lambda c: c.level)) or _FALLBACK_CACHES
+
+
+def _cpu_list_length(text: str) -> int:
+    """How many CPUs a sysfs CPU list ("0-3,8") names."""
+    count = 0
+    for part in text.strip().split(","):
+        low, _, high = part.partition("-")
+        count += int(high or low) - int(low) + 1 if low else 0
+    return max(count, 1)
 
 
 def physical_cores() -> int:

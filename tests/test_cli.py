@@ -69,7 +69,7 @@ def test_bad_input_gives_one_line_and_a_nonzero_exit(tmp_path, capfd):
     cases = [
         (("tune", "matmul-12"), "did you mean|Did you mean"),
         (("tune", "matmul-128", "--target", "llvm -bogus=1"), "invalid target"),
-        (("tune", "matmul-128", "--trials", "0"), "positive integer"),
+        (("tune", "matmul-128", "--trials", "-1"), "whole number of trials"),
         (("report", "nowhere"), "cannot report on .nowhere.: no such directory"),
         (("tune", "matmul-128", "--transfer-from", "nowhere"), "cannot transfer from 'nowhere': no such directory"),
         (

@@ -30,6 +30,8 @@ class TaskResult:
     schedule: str | None  # the best schedule as a MetaSchedule trace (Python)
     bytes: int = 0  # of the kernel's arguments: what one launch moves at the least
     fell_back: str | None = None  # why the model was built with TVM's default schedule for it, despite tuning
+    analytic: bool = False  # built with its analytic schedule (no measured one): best_latency is None
+    predicted_latency: float | None = None  # seconds per launch of its analytic schedule, by the analytic model
 
     @property
     def gflops(self) -> float | None:
@@ -63,6 +65,13 @@ class TuneResult:
     check: ModelCheck | None = None  # the compiled model against its framework on the example inputs
     _module: Any = field(default=None, repr=False)
     _compiled: Any = field(default=None, repr=False)
+
+    @property
+    def predicted_latency(self) -> float | None:
+        """Seconds per run by the analytic model, where every kernel was built with its analytic schedule."""
+        if not self.tasks or any(task.predicted_latency is None for task in self.tasks):
+            return None
+        return sum(task.weight * task.predicted_latency for task in self.tasks)
 
     @property
     def speedup(self) -> float | None:
@@ -134,11 +143,17 @@ class TuneResult:
             )
         elif self.latency_after is not None:
             lines.append(f"latency {format_latency(self.latency_after)} tuned (untuned not timed: time_untuned=True)")
+        if self.predicted_latency is not None:
+            lines.append(f"the analytic model predicted {format_latency(self.predicted_latency)}")
         for task in self.tasks:
             speed = f"  {task.gflops:.1f} GFLOP/s" if task.gflops else ""
             check = {True: "verified", False: "WRONG", None: "unverified"}[task.verified]
             if task.fell_back:
                 check = f"default schedule (fell back: {task.fell_back})"
+            elif task.analytic:
+                check = "analytic schedule" + (
+                    f", predicted {format_latency(task.predicted_latency)}" if task.predicted_latency else ""
+                )
             lines.append(
                 f"  {task.name} x{task.weight}: {format_latency(task.best_latency)}{speed}, {task.trials} trials, "
                 f"{check}"

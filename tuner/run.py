@@ -20,18 +20,8 @@ from common.target_kind import is_cuda
 from costmodel import CostModel
 from measure import DeviceUnavailable, Engine, EngineConfig, MeasureEngine, TimingConfig
 from measure.cluster.engine import ClusterEngine, ClusterLost, ClusterOptions, ClusterUnavailable
-from measure.workers.worker import WorkerTimeout
 from tuner.compile.check import ModelCheck
-from tuner.compile.checked_build import CheckedBuild
-from tuner.compile.compile import (
-    UNTUNED_TIMEOUT_S,
-    UNTUNED_TIMING,
-    KernelChoice,
-    choose_schedules,
-    compile_workload,
-    fell_back,
-    time_workload,
-)
+from tuner.compile.phase import BuiltModel, compile_and_time
 from tuner.database.database import TuningDatabase
 from tuner.database.workdir import (
     STORAGE_FAILURES,
@@ -115,6 +105,8 @@ def _run(plan: Plan, options: TuneOptions, started: float) -> TuneResult:
             if plan.workload.precision == "bfloat16":
                 lowering = replace(lowering, bfloat16=True)
             tasks = prepare_tasks(plan, lowering, db, options.cold_cache, options.verify)
+            if plan.budget.measures_nothing:
+                return _configure_only(plan, options, tasks, engine, db, report, started)
             cost_model = CostModel(seed=options.seed)
             loop = TuningLoop(
                 tasks.tasks, plan.target, db, engine, cost_model, options.seed, _loop_config(options), report
@@ -128,38 +120,79 @@ def _run(plan: Plan, options: TuneOptions, started: float) -> TuneResult:
             cost_model.save(plan.work_dir.cost_model)
             compiling = time.monotonic()
             built = compile_and_time(
-                engine, plan, tasks, db, report, options.verify, loop.unsearchable, options.time_untuned
-            )
+                engine, plan.workload, tasks.lowered, tasks.tasks, plan.target, plan.work_dir, db, report,
+                options.verify, loop.unsearchable, options.time_untuned,
+            )  # fmt: skip
             seconds = {
                 "start-up": tuning_started - started,
                 **({"transfer": transfer_seconds} if plan.sources else {}),
                 **loop.phase_seconds,
-                "compile and time": time.monotonic() - compiling - built.check_seconds,
-                "end-to-end check": built.check_seconds,
+                **_compile_seconds(built, compiling),
             }
-            outcome = ResultRecord(
-                built.latency_before,
-                built.latency_after,
-                loop.trials_done,
-                seconds,
-                stop_reason,
-                options.scheduler,
-                built.check.as_dict(),
-                built.fell_back,
-            )
+            outcome = _outcome(built, loop.trials_done, seconds, stop_reason, options.scheduler)
             write_meta(db, outcome)
-            result = make_result(plan, loop, built.artifact, outcome, time.monotonic() - started)
+            task_results = [_task_result(run, built, outcome.fell_back.get(run.task.name)) for run in loop.runs]
+            result = make_result(
+                plan, task_results, loop.ledger.as_dict(), built.artifact, outcome, time.monotonic() - started
+            )
             report.line(result.summary())
             return result
+
+
+def _configure_only(
+    plan: Plan,
+    options: TuneOptions,
+    tasks: Tasks,
+    engine: Engine,
+    db: TuningDatabase,
+    report: Progress,
+    started: float,
+) -> TuneResult:
+    """No trials: every kernel without a tuned schedule in the work dir compiled with its analytic one,
+    the model checked end to end and timed."""
+    report.line(f"{len(tasks.tasks)} kernels, no trials: their analytic schedules, none measured")
+    compiling = time.monotonic()
+    built = compile_and_time(
+        engine, plan.workload, tasks.lowered, tasks.tasks, plan.target, plan.work_dir, db, report,
+        options.verify, None, options.time_untuned,
+    )  # fmt: skip
+    seconds = {"start-up": compiling - started, **_compile_seconds(built, compiling)}
+    outcome = _outcome(built, 0, seconds, "no trials (trials=0)", options.scheduler)
+    write_meta(db, outcome)
+    task_results = [_configured_task_result(task, built, outcome.fell_back.get(task.name)) for task in tasks.tasks]
+    result = make_result(plan, task_results, {}, built.artifact, outcome, time.monotonic() - started)
+    report.line(result.summary())
+    return result
+
+
+def _compile_seconds(built: BuiltModel, compiling: float) -> dict[str, float]:
+    spent = time.monotonic() - compiling
+    return {
+        "analytic schedules": built.configure_seconds,
+        "compile and time": spent - built.check_seconds - built.configure_seconds,
+        "end-to-end check": built.check_seconds,
+    }
+
+
+def _outcome(built: BuiltModel, trials: int, seconds: dict, stop_reason: str | None, scheduler: str) -> ResultRecord:
+    return ResultRecord(
+        built.latency_before,
+        built.latency_after,
+        trials,
+        seconds,
+        stop_reason,
+        scheduler,
+        built.check.as_dict(),
+        built.fell_back,
+    )
 
 
 # -- phase 1: everything that can be refused is refused before anything starts --------------------
 def check(model: Any, options: TuneOptions) -> Plan:
     budget = choose_budget(options.trials, options.trials_per_task, options.stop)
     # per task: the same checks as for trials; the total replaces it once the tasks are known
-    objectives = run_objectives(
-        budget.trials_per_task if budget.trials_per_task is not None else budget.trials, options.stop
-    )
+    trials = budget.trials_per_task if budget.trials_per_task is not None else budget.trials
+    objectives = run_objectives(trials, options.stop) if trials != 0 else options.stop or Objectives()
     check_scheduler(options.scheduler)
     sources = read_sources(options.transfer_from or [])
     model_sources = read_model_sources(options.cost_model_from or [])
@@ -178,8 +211,10 @@ def check(model: Any, options: TuneOptions) -> Plan:
 
 def run_objectives(trials: Any, stop: Objectives | None) -> Objectives:
     """``stop`` with ``trials`` as its trial budget; some objective must be able to end the run."""
-    if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials <= 0):
-        raise TunerError(f"trials must be a positive integer (the number of candidates to measure), got {trials!r}")
+    if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 0):
+        raise TunerError(
+            f"trials must be a whole number (the candidates to measure; 0: analytic schedules only), got {trials!r}"
+        )
     if stop is not None and not isinstance(stop, Objectives):
         raise TunerError(f"stop must be a tuner.Objectives, got {type(stop).__name__}")
     objectives = replace(stop or Objectives(), trials=trials if trials is not None else (stop.trials if stop else None))
@@ -282,7 +317,7 @@ def prepare_tasks(
     lowered = lower_workload(plan.workload, plan.target, lowering)
     tasks = extract_tasks(plan.workload, plan.target, lowered)
     objectives = plan.objectives
-    if plan.budget.trials_per_task is not None:
+    if plan.budget.trials_per_task is not None and not plan.budget.measures_nothing:
         objectives = replace(objectives, trials=plan.budget.total_trials(len(tasks)))
     workload = plan.workload
     job = JobRecord(
@@ -318,68 +353,15 @@ def warm_up(plan: Plan, loop: TuningLoop, cost_model: CostModel, db: TuningDatab
         write_meta(db, transfer(plan.sources, loop, cost_model, plan.target, report))
 
 
-# -- phase 5: the compiled model ------------------------------------------------------------------
-@dataclass(frozen=True)
-class BuiltModel:
-    artifact: Path
-    latency_before: float | None  # seconds per run with TVM's default schedules; None: not timed
-    latency_after: float  # and with the tuned ones
-    check: ModelCheck
-    fell_back: dict[str, str]  # kernel name: why it keeps TVM's default schedule
-    check_seconds: float  # of the compile and time, spent on the end-to-end check
-
-
-def _untuned_latency(engine: Engine, workload: Workload, untuned: Path, report: Progress) -> float | None:
-    """Seconds per run of the program with TVM's default schedules, or None where its warm-up call and
-    one timed call outlast ``UNTUNED_TIMEOUT_S`` (a Llama-3 layer's direct matmuls untuned: over 20
-    minutes a call); the tuned program is what the user came for, and is timed already."""
-    try:
-        return time_workload(engine, workload, untuned, UNTUNED_TIMING, windows=1, timeout=UNTUNED_TIMEOUT_S)
-    except WorkerTimeout:
-        report.line(f"the untuned program is not timed: two calls take over {UNTUNED_TIMEOUT_S:.0f} s")
-        return None
-
-
-def compile_and_time(
-    engine: Engine,
+# -- phase 5: the result --------------------------------------------------------------------------
+def make_result(
     plan: Plan,
-    tasks: Tasks,
-    db: TuningDatabase,
-    report: Progress,
-    verify: bool = True,
-    untunable: dict[str, str] | None = None,
-    time_untuned: bool = False,
-) -> BuiltModel:
-    """The tuned program (verified schedules only, with ``verify``) compiled, checked against the model's
-    own framework and timed; with ``time_untuned``, the untuned one (TVM's default schedules) compiled and
-    timed too. Otherwise the untuned program is compiled only where the check needs it (a model with no
-    framework to compare with, or a difference to bisect)."""
-    report.line("compiling the tuned and the untuned program" if time_untuned else "compiling the tuned program")
-    workload, work_dir = plan.workload, plan.work_dir
-    choices = choose_schedules(db, tasks.tasks, plan.target, verified_only=verify)
-    for name, why in fell_back(choices).items():
-        report.line(f"{name}: built with TVM's default schedule: no usable candidate ({why})")
-    work_dir.untuned.unlink(missing_ok=True)  # an earlier run's, of the same lowering or not
-    if time_untuned:
-        compile_workload(engine, workload, tasks.lowered, [], work_dir.untuned)
-    build = CheckedBuild(engine, workload, tasks.lowered, choices, plan.target, work_dir.untuned, report.line)
-    check = build.build(work_dir.artifact, check=verify)
-    _mark_wrong_in_model(db, choices, check)
-    latency_after = time_workload(engine, workload, work_dir.artifact)
-    latency_before = _untuned_latency(engine, workload, work_dir.untuned, report) if time_untuned else None
-    reasons = {**(untunable or {}), **fell_back(choices), **check.left_out}
-    return BuiltModel(work_dir.artifact, latency_before, latency_after, check, reasons, build.check_seconds)
-
-
-def _mark_wrong_in_model(db: TuningDatabase, choices: list[KernelChoice], check: ModelCheck) -> None:
-    """Records whose kernels made the model wrong are never chosen again (a resume, ``tuner apply``)."""
-    for choice in choices:
-        if choice.record is not None and choice.task.name in check.left_out:
-            db.set_verified(choice.record.id, False, check.left_out[choice.task.name])
-
-
-# -- phase 6: the result --------------------------------------------------------------------------
-def make_result(plan: Plan, loop: TuningLoop, artifact: Path, outcome: ResultRecord, wall_seconds: float) -> TuneResult:
+    tasks: list[TaskResult],
+    filtered: dict,
+    artifact: Path,
+    outcome: ResultRecord,
+    wall_seconds: float,
+) -> TuneResult:
     workload = plan.workload
     result = TuneResult(
         model=workload.name,
@@ -389,34 +371,52 @@ def make_result(plan: Plan, loop: TuningLoop, artifact: Path, outcome: ResultRec
         database_path=plan.work_dir.database,
         artifact_path=artifact,
         inputs=workload.inputs,
-        tasks=[_task_result(run, outcome.fell_back.get(run.task.name)) for run in loop.runs],
+        tasks=tasks,
         latency_before=outcome.latency_before,
         latency_after=outcome.latency_after,
         trials=outcome.trials,
         wall_seconds=wall_seconds,
         seconds=outcome.seconds,
         stop_reason=outcome.stop_reason,
-        filtered=loop.ledger.as_dict(),
+        filtered=filtered,
         check=ModelCheck(**outcome.check) if outcome.check else None,
     )
     result.description.save(artifact)
     return result
 
 
-def _task_result(run: TaskRun, fell_back_because: str | None) -> TaskResult:
-    """A task's outcome: the schedule the model was built with, or none where it fell back."""
-    best = None if fell_back_because else run.best
-    schedule = None
-    if best is not None:
-        schedule = "\n".join(schedule_from_json(run.task.mod, best.trace).trace.as_python())
+def _task_result(run: TaskRun, built: BuiltModel, fell_back_because: str | None) -> TaskResult:
+    """A task's outcome: the schedule the model was built with (its best record, else its analytic
+    schedule), or none where it fell back to TVM's default."""
+    if run.best is None or fell_back_because:
+        return _configured_task_result(run.task, built, fell_back_because, run.trials)
     return TaskResult(
         name=run.task.name,
         weight=run.task.weight,
         flops=run.task.flops,
         trials=run.trials,
-        best_latency=best.latency if best else None,
-        verified=best.verified if best else None,
-        schedule=schedule,
+        best_latency=run.best.latency,
+        verified=run.best.verified,
+        schedule="\n".join(schedule_from_json(run.task.mod, run.best.trace).trace.as_python()),
         bytes=msc.kernel_bytes(run.task.mod),
-        fell_back=fell_back_because,
+    )
+
+
+def _configured_task_result(
+    task: Task, built: BuiltModel, fell_back_because: str | None, trials: int = 0
+) -> TaskResult:
+    """A task built with its analytic schedule, or with TVM's default where it fell back."""
+    configured = built.configured.get(task.name)
+    return TaskResult(
+        name=task.name,
+        weight=task.weight,
+        flops=task.flops,
+        trials=trials,
+        best_latency=None,
+        verified=None,
+        schedule="\n".join(configured.sch.trace.as_python()) if configured else None,
+        bytes=msc.kernel_bytes(task.mod),
+        fell_back=None if configured else fell_back_because,
+        analytic=configured is not None,
+        predicted_latency=built.predicted.get(task.name),
     )

@@ -3,7 +3,8 @@ the fix, and whether each target can be tuned here.
 
 The checks: TVM (and the tvm-ffi version it needs), TVM's CUDA runtime (and why it does not load),
 the GPUs TVM sees, NVML and the counters it gives, the CUDA compiler (a kernel is compiled to
-prove it), Ray and the cluster it would join, and the CPU with the ``mcpu`` LLVM targets.
+prove it), Ray and the cluster it would join, the CPU with the ``mcpu`` LLVM targets, and the machine's
+facts and calibration that analytic schedules are derived from.
 """
 
 from __future__ import annotations
@@ -204,7 +205,21 @@ def check_cpu() -> list[Check]:
                 "'llvm -mcpu=NAME'",
             )
         ]
-    return [_ok("CPU", text), check_bf16_cpu()]
+    return [_ok("CPU", text), check_machine(), check_bf16_cpu()]
+
+
+def check_machine() -> Check:
+    """What the analytic schedules are derived from (registers, caches, cores) and what this machine's
+    kernels were measured to reach (measured once, a few seconds, then kept)."""
+    from tuner.spaces.calibration import calibration
+    from tuner.spaces.machine import MachineFacts
+    from tuner.targets import resolve_target
+
+    target = resolve_target("llvm")
+    facts = MachineFacts.of(target)
+    if facts is None:
+        return _warn("machine", "no FMA on this CPU: kernels without a tuned schedule keep TVM's default ones")
+    return _ok("machine", f"{facts.describe()}; {calibration(target).describe()}")
 
 
 def check_bf16_cpu() -> Check:

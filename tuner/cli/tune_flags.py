@@ -28,6 +28,17 @@ def _positive(kind: type, what: str):
 _positive_int = _positive(int, "integer")
 
 
+def _trial_count(text: str) -> int:
+    """A number of trials: 0 measures nothing (the analytic schedules alone)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of trials (0 or more), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of trials (0 or more), got {value}")
+    return value
+
+
 _positive_float = _positive(float, "number")
 
 
@@ -197,12 +208,13 @@ def add_tune_command(commands) -> None:
     budget = tune.add_mutually_exclusive_group()
     budget.add_argument(
         "--trials",
-        type=_positive_int,
-        help="candidates to measure in total (default, with no stopping option: 32 per kernel, at least 64)",
+        type=_trial_count,
+        help="candidates to measure in total; 0: none, every kernel with its analytic schedule (default, with no "
+        "stopping option: 32 per kernel, at least 64)",
     )
     budget.add_argument(
         "--trials-per-task",
-        type=_positive_int,
+        type=_trial_count,
         help="the budget as candidates per kernel of the model: N x its tasks in total "
         "(the scheduler still decides where they go)",
     )

@@ -67,7 +67,7 @@ class CheckedBuild:
     ):
         self.engine, self.workload, self.lowered, self.choices = engine, workload, lowered, choices
         self.target, self.untuned, self.say = target, untuned, say
-        self.tuned = [c.task.name for c in choices if c.record is not None]
+        self.tuned = [c.task.name for c in choices if c.trace is not None]
         self.left_out: dict[str, str] = {}
         self.check_seconds = 0.0  # spent running the model and its reference, and finding culprits
         self._probes = 0
@@ -89,7 +89,7 @@ class CheckedBuild:
     # -- compile ----------------------------------------------------------------------------------
     def _compile(self, kept: Sequence[str], artifact: Path) -> str | None:
         """Compile keeping the schedules of ``kept``; the error line if it fails."""
-        leave_out = frozenset(c.task.name for c in self.choices if c.record is not None) - set(kept)
+        leave_out = frozenset(c.task.name for c in self.choices if c.trace is not None) - set(kept)
         try:
             compile_workload(self.engine, self.workload, self.lowered, schedules_of(self.choices, leave_out), artifact)
         except (WorkerError, WorkerCrashed, WorkerTimeout) as err:  # a compiler that failed, crashed or hung

@@ -1,9 +1,11 @@
-"""Apply the best schedules to a workload, compile it, and time it against TVM's defaults."""
+"""Choose each kernel's schedule (the best tuned record, else its analytic schedule), compile a workload
+with them, and time it."""
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import tvm
@@ -11,7 +13,9 @@ import tvm
 from common.error_text import error_line
 from measure import Engine, TimingConfig
 from tuner.database.database import Record, TuningDatabase
+from tuner.search.parallel import parallel_map
 from tuner.spaces import metaschedule as msc
+from tuner.spaces.analytic import AnalyticSchedule, configure_kernel
 from tuner.tasks.extraction import Task
 from workloads import Workload
 
@@ -24,20 +28,46 @@ UNTUNED_TIMEOUT_S = 300.0  # for the warm-up call and one timed call of TVM's de
 
 @dataclass(frozen=True)
 class KernelChoice:
-    """What compile takes for one kernel: a tuned record, or TVM's default schedule (``record`` None),
-    with ``fell_back`` saying why where tuned records existed but none could be used."""
+    """What compile takes for one kernel: a tuned record, else its analytic schedule (``configured``, on a
+    CPU), else TVM's default schedule; ``fell_back`` says why where tuned records existed but none could
+    be used."""
 
     task: Task
     record: Record | None
     fell_back: str | None = None
+    configured: AnalyticSchedule | None = None
+
+    @cached_property
+    def trace(self) -> str | None:
+        """The schedule compile applies, as trace JSON; None: TVM's default."""
+        if self.record is not None:
+            return self.record.trace
+        return msc.trace_to_json(self.configured.sch) if self.configured is not None else None
 
 
 def choose_schedules(
-    db: TuningDatabase, tasks: list[Task], target: tvm.target.Target, verified_only: bool = True
+    db: TuningDatabase,
+    tasks: list[Task],
+    target: tvm.target.Target,
+    verified_only: bool = True,
+    configure: bool = True,
 ) -> list[KernelChoice]:
     """Per task, the fastest record compile may use: with ``verified_only`` (verification on, the
     default), only one whose output was checked against the unscheduled kernel and matched; a record
-    whose trace no longer replays on the kernel is never used."""
+    whose trace no longer replays on the kernel is never used. A task with none gets its analytic
+    schedule where ``configure`` and the target has one (``tuner.spaces.analytic``)."""
+    choices = _recorded_choices(db, tasks, target, verified_only)
+    if not configure:
+        return choices
+    configured = parallel_map(
+        lambda choice: configure_kernel(choice.task.mod, target) if choice.record is None else None, choices
+    )
+    return [replace(choice, configured=schedule) for choice, schedule in zip(choices, configured, strict=True)]
+
+
+def _recorded_choices(
+    db: TuningDatabase, tasks: list[Task], target: tvm.target.Target, verified_only: bool
+) -> list[KernelChoice]:
     key = str(target)
     choices = []
     for task in tasks:
@@ -71,8 +101,8 @@ def _why_none_usable(db: TuningDatabase, kernel_id: int, key: str) -> str | None
 
 
 def schedules_of(choices: list[KernelChoice], leave_out: frozenset[str] = frozenset()) -> list[tuple]:
-    """(kernel, trace JSON) pairs for ``compile_workload``: the tuned kernels not in ``leave_out``."""
-    return [(c.task.mod, c.record.trace) for c in choices if c.record and c.task.name not in leave_out]
+    """(kernel, trace JSON) pairs for ``compile_workload``: the scheduled kernels not in ``leave_out``."""
+    return [(c.task.mod, c.trace) for c in choices if c.trace is not None and c.task.name not in leave_out]
 
 
 def fell_back(choices: list[KernelChoice]) -> dict[str, str]:

@@ -23,6 +23,11 @@ class Budget:
     trials_per_task: int | None
     defaulted: bool = False  # nothing was given: the default per-kernel budget
 
+    @property
+    def measures_nothing(self) -> bool:
+        """No trials at all: every kernel takes its analytic schedule (``trials=0``)."""
+        return self.trials == 0 or self.trials_per_task == 0
+
     def total_trials(self, num_tasks: int) -> int | None:
         """The trial budget once the tasks are known."""
         if self.trials_per_task is None:

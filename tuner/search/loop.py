@@ -30,6 +30,8 @@ from tuner.database.workdir import FILTER_LEDGER_KEY, FILTER_STATE_KEY, stop_on_
 from tuner.errors import TunerError
 from tuner.progress import Progress
 from tuner.spaces import metaschedule as msc
+from tuner.spaces.analytic import analytic_schedule
+from tuner.spaces.machine import MachineFacts
 from tuner.spaces.retile import adapt_tile
 from tuner.targets import describe_target
 from tuner.tasks.extraction import Task
@@ -106,6 +108,7 @@ class TuningLoop:
     ):
         self.target = target
         self.target_key = str(target)
+        self.facts = MachineFacts.of(target)  # None: no analytic first schedules (not a CPU with FMA)
         self.db = db
         self.engine = engine
         self.cost_model = cost_model
@@ -244,9 +247,13 @@ class TuningLoop:
         with self._phase("search"):
             if run.trials == 0 and not run.sibling_seeded:
                 run.sibling_seeded = True
+                analytic = analytic_schedule(run.task.mod, run.search.spaces, run.search.postprocs, self.facts)
+                configured = run.search.add_seeds([analytic.sch]) if analytic is not None else 0
                 traces = sibling_traces(run, self.runs, self.db, self.target_key)
                 used = run.search.add_transferred(traces, SIBLING_MAX_SEEDS, replay_seed=1, retile=adapt_tile)
-                seeded = f"  {len(used)} from sibling kernels" if used else ""
+                seeded = "".join(
+                    f"  {n} {what}" for n, what in ((configured, "analytic"), (len(used), "from sibling kernels")) if n
+                )
             candidates = run.search.propose(size)
             features = run.search.feature_rows(candidates)  # extract features in one batch
         if not candidates:

@@ -130,6 +130,19 @@ class TaskSearch:
                 used.append(index)
         return used
 
+    def add_seeds(self, schedules: Sequence[Schedule]) -> int:
+        """Queue ready schedules of this kernel (its analytic one) to be proposed first, measured whatever
+        the filter says; returns how many were new."""
+        queued = {c.key for c in self._seeds}
+        added = 0
+        for sch in schedules:
+            key = msc.structural_key(sch.mod)
+            if key not in self.seen and key not in queued:
+                self._seeds.append(Candidate(key, sch, transferred=True))
+                queued.add(key)
+                added += 1
+        return added
+
     @property
     def seeds_waiting(self) -> bool:
         """Whether queued seeds (see ``add_transferred``) are still to be proposed."""

@@ -82,8 +82,8 @@ class BackendOptions:
             )
         for name in ("trials", "trials_per_task"):
             value = options.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise TunerError(f"option {name} must be a positive integer, got {value!r}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise TunerError(f"option {name} must be a whole number (0: analytic schedules only), got {value!r}")
         minutes = options.get("max_minutes")
         if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes <= 0):
             raise TunerError(f"option max_minutes must be a positive number, got {minutes!r}")

@@ -1,0 +1,177 @@
+"""Fast from the first minute: each model with no trials (``tune(model, trials=0)``: every kernel with its
+analytic schedule, nothing measured), from the call to a checked model, beside the same model tuned and
+the runtimes a user would run instead, timed side by side in one process.
+
+    .venv/bin/python experiments/analytic.py resnet18 bert-base mobilenetv2 --tuned-per-task 32
+
+Per model: ``tune(model, trials=0)`` in a fresh process, its wall time counted from before ``import
+tuner``; with ``--tuned-per-task N``, the model tuned at N trials per kernel (its work dir kept under
+OUT/runs: run again, it is resumed and measures nothing); then each build timed in interleaved rounds
+beside PyTorch eager, torch.compile, ONNX Runtime and OpenVINO (fp32 and its default), with each output's
+error against PyTorch eager. Each build is timed in a process of its own with the other runtimes (TVM
+0.27 resolves a second build of a model loaded into one process to the first one's kernels): the two
+builds are compared through the runtimes timed beside both (ONNX Runtime's ratio). Writes
+OUT/analytic.md and OUT/analytic.json (default OUT: experiments/results/analytic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+STARTED = time.monotonic()  # before anything of the tuner is imported: the wall time a user waits
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common.host import cpu_model  # noqa: E402
+from experiments.harness import markdown_table, run_step  # noqa: E402
+
+_COLUMNS = [
+    "model",
+    "trials=0 wall (s)",
+    "trials=0 (ms)",
+    "predicted (ms)",
+    "tuned (ms)",
+    "trials=0 / tuned (via ONNX Runtime)",
+    "tuning (min)",
+]
+
+
+def step_zero(model: str, work_dir: Path) -> dict:
+    from tuner import tune
+
+    result = tune(model, trials=0, work_dir=work_dir, progress=False)
+    return {
+        "wall_s": time.monotonic() - STARTED,
+        "latency_ms": result.latency_after * 1e3,
+        "predicted_ms": result.predicted_latency * 1e3 if result.predicted_latency else None,
+        "error": result.check.error if result.check else None,
+        "seconds": result.seconds,
+        "artifact": str(result.artifact_path),
+    }
+
+
+def step_tuned(model: str, work_dir: Path, per_task: int) -> dict:
+    from tuner import tune
+
+    result = tune(model, trials_per_task=per_task, work_dir=work_dir, progress=False)
+    return {
+        "latency_ms": result.latency_after * 1e3,
+        "tuning_min": sum(v for k, v in result.seconds.items() if k not in ("start-up",)) / 60,
+        "error": result.check.error if result.check else None,
+        "artifact": str(result.artifact_path),
+    }
+
+
+def step_side_by_side(model: str, builds: list[str], threads: int, rounds: int) -> dict:
+    import tempfile
+
+    import torch
+
+    from experiments import frameworks as fw
+    from tuner.runtime.compiled_model import ModelDescription
+
+    torch.set_num_threads(threads)
+    module, inputs = fw.module_and_inputs(model)
+    scratch = Path(tempfile.mkdtemp(prefix="analytic-onnx-"))
+    contenders = [
+        fw.torch_eager(module, inputs),
+        fw.torch_compiled(module, inputs),
+        fw.onnx_runtime(module, inputs, threads, scratch),
+    ]
+    for build in builds:
+        label, _, path = build.partition("=")
+        contenders.append(fw.tvm_model(label, Path(path), ModelDescription.read(Path(path)), inputs))
+    contenders += fw.openvino(module, inputs, threads)
+    _, errors = fw.errors_against_eager(contenders)
+    fw.time_interleaved(contenders, rounds=rounds, seconds_per_round=0.3)
+    return {
+        c.name: {"ms": c.median * 1e3 if c.call else None, "error": errors.get(c.name), "missing": c.missing}
+        for c in contenders
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=["resnet18", "bert-base", "mobilenetv2"])
+    parser.add_argument("--tuned-per-task", type=int, default=None, help="also tune each at N trials per kernel")
+    parser.add_argument("--out", type=Path, default=Path("experiments/results/analytic"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.step:
+        kind, model, *rest = args.step
+        if kind == "zero":
+            out = step_zero(model, Path(rest[0]))
+        elif kind == "tuned":
+            out = step_tuned(model, Path(rest[0]), int(rest[1]))
+        else:
+            out = step_side_by_side(model, rest, args.threads, args.rounds)
+        print(json.dumps(out, default=str))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs, script, records, rows = args.out / "runs", Path(__file__), [], []
+    for model in args.models:
+        zero_dir = runs / f"{model}-0"
+        zero = run_step(script, ["--step", "zero", model, str(zero_dir)], args.out / f"{model}-0.log")
+        builds = [f"trials=0={zero['artifact']}"]
+        tuned = None
+        if args.tuned_per_task:
+            tuned_dir = runs / f"{model}-{args.tuned_per_task}"
+            tuned = run_step(
+                script, ["--step", "tuned", model, str(tuned_dir), str(args.tuned_per_task)], args.out / f"{model}.log"
+            )
+            builds.append(f"tuned {args.tuned_per_task}/kernel={tuned['artifact']}")
+        timed = {}
+        for index, build in enumerate(builds):
+            beside = run_step(script, ["--step", "side", model, build], args.out / f"{model}-side{index}.log")
+            label = build.partition("=")[0]
+            anchor = beside["ONNX Runtime"]["ms"] if beside.get("ONNX Runtime", {}).get("ms") else None
+            timed[label] = {**beside[label], "onnx_runtime_ratio": beside[label]["ms"] / anchor if anchor else None}
+            for name, value in beside.items():  # the other runtimes, from the trials=0 build's process
+                if index == 0 and name != label:
+                    timed[name] = value
+        records.append({"model": model, "zero": zero, "tuned": tuned, "side_by_side": timed})
+        rows.append(_row(model, zero, tuned, timed, args.tuned_per_task))
+        print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
+    (args.out / "analytic.json").write_text(json.dumps(records, indent=1, default=str))
+    columns = sorted(
+        {c for row in rows for c in row}, key=lambda c: (c not in _COLUMNS, _COLUMNS.index(c) if c in _COLUMNS else 0)
+    )
+    (args.out / "analytic.md").write_text(
+        f"# No trials against tuned and against other runtimes\n\n{cpu_model()}, {args.threads} threads, "
+        f"{args.rounds} interleaved rounds; `{' '.join(sys.argv)}`\n\n{markdown_table(rows, columns)}\n"
+    )
+
+
+def _row(model: str, zero: dict, tuned: dict | None, timed: dict, per_task: int | None) -> dict:
+    row = {
+        "model": model,
+        "trials=0 wall (s)": f"{zero['wall_s']:.0f}",
+        "trials=0 (ms)": f"{timed['trials=0']['ms']:.3f}",
+        "predicted (ms)": f"{zero['predicted_ms']:.3f}" if zero["predicted_ms"] else "-",
+        "tuned (ms)": f"{timed[f'tuned {per_task}/kernel']['ms']:.3f}" if tuned else "-",
+        "trials=0 / tuned (via ONNX Runtime)": _through_onnx_runtime(timed, per_task) if tuned else "-",
+        "tuning (min)": f"{tuned['tuning_min']:.1f}" if tuned else "-",
+    }
+    for name, value in timed.items():
+        if value["ms"] is not None and not name.startswith("tuned"):
+            row[f"{name} / trials=0"] = f"{value['ms'] / timed['trials=0']['ms']:.2f}"
+            row[f"{name} error"] = f"{value['error']:.1e}" if value["error"] is not None else "-"
+    return row
+
+
+def _through_onnx_runtime(timed: dict, per_task: int | None) -> str:
+    zero, tuned = (
+        timed["trials=0"].get("onnx_runtime_ratio"),
+        timed[f"tuned {per_task}/kernel"].get("onnx_runtime_ratio"),
+    )
+    return f"{zero / tuned:.2f}" if zero and tuned else "-"
+
+
+if __name__ == "__main__":
+    main()

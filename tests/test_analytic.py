@@ -1,0 +1,147 @@
+"""Analytic configuration (tuner.spaces.analytic): the factors it derives from a kernel's loops and the
+machine's facts, the schedule it makes of a real kernel, and the doors that use it (``trials=0``, and
+each task's first candidate in a search)."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+
+import numpy as np
+import pytest
+import tvm
+
+from common.host import CacheLevel, data_caches
+from tuner import tune
+from tuner.spaces import metaschedule as msc
+from tuner.spaces.analytic import TiledLoop, configure_kernel, plan_block
+from tuner.spaces.machine import MachineFacts
+from tuner.spaces.register_tiles import RegisterFile
+from tuner.targets import resolve_target
+from workloads import load_workload
+
+AVX512 = MachineFacts(
+    RegisterFile(lanes=16, registers=32), cores=2, l1_bytes=32 << 10, l2_bytes=1 << 20, l3_bytes=16 << 20
+)
+AVX2 = MachineFacts(
+    RegisterFile(lanes=8, registers=16), cores=4, l1_bytes=32 << 10, l2_bytes=256 << 10, l3_bytes=8 << 20
+)
+
+
+def _loops(spatial: list[int], reduction: list[int]) -> list[TiledLoop]:
+    loops = [TiledLoop(i, "spatial", extent, 4, 64) for i, extent in enumerate(spatial)]
+    loops[-1] = TiledLoop(len(spatial) - 1, "vector", spatial[-1], 4, 64)
+    return loops + [TiledLoop(len(spatial) + i, "reduction", extent, 2, 64) for i, extent in enumerate(reduction)]
+
+
+def _check_factors(loops: list[TiledLoop], plan) -> None:
+    for loop in loops:
+        assert math.prod(plan.factors[loop.index]) == loop.extent, loop
+        assert len(plan.factors[loop.index]) == loop.levels
+        assert plan.factors[loop.index][-1] <= loop.max_innermost
+
+
+def test_a_matmuls_register_tile_fills_the_registers_and_its_reduction_run_fits_l1():
+    loops = _loops([512, 512], [512])
+    plan = plan_block(loops, AVX512)
+    _check_factors(loops, plan)
+    rows, columns, run = plan.factors[0][-1], plan.factors[1][-1], plan.factors[2][-1]
+    assert columns % 16 == 0 and plan.accumulators == rows * columns // 16
+    assert AVX512.registers.min_accumulators <= plan.accumulators <= AVX512.registers.max_accumulators
+    assert plan.accumulators == 16  # 512's divisors allow no 24: 4 rows x 4 vectors, the fewest loads
+    assert run == plan.reduction_run == 64 and run * columns * 4 <= AVX512.l1_bytes // 2
+    assert plan.tasks % AVX512.cores == 0 and plan.tasks >= AVX512.cores
+
+
+def test_fewer_registers_make_a_smaller_tile():
+    plan = plan_block(_loops([384, 768], [768]), AVX2)
+    assert AVX2.registers.min_accumulators <= plan.accumulators <= AVX2.registers.max_accumulators == 12
+    assert plan.tasks % AVX2.cores == 0
+
+
+def test_a_late_convolution_splits_its_weights_across_the_cores_an_early_one_its_image():
+    """7x7x512 from 3x3x512: 9 MB of weights, split by output channels; 56x56x64 from 3x3x64: the image
+    is what is large, split by rows."""
+    late = _loops([1, 7, 7, 512], [3, 3, 512])
+    plan = plan_block(late, AVX512)
+    _check_factors(late, plan)
+    assert plan.factors[3][0] == plan.tasks >= AVX512.cores  # all of S0 on the channels
+    early = _loops([1, 56, 56, 64], [3, 3, 64])
+    plan = plan_block(early, AVX512)
+    _check_factors(early, plan)
+    assert plan.factors[3][0] == 1 and plan.tasks >= AVX512.cores
+
+
+def test_a_loop_without_whole_vectors_still_gets_a_plan():
+    loops = _loops([197, 10], [64])
+    plan = plan_block(loops, AVX512)
+    _check_factors(loops, plan)
+    assert plan.factors[1][-1] in (1, 2, 5, 10)
+
+
+def test_the_machine_facts_come_from_the_target_and_the_caches(tmp_path):
+    haswell = MachineFacts.of(resolve_target("llvm -mcpu=haswell -num-cores=4"))
+    assert haswell.registers == RegisterFile(lanes=8, registers=16) and haswell.cores == 4
+    assert haswell.l1_bytes > 0 and haswell.l2_bytes >= haswell.l1_bytes
+    assert MachineFacts.of(tvm.target.Target({"kind": "c"})) is None
+    for index, (level, kind, size, shared) in enumerate(
+        [
+            (1, "Data", "48K", "0"),
+            (1, "Instruction", "32K", "0"),
+            (2, "Unified", "2048K", "0"),
+            (3, "Unified", "32M", "0-7"),
+        ]
+    ):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+            (folder / name).write_text(f"{value}\n")
+    assert data_caches(tmp_path) == (CacheLevel(1, 48 << 10, 1), CacheLevel(2, 2 << 20, 1), CacheLevel(3, 32 << 20, 8))
+    assert data_caches(tmp_path / "missing")[0].level == 1  # a common core's, where the OS says nothing
+
+
+def test_a_kernels_analytic_schedule_takes_the_plan_and_computes_the_product():
+    workload = load_workload("matmul-128")
+    target = resolve_target("llvm")
+    configured = configure_kernel(workload.mod, target)
+    assert configured is not None and len(configured.plans) == 1
+    (plan,) = configured.plans
+    trace = configured.sch.trace
+    decisions = [[int(v) for v in trace.decisions[i]] for i in trace.insts if i.kind.name == "SamplePerfectTile"]
+    assert decisions == [plan.factors[i] for i in sorted(plan.factors)]
+    assert configure_kernel(workload.mod, target) is not None  # deterministic: the same again
+    assert msc.structural_key(configure_kernel(workload.mod, target).sch.mod) == msc.structural_key(configured.sch.mod)
+    lib = tvm.compile(configured.sch.mod, target=target)
+    a, b = np.random.rand(128, 128).astype("float32"), np.random.rand(128, 128).astype("float32")
+    c = tvm.runtime.tensor(np.zeros((128, 128), "float32"))
+    lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+    np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4)
+    assert configure_kernel(workload.mod, tvm.target.Target({"kind": "cuda", "arch": "sm_80"})) is None
+
+
+def test_no_trials_compiles_the_analytic_schedules_checked_and_timed(tmp_path):
+    result = tune("matmul-128", trials=0, work_dir=tmp_path, progress=False)
+    (task,) = result.tasks
+    assert result.trials == 0 and task.analytic and task.trials == 0 and "sample_perfect_tile" in task.schedule
+    assert result.latency_after > 0 and "analytic schedule" in result.summary()
+    a, b = np.random.rand(128, 128).astype("float32"), np.random.rand(128, 128).astype("float32")
+    _, _, c = result.run(a, b, np.zeros((128, 128), "float32"))
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4)
+    with sqlite3.connect(tmp_path / "tuning.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM records").fetchone() == (0,)
+
+
+def test_a_search_measures_the_analytic_schedule_first(tmp_path):
+    tune("matmul-128", trials=8, batch_size=8, work_dir=tmp_path, progress=False)
+    with sqlite3.connect(tmp_path / "tuning.db") as db:
+        (first,) = db.execute("SELECT candidate FROM records ORDER BY id LIMIT 1").fetchone()
+    configured = configure_kernel(load_workload("matmul-128").mod, resolve_target("llvm"))
+    assert first == msc.structural_key(configured.sch.mod)
+
+
+@pytest.mark.parametrize("trials", [-1, 1.5])
+def test_a_budget_below_zero_or_not_whole_is_refused(trials, tmp_path):
+    from tuner import TunerError
+
+    with pytest.raises(TunerError, match="whole number"):
+        tune("matmul-128", trials=trials, work_dir=tmp_path, progress=False)

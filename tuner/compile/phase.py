@@ -1,0 +1,139 @@
+"""A run's compile phase: each kernel's schedule chosen (its best verified record, else its analytic one),
+the model compiled so that no kernel can sink it, checked against its own framework, and timed."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import tvm
+
+from measure import Engine
+from measure.workers.worker import WorkerTimeout
+from tuner.database.database import TuningDatabase
+from tuner.database.workdir import WorkDir
+from tuner.progress import Progress
+from tuner.search.loop import tolerance
+from tuner.spaces import metaschedule as msc
+from tuner.spaces.analytic import AnalyticSchedule
+from tuner.spaces.calibration import calibration
+from tuner.spaces.machine import MachineFacts
+from tuner.spaces.prediction import predicted_seconds
+from tuner.tasks.extraction import Task
+from workloads import Workload
+
+from .check import ModelCheck
+from .checked_build import CheckedBuild
+from .compile import UNTUNED_TIMEOUT_S, UNTUNED_TIMING, KernelChoice, choose_schedules, compile_workload, time_workload
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    artifact: Path
+    latency_before: float | None  # seconds per run with TVM's default schedules; None: not timed
+    latency_after: float  # and with the tuned ones
+    check: ModelCheck
+    fell_back: dict[str, str]  # kernel name: why it keeps TVM's default schedule
+    check_seconds: float  # of the compile and time, spent on the end-to-end check
+    configured: dict[str, AnalyticSchedule] = field(default_factory=dict)  # kernels built with their analytic one
+    predicted: dict[str, float] = field(default_factory=dict)  # their seconds per launch, by the analytic model
+    configure_seconds: float = 0.0  # of the compile and time, spent on the analytic schedules
+
+
+def _untuned_latency(engine: Engine, workload: Workload, untuned: Path, report: Progress) -> float | None:
+    """Seconds per run of the program with TVM's default schedules, or None where its warm-up call and
+    one timed call outlast ``UNTUNED_TIMEOUT_S`` (a Llama-3 layer's direct matmuls untuned: over 20
+    minutes a call); the tuned program is what the user came for, and is timed already."""
+    try:
+        return time_workload(engine, workload, untuned, UNTUNED_TIMING, windows=1, timeout=UNTUNED_TIMEOUT_S)
+    except WorkerTimeout:
+        report.line(f"the untuned program is not timed: two calls take over {UNTUNED_TIMEOUT_S:.0f} s")
+        return None
+
+
+def compile_and_time(
+    engine: Engine,
+    workload: Workload,
+    lowered: tvm.IRModule,
+    tasks: list[Task],
+    target: tvm.target.Target,
+    work_dir: WorkDir,
+    db: TuningDatabase,
+    report: Progress,
+    verify: bool = True,
+    untunable: dict[str, str] | None = None,
+    time_untuned: bool = False,
+) -> BuiltModel:
+    """The tuned program (verified schedules only, with ``verify``; analytic ones for kernels with none)
+    compiled, checked against the model's own framework and timed; with ``time_untuned``, the untuned one
+    (TVM's default schedules) compiled and timed too. Otherwise the untuned program is compiled only where
+    the check needs it (a model with no framework to compare with, or a difference to bisect)."""
+    report.line("compiling the tuned and the untuned program" if time_untuned else "compiling the tuned program")
+    configuring = time.monotonic()
+    choices = choose_schedules(db, tasks, target, verified_only=verify)
+    configure_seconds = time.monotonic() - configuring
+    if verify and workload.kind != "relax":  # a single kernel: no end-to-end check to catch a wrong one
+        choices = _verified_configurations(engine, choices, report)
+    for choice in choices:
+        if choice.fell_back:
+            kept = "its analytic schedule" if choice.configured else "TVM's default schedule"
+            report.line(f"{choice.task.name}: built with {kept}: no usable candidate ({choice.fell_back})")
+    work_dir.untuned.unlink(missing_ok=True)  # an earlier run's, of the same lowering or not
+    if time_untuned:
+        compile_workload(engine, workload, lowered, [], work_dir.untuned)
+    build = CheckedBuild(engine, workload, lowered, choices, target, work_dir.untuned, report.line)
+    check = build.build(work_dir.artifact, check=verify)
+    _mark_wrong_in_model(db, choices, check)
+    latency_after = time_workload(engine, workload, work_dir.artifact)
+    latency_before = _untuned_latency(engine, workload, work_dir.untuned, report) if time_untuned else None
+    defaulted = {c.task.name: c.fell_back for c in choices if c.trace is None and c.fell_back}
+    reasons = {**(untunable or {}), **defaulted, **check.left_out}
+    configured = {c.task.name: c.configured for c in choices if c.configured and c.task.name not in check.left_out}
+    predicted = _predictions(configured, tasks, target)
+    return BuiltModel(
+        work_dir.artifact,
+        latency_before,
+        latency_after,
+        check,
+        reasons,
+        build.check_seconds,
+        configured=configured,
+        predicted=predicted,
+        configure_seconds=configure_seconds,
+    )
+
+
+def _predictions(configured: dict[str, AnalyticSchedule], tasks: list[Task], target: tvm.target.Target) -> dict:
+    """The analytic model's seconds per launch of each configured kernel (none off a CPU)."""
+    facts = MachineFacts.of(target)
+    if not configured or facts is None:
+        return {}
+    measured = calibration(target)
+    return {
+        task.name: predicted_seconds(
+            task.flops, msc.kernel_bytes(task.mod), configured[task.name].plans, facts, measured
+        )
+        for task in tasks
+        if task.name in configured
+    }
+
+
+def _verified_configurations(engine: Engine, choices: list[KernelChoice], report: Progress) -> list[KernelChoice]:
+    """The analytic schedules checked against the unscheduled kernel; a wrong one is left out."""
+    kept = []
+    for choice in choices:
+        if choice.configured is not None:
+            outcome = engine.verify(choice.task.mod, choice.configured.sch.mod, tolerance(choice.task.mod))
+            if outcome.ok is False:
+                report.line(f"{choice.task.name}: its analytic schedule gives wrong results ({outcome.detail})")
+                choice = replace(choice, configured=None)
+        kept.append(choice)
+    return kept
+
+
+def _mark_wrong_in_model(db: TuningDatabase, choices: list[KernelChoice], check: ModelCheck) -> None:
+    """Records whose kernels made the model wrong are never chosen again (a resume, ``tuner apply``)."""
+    for choice in choices:
+        if choice.record is not None and choice.task.name in check.left_out:
+            db.set_verified(choice.record.id, False, check.left_out[choice.task.name])

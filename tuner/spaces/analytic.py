@@ -1,0 +1,289 @@
+"""Analytic configuration (AutoConfig's idea): one deterministic schedule per kernel, derived from its
+loop extents and the machine's facts, with nothing measured.
+
+MetaSchedule's CPU design space tiles a product (a matmul, a convolution: any block MultiLevelTiling
+takes) as ``SSRSRS``: each spatial loop split in four (S0 S1 S2 S3), each reduction loop in two (R0 R1),
+nested S0 S1 R0 S2 R1 S3. The configuration sets every factor, BLIS's way (Low et al., TOMS 2016):
+
+- **S3, the register tile**: the last spatial loop (the one vectorised) in ``nv`` vectors of the
+  register's lanes, the innermost other spatial loop in ``mr`` rows: ``mr x nv`` accumulators. As many
+  as the registers hold beside a step's operands (``RegisterFile.max_accumulators``: 24 of AVX-512's 32,
+  12 of AVX2's 16), and of those tiles the one with the fewest loads a step (``mr + nv``: each step loads
+  ``nv`` weight vectors and broadcasts ``mr`` inputs). ``nv`` is 1, 2 or 4: LLVM makes slow code of a
+  vector loop three registers wide (BERT's 3072-wide products at 4 GFLOP/s with 48 columns, 104 with 64).
+  A loop that offers no such factors takes the nearest it has (197 rows: 1).
+- **R1, the reduction run** between loading the accumulators and storing them: as long as the weights
+  it reads (R1 steps of ``nv`` vectors) fit in half of L1, at most MetaSchedule's innermost limit (64);
+  the innermost reduction loop first (a convolution's input channels), then the window's.
+- **S0, the parallel tasks**: as many as the cores divide evenly, at least one per core, split where the
+  least is read (a task over rows reads all the weights, one over columns all the inputs: a late
+  convolution's 9 MB of weights go by output channels, an early one's image by rows), then nearest
+  ``TASKS_PER_CORE`` per core.
+- **S2, the block of tiles one reduction run covers** (inside a task): weight columns while the block's
+  weights (R1 steps x its columns) fit in half of L2, then rows while its inputs and its outputs (kept
+  across the runs by MetaSchedule's write cache) fit in a quarter of L2; S1 takes the rest.
+- **Unroll**: ``UNROLL_STEPS`` (the register tile unrolled, the reduction run kept a loop).
+
+A kernel of another design space (element-wise, reductions, our own rules) takes its design space's
+decisions as MetaSchedule draws them with a fixed seed: the same schedule every time. Where the design
+spaces differ only in where the write cache goes, the first one that applies is taken.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import tvm
+from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import Trace
+
+from . import metaschedule as msc
+from .machine import MachineFacts
+from .register_tiles import _divisors, tile_roles
+
+FLOAT_BYTES = 4
+TASKS_PER_CORE = 4  # parallel tasks per core where the loops allow: a slow core costs a quarter of a task
+MAX_JOBS_PER_CORE = 16  # MetaSchedule's limit on the parallel loop's extent, per core
+MAX_WINDOW = 7  # a reduction loop this short is a convolution's window: its inputs are re-read from cache
+UNROLL_STEPS = 64
+ANALYTIC_SEED = 1
+
+
+@dataclass(frozen=True)
+class TiledLoop:
+    """One loop of a CPU-tiled block, as its design space splits it."""
+
+    index: int  # of its SamplePerfectTile instruction in the trace
+    role: str  # "spatial", "vector" (the block's last spatial loop) or "reduction"
+    extent: int
+    levels: int  # factors it is split into
+    max_innermost: int
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """The configuration of one CPU-tiled block: each loop's factors, outermost level first."""
+
+    factors: dict[int, list[int]]  # by instruction index
+    accumulators: int  # of the register tile
+    reduction_run: int  # R1 steps
+    tasks: int  # parallel tasks S0 makes
+
+
+def tiled_blocks(mod: tvm.IRModule, space: Schedule) -> list[list[TiledLoop]]:
+    """The CPU-tiled blocks of a design space, each as the loops it splits, with their extents."""
+    insts = list(space.trace.insts)
+    roles = tile_roles(insts)
+    extents: dict[int, int] = {}
+
+    def record(sch: Schedule):
+        position = iter(range(len(insts)))
+
+        def provide(inst, inputs, attrs, decision):
+            index = next(position)
+            if roles[index] in ("spatial", "vector", "reduction"):
+                extent = sch.get(inputs[0]).extent
+                if isinstance(extent, tvm.tirx.IntImm):
+                    extents[index] = int(extent)
+            return decision
+
+        return provide
+
+    msc.replay(mod, Trace(insts, {}), ANALYTIC_SEED, [], decide=record)
+    blocks: list[list[TiledLoop]] = []
+    previous = None
+    for index, (inst, role) in enumerate(zip(insts, roles, strict=True)):
+        if role not in ("spatial", "vector", "reduction"):
+            continue
+        if index not in extents:  # a symbolic extent: no plan for this block
+            return []
+        if not blocks or (previous == "reduction" and role != "reduction"):
+            blocks.append([])
+        blocks[-1].append(TiledLoop(index, role, extents[index], int(inst.attrs[0]), int(inst.attrs[1])))
+        previous = role
+    return blocks
+
+
+def plan_block(loops: Sequence[TiledLoop], facts: MachineFacts) -> BlockPlan:
+    """The factors of every loop of a CPU-tiled block (see the module's docstring)."""
+    spatial = [loop for loop in loops if loop.role != "reduction"]
+    reductions = [loop for loop in loops if loop.role == "reduction"]
+    vector = spatial[-1]
+    rows = [loop for loop in spatial[:-1] if loop.extent > 1]
+    row = rows[-1] if rows else None
+    inner = {loop.index: 1 for loop in loops}
+
+    mr, nr = _register_tile(vector, row, facts)
+    inner[vector.index] = nr
+    if row is not None:
+        inner[row.index] = mr
+    lanes = facts.registers.lanes
+    vectors = -(-nr // lanes)
+
+    run_budget = max(1, facts.l1_bytes // 2 // (vectors * lanes * FLOAT_BYTES))
+    run = 1
+    for loop in reversed(reductions):
+        factor = _largest_divisor(loop.extent, min(loop.max_innermost, max(1, run_budget // run)))
+        inner[loop.index] = factor
+        run *= factor
+
+    rest = {loop.index: loop.extent // inner[loop.index] for loop in spatial}
+    window = math.prod(loop.extent for loop in reductions if loop.extent <= MAX_WINDOW)
+    reduction = math.prod(loop.extent for loop in reductions)
+    weight_bytes = reduction * vector.extent * FLOAT_BYTES
+    input_bytes = math.prod(loop.extent for loop in rows) * (reduction // window) * FLOAT_BYTES
+    outer = {**dict.fromkeys(rest, 1), **_parallel_split(rows, vector, rest, weight_bytes, input_bytes, facts.cores)}
+    tasks = math.prod(outer.values())
+    for index, factor in outer.items():
+        rest[index] //= factor
+
+    block = dict.fromkeys(rest, 1)
+    block[vector.index] = _largest_divisor(rest[vector.index], max(1, facts.l2_bytes // 2 // (run * nr * FLOAT_BYTES)))
+    width = nr * block[vector.index]
+    for loop in reversed(rows):
+        height = math.prod(inner[r.index] * block[r.index] for r in rows)
+        per_row = max(width, run) * FLOAT_BYTES
+        room = max(1, facts.l2_bytes // 4 // (height * per_row))
+        block[loop.index] = _largest_divisor(rest[loop.index], room)
+
+    factors = {}
+    for loop in spatial:
+        serial = rest[loop.index] // block[loop.index]
+        factors[loop.index] = _levels([outer[loop.index], serial, block[loop.index], inner[loop.index]], loop.levels)
+    for loop in reductions:
+        factors[loop.index] = _levels([loop.extent // inner[loop.index], inner[loop.index]], loop.levels)
+    return BlockPlan(factors, mr * vectors, run, tasks)
+
+
+def _parallel_split(
+    rows: Sequence[TiledLoop], vector: TiledLoop, rest: dict[int, int], weight_bytes: int, input_bytes: int, cores: int
+) -> dict[int, int]:
+    """S0's factors: the parallel tasks. A task count the cores divide evenly, at least one per core; of
+    those, the split that reads the least (a task over rows reads all the weights, one over columns all
+    the inputs: a late layer's 9 MB of weights are split by columns, an early layer's image by rows);
+    then the count nearest ``TASKS_PER_CORE`` per core."""
+    limit = MAX_JOBS_PER_CORE * cores
+    row_splits: list[dict[int, int]] = [{}]
+    for loop in rows:  # every combination of the row loops' divisors, up to the limit
+        row_splits = [
+            {**split, loop.index: d}
+            for split in row_splits
+            for d in _divisors(rest[loop.index])
+            if math.prod(split.values()) * d <= limit
+        ]
+
+    def key(split: dict[int, int], columns: int):
+        across_rows = math.prod(split.values())
+        tasks = across_rows * columns
+        imbalance = -(-tasks // cores) * cores / tasks
+        read = across_rows * weight_bytes + columns * input_bytes
+        return (tasks < cores, round(imbalance, 3), read, abs(tasks - TASKS_PER_CORE * cores))
+
+    options = [
+        (split, columns)
+        for split in row_splits
+        for columns in _divisors(rest[vector.index])
+        if math.prod(split.values()) * columns <= limit
+    ]
+    split, columns = min(options, key=lambda option: key(*option))
+    return {**{loop.index: split.get(loop.index, 1) for loop in rows}, vector.index: columns}
+
+
+def _register_tile(vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts) -> tuple[int, int]:
+    """(rows, columns) of the register tile: the most accumulators the registers hold, then the fewest
+    loads a step."""
+    lanes, most = facts.registers.lanes, facts.registers.max_accumulators
+    widths = [
+        d
+        for d in _divisors(vector.extent)
+        if d % lanes == 0 and d <= vector.max_innermost and _power_of_two(d // lanes)
+    ]
+    if not widths:  # no whole vectors: the widest factor up to one vector
+        widths = [_largest_divisor(vector.extent, min(lanes, vector.max_innermost))]
+    heights = [d for d in _divisors(row.extent) if d <= row.max_innermost] if row is not None else [1]
+    best = None
+    for width in widths:
+        vectors = -(-width // lanes)
+        for height in heights:
+            accumulators = height * vectors
+            if accumulators > most:
+                continue
+            key = (accumulators, -(height + vectors))
+            if best is None or key > best[0]:
+                best = (key, height, width)
+    if best is None:  # even one row of the narrowest width is over: one row
+        return 1, min(widths)
+    return best[1], best[2]
+
+
+def _power_of_two(n: int) -> bool:
+    return n & (n - 1) == 0
+
+
+def _largest_divisor(n: int, limit: int) -> int:
+    return max(d for d in _divisors(n) if d <= max(1, limit))
+
+
+def _levels(factors: list[int], levels: int) -> list[int]:
+    """Four factors (S0 S1 S2 S3) or two (R0 R1) fitted to a split of ``levels``: the outer ones merged."""
+    while len(factors) > levels:
+        factors = [factors[0] * factors[1], *factors[2:]]
+    return [1] * (levels - len(factors)) + factors
+
+
+class AnalyticDraw:
+    """A decision provider for ``Trace.apply_to_schedule``: the plan's factors for the tiled loops, the
+    unroll limit ``UNROLL_STEPS``, and the schedule's own (seeded) draw for everything else."""
+
+    def __init__(self, plans: Sequence[BlockPlan], roles: Sequence[str | None]):
+        self.factors = {index: f for plan in plans for index, f in plan.factors.items()}
+        self.roles = roles
+        self.position = 0
+
+    def __call__(self, inst, inputs, attrs, decision):
+        index = self.position
+        self.position += 1
+        if index in self.factors:
+            return self.factors[index]
+        if self.roles[index] == "unroll":
+            limits = [int(limit) for limit in attrs[0]]
+            return max(range(len(limits)), key=lambda i: (limits[i] <= UNROLL_STEPS, limits[i]))
+        return None
+
+
+@dataclass(frozen=True)
+class AnalyticSchedule:
+    sch: Schedule
+    plans: tuple[BlockPlan, ...]  # of its CPU-tiled blocks (none for other kernels)
+
+
+def analytic_schedule(
+    mod: tvm.IRModule, spaces: Sequence[Schedule], postprocs: Sequence, facts: MachineFacts | None
+) -> AnalyticSchedule | None:
+    """The kernel's analytic schedule in the first of its design spaces that takes it, postprocessed;
+    None where none does."""
+    for space in spaces:
+        insts = list(space.trace.insts)
+        blocks = tiled_blocks(mod, space) if facts is not None else []
+        plans = tuple(plan_block(block, facts) for block in blocks)
+        draw = AnalyticDraw(plans, tile_roles(insts))
+        sch = msc.replay(mod, Trace(insts, {}), ANALYTIC_SEED, postprocs, decide=lambda _sch, draw=draw: draw)
+        if sch is not None:
+            return AnalyticSchedule(sch, plans)
+    return None
+
+
+def configure_kernel(mod: tvm.IRModule, target: tvm.target.Target) -> AnalyticSchedule | None:
+    """The analytic schedule of a kernel on a CPU target; None on other targets (a GPU's kernels without
+    a tuned schedule take TVM's rule-based ones) and where MetaSchedule makes no design space of it: it
+    keeps TVM's default schedule then."""
+    if target.kind.name != "llvm":
+        return None
+    try:
+        context = msc.make_context(mod, target, ANALYTIC_SEED)
+        spaces = msc.design_spaces(context)
+    except RuntimeError:  # MetaSchedule refused the kernel or the target (one without num-cores, say)
+        return None
+    return analytic_schedule(mod, spaces, msc.postprocessors(context), MachineFacts.of(target))

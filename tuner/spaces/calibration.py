@@ -1,0 +1,107 @@
+"""What this machine's kernels reach, measured once and kept (AutoConfig's "dynamic overhead
+measurement"): the rate of an analytically configured product running from the caches, memory bandwidth,
+and the cost of a parallel launch. The analytic model's predictions are made of these and the kernels'
+FLOPs and bytes; ``tuner doctor`` prints them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import te
+
+from common.host import cpu_model, user_cache_dir, write_atomically
+
+from .analytic import configure_kernel
+
+CALIBRATION_FILE = "machine.json"
+_GEMM = 256  # a product of this size (768 KB) runs from the caches: the products' ceiling, not memory's
+_COPY_FLOATS = 16 << 20  # 64 MB each way: far past the last-level cache
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured on this machine (AutoConfig's "dynamic overhead measurement"): the rate of an analytically
+    configured product running from the caches, memory bandwidth, and the cost of a parallel launch."""
+
+    product_gflops: float  # all cores
+    bandwidth_gbs: float  # bytes read and written per second
+    launch_seconds: float  # a parallel kernel that does nothing to speak of
+
+    def describe(self) -> str:
+        return (
+            f"products {self.product_gflops:.0f} GFLOP/s from the caches, memory {self.bandwidth_gbs:.1f} GB/s, "
+            f"a parallel launch {self.launch_seconds * 1e6:.1f} us"
+        )
+
+
+def calibration(target: tvm.target.Target, cache: Path | None = None) -> Calibration:
+    """This machine's calibration for ``target`` (an llvm target whose CPU is this host's): read from the
+    user cache, or measured (a few seconds) and kept there."""
+    cache = cache or user_cache_dir() / CALIBRATION_FILE
+    key = f"{cpu_model()} | {target} | TVM {tvm.__version__}"
+    try:
+        kept = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        kept = {}
+    if key in kept:
+        return Calibration(**kept[key])
+    measured = _measure(target)
+    kept[key] = asdict(measured)
+    with contextlib.suppress(OSError):  # a read-only cache costs a measurement next time, nothing else
+        write_atomically(cache, json.dumps(kept, indent=1))
+    return measured
+
+
+def _measure(target: tvm.target.Target) -> Calibration:
+    a = te.placeholder((_GEMM, _GEMM), "float32", name="a")
+    b = te.placeholder((_GEMM, _GEMM), "float32", name="b")
+    k = te.reduce_axis((0, _GEMM), "k")
+    c = te.compute((_GEMM, _GEMM), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    product = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    configured = configure_kernel(product, target)
+    gemm_seconds = _seconds(configured.sch.mod if configured else product, target)
+
+    x = te.placeholder((_COPY_FLOATS,), "float32", name="x")
+    copy = _parallel_vectorized(te.compute((_COPY_FLOATS,), lambda i: x[i], name="y"), x, target)
+    copy_seconds = _seconds(copy, target)
+    tiny = te.placeholder((1024,), "float32", name="t")
+    launch_seconds = _seconds(_parallel_vectorized(te.compute((1024,), lambda i: tiny[i] + 1.0), tiny, target), target)
+    return Calibration(
+        product_gflops=2 * _GEMM**3 / gemm_seconds / 1e9,
+        bandwidth_gbs=2 * 4 * _COPY_FLOATS / copy_seconds / 1e9,
+        launch_seconds=launch_seconds,
+    )
+
+
+def _parallel_vectorized(out: te.Tensor, source: te.Tensor, target: tvm.target.Target) -> tvm.IRModule:
+    """An element-wise kernel split into one parallel task per core, each vectorised."""
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([source, out])}))
+    (loop,) = sch.get_loops(sch.get_sblock(out.op.name))
+    cores = int(target.attrs.get("num-cores", 1)) or 1
+    outer, inner = sch.split(loop, [cores, None])
+    sch.parallel(outer)
+    _, lanes = sch.split(inner, [None, 16])
+    sch.vectorize(lanes)
+    return sch.mod
+
+
+def _seconds(mod: tvm.IRModule, target: tvm.target.Target) -> float:
+    """Median seconds per call of a kernel, built for ``target`` and timed here."""
+    with tempfile.TemporaryDirectory(prefix="tuner-calibration-") as scratch:
+        library = Path(scratch) / "kernel.so"
+        tvm.compile(mod, target=target).export_library(str(library))
+        module = tvm.runtime.load_module(str(library))
+        device = tvm.cpu()
+        arrays = [
+            tvm.runtime.tensor(np.zeros([int(d) for d in p.shape], str(p.dtype)), device) for p in mod["main"].params
+        ]
+        timer = module.time_evaluator(module.entry_name, device, number=5, repeat=7, min_repeat_ms=20)
+        return statistics.median(timer(*arrays).results)

@@ -1,0 +1,31 @@
+"""The analytic model's latency of a configured kernel: the interpretable half of AutoConfig.
+
+    seconds = max(FLOPs / (product rate x balance), bytes / bandwidth) + a parallel launch
+
+for a product (a block ``analytic`` tiled), where the product rate is the calibrated rate of a product
+running from the caches on every core and ``balance`` the share of the cores its parallel tasks keep
+busy (7 tasks on 2 cores: 7/8); a kernel with no tiled block is counted by its bytes alone. The kernel
+is taken to run at its precision's ceiling: where the measured latency is far above the prediction, the
+schedule (or the model) is what is wrong, and that is where tuning pays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .analytic import BlockPlan
+from .calibration import Calibration
+from .machine import MachineFacts
+
+
+def predicted_seconds(
+    flops: float, bytes_moved: int, plans: Sequence[BlockPlan], facts: MachineFacts, measured: Calibration
+) -> float:
+    memory = bytes_moved / (measured.bandwidth_gbs * 1e9)
+    compute = 0.0
+    if plans:
+        tasks = min(plan.tasks for plan in plans)
+        balance = tasks / (math.ceil(tasks / facts.cores) * facts.cores)
+        compute = flops / (measured.product_gflops * 1e9 * balance)
+    return max(compute, memory) + measured.launch_seconds
