@@ -11,126 +11,19 @@ A kernel's roofline bound is max(FLOPs / peak, bytes / bandwidth).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from common.host import cpu_flags, host_has_amx
+from common.peaks import bf16_dot_gflops, bf16_peak, compile_kernels, fma_gflops, fma_gflops_of
 
-_KERNELS = r"""
-#include <omp.h>
-#include <stdlib.h>
-#include <string.h>
-typedef float vec __attribute__((vector_size(64)));  /* the widest the target has: AVX-512 here */
-
-/* FLOPs per second of independent FMA chains: 12 accumulators hide the FMA latency. */
-double fma_flops(long iterations, int threads) {
-    double start = omp_get_wtime();
-    float sink = 0;
-    #pragma omp parallel num_threads(threads) reduction(+:sink)
-    {
-        vec a[12], b, c;
-        for (int i = 0; i < 16; i++) { b[i] = 0.999f; c[i] = 1e-3f; }
-        for (int k = 0; k < 12; k++) for (int i = 0; i < 16; i++) a[k][i] = (float)(k + i);
-        for (long n = 0; n < iterations; n++) {
-            #pragma GCC unroll 12
-            for (int k = 0; k < 12; k++) a[k] = a[k] * b + c;
-        }
-        for (int k = 0; k < 12; k++) for (int i = 0; i < 16; i++) sink += a[k][i];
-    }
-    double seconds = omp_get_wtime() - start;
-    if (sink == 1234.5f) return 0;  /* keeps the result alive */
-    return (double)threads * iterations * 12 * 16 * 2 / seconds;
-}
-
-/* Bytes per second (read + written) of a parallel copy, best of `repeats`. */
-double copy_bytes(long floats, int threads, int repeats) {
-    float *a = aligned_alloc(64, floats * sizeof(float)), *b = aligned_alloc(64, floats * sizeof(float));
-    #pragma omp parallel for num_threads(threads)
-    for (long i = 0; i < floats; i++) { a[i] = (float)i; b[i] = 0; }
-    double best = 1e30;
-    for (int r = 0; r < repeats; r++) {
-        double start = omp_get_wtime();
-        #pragma omp parallel for num_threads(threads)
-        for (long i = 0; i < floats; i++) b[i] = a[i];
-        double seconds = omp_get_wtime() - start;
-        if (seconds < best) best = seconds;
-    }
-    double result = b[floats - 1] == (float)(floats - 1) ? 2.0 * floats * sizeof(float) / best : 0;
-    free(a); free(b);
-    return result;
-}
-"""
-
-# vdpbf16ps on 512 bits: 32 bf16 products summed pairwise into 16 fp32 lanes, 64 FLOPs. 16 chains
-# (of the 32 zmm registers) cover its latency at two per cycle.
-_BF16_KERNEL = r"""
-#include <immintrin.h>
-#include <omp.h>
-#define CHAINS 16
-double bf16_dot_flops(long iterations, int threads) {
-    double start = omp_get_wtime();
-    float sink = 0;
-    #pragma omp parallel num_threads(threads) reduction(+:sink)
-    {
-        __m512 acc[CHAINS];
-        /* bf16 1.0 and about 1e-3 */
-        __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3a83);
-        for (int k = 0; k < CHAINS; k++) acc[k] = _mm512_set1_ps((float)k);
-        for (long n = 0; n < iterations; n++) {
-            #pragma GCC unroll 16
-            for (int k = 0; k < CHAINS; k++) acc[k] = _mm512_dpbf16_ps(acc[k], a, b);
-        }
-        for (int k = 0; k < CHAINS; k++) sink += _mm512_reduce_add_ps(acc[k]);
-    }
-    double seconds = omp_get_wtime() - start;
-    if (sink == 1234.5f) return 0;  /* keeps the result alive */
-    return (double)threads * iterations * CHAINS * 64 / seconds;
-}
-"""
-
-
-# tdpbf16ps: a 16x16 fp32 block += 16x32 by 32x16 bf16, 16,384 FLOPs. Four independent accumulator
-# blocks (of the eight tiles) keep the tile unit busy.
-_AMX_KERNEL = r"""
-#include <immintrin.h>
-#include <omp.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-struct tile_config {
-    unsigned char palette, start_row, reserved[14];
-    unsigned short colsb[16];
-    unsigned char rows[16];
-};
-/* static: gcc drops the stores of a configuration built on the stack, not seeing ldtilecfg read them */
-static const struct tile_config config = {
-    1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
-double amx_bf16_flops(long iterations, int threads) {
-    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return -1;
-    double start = omp_get_wtime();
-    #pragma omp parallel num_threads(threads)
-    {
-        _tile_loadconfig(&config);
-        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
-        for (long n = 0; n < iterations; n++) {
-            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_release();
-    }
-    double seconds = omp_get_wtime() - start;
-    return (double)threads * iterations * 4 * 16384 / seconds;
-}
-"""
+__all__ = ["GpuLimits", "MachineLimits", "bf16_dot_gflops", "bf16_peak", "fma_gflops", "measure", "measure_gpu"]
 
 
 class _Roofline:
@@ -198,73 +91,6 @@ class GpuLimits(_Roofline):
 GPU_GEMM_SIZE = 8192
 
 
-def _compile(directory: Path, name: str, source_text: str, flags: list[str]) -> ctypes.CDLL:
-    source, library = directory / f"{name}.c", directory / f"{name}.so"
-    source.write_text(source_text)
-    command = ["gcc", "-O2", *flags, "-fopenmp", "-shared", "-fPIC", "-o", str(library), str(source)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:200])
-        raise RuntimeError(f"gcc could not compile {name}.c ({' '.join(flags)}): {first}")
-    return ctypes.CDLL(str(library))
-
-
-def _compile_kernels(directory: Path) -> ctypes.CDLL:
-    lib = _compile(directory, "limits", _KERNELS, ["-march=native", "-ffp-contract=fast"])
-    lib.fma_flops.restype = lib.copy_bytes.restype = ctypes.c_double
-    lib.fma_flops.argtypes = [ctypes.c_long, ctypes.c_int]
-    lib.copy_bytes.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int]
-    return lib
-
-
-def bf16_peak(threads: int, iterations: int = 20_000_000) -> tuple[float | None, str, str]:
-    """(GFLOP/s, why absent, instruction) of the unit bf16 products run on here: AMX's where the CPU has
-    it, else AVX512_BF16's (``bf16_dot_gflops``)."""
-    if host_has_amx():
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                lib = _compile(Path(tmp), "amx", _AMX_KERNEL, ["-mamx-tile", "-mamx-bf16"])
-            except (RuntimeError, OSError) as err:
-                return None, str(err), "tdpbf16ps"
-            lib.amx_bf16_flops.restype = ctypes.c_double
-            lib.amx_bf16_flops.argtypes = [ctypes.c_long, ctypes.c_int]
-            if lib.amx_bf16_flops(1, 1) < 0:
-                return None, "Linux refused this process AMX's tile data (arch_prctl)", "tdpbf16ps"
-            return _best_gflops(lib.amx_bf16_flops, threads, max(iterations // 16, 1)), "", "tdpbf16ps"
-    return (*bf16_dot_gflops(threads, iterations), "vdpbf16ps")
-
-
-def bf16_dot_gflops(threads: int, iterations: int = 20_000_000) -> tuple[float | None, str]:
-    """(GFLOP/s of the AVX512_BF16 dot-product kernel on ``threads`` threads, best of three; '') or,
-    where it cannot run, (None, why)."""
-    if "avx512_bf16" not in (cpu_flags() or set()):
-        return None, "this CPU has no avx512_bf16 in /proc/cpuinfo's flags"
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            lib = _compile(Path(tmp), "bf16", _BF16_KERNEL, ["-mavx512bf16", "-mavx512f"])
-        except (RuntimeError, OSError) as err:  # an old gcc, or none
-            return None, str(err)
-        lib.bf16_dot_flops.restype = ctypes.c_double
-        lib.bf16_dot_flops.argtypes = [ctypes.c_long, ctypes.c_int]
-        return _best_gflops(lib.bf16_dot_flops, threads, iterations), ""
-
-
-def fma_gflops(threads: int, iterations: int = 20_000_000) -> float:
-    """GFLOP/s of the fp32 FMA kernel on ``threads`` threads, best of three."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return _fma_gflops(_compile_kernels(Path(tmp)), threads, iterations)
-
-
-def _fma_gflops(lib: ctypes.CDLL, threads: int, iterations: int) -> float:
-    return _best_gflops(lib.fma_flops, threads, iterations)
-
-
-def _best_gflops(kernel: Callable[[int, int], float], threads: int, iterations: int) -> float:
-    """GFLOP/s of a peak kernel (FLOP/s of ``iterations`` on ``threads``), best of three."""
-    kernel(max(iterations // 10, 1), threads)  # wake the cores up
-    return max(kernel(iterations, threads) for _ in range(3)) / 1e9
-
-
 def _sgemm_gflops(matmul, size: int = 2048, seconds: float = 1.0) -> float:
     a, b = (np.random.default_rng(i).standard_normal((size, size)).astype("float32") for i in range(2))
     a, b = matmul.prepare(a), matmul.prepare(b)
@@ -295,8 +121,8 @@ def measure(threads: int | None = None) -> MachineLimits:
     """Measure this machine's limits with ``threads`` threads (default: every core)."""
     threads = threads or os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp:
-        lib = _compile_kernels(Path(tmp))
-        fma = _fma_gflops(lib, threads, 20_000_000)
+        lib = compile_kernels(Path(tmp))
+        fma = fma_gflops_of(lib, threads, 20_000_000)
         copy = lib.copy_bytes(64 * 2**20, threads, 5)  # 2 x 256 MB, far beyond the caches
     bf16, bf16_absent, bf16_unit = bf16_peak(threads)
     try:

@@ -134,3 +134,9 @@ class Engine(ABC):
     ) -> list[float]:
         """Seconds per call of a compiled model (``kind="relax"``) or kernel (``"tir"``); WorkerTimeout past
         ``timeout`` seconds where the engine can stop a call."""
+
+    def kernel_times(self, artifact: Path, args: Sequence, runs: int = 10, timeout: float | None = None) -> dict:
+        """Each kernel's median seconds (summed over its calls in one inference) inside a compiled model,
+        over ``runs`` inferences on random inputs, by kernel symbol; empty where the engine cannot
+        instrument a model (a Ray cluster's)."""
+        return {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,25 +12,33 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _user_cache_for_the_session(tmp_path_factory):
+def _user_cache_for_the_session(tmp_path_factory) -> Path:
     """Session fixtures (a shared tuning run) and subprocesses keep their DOP memory (whatever
     follows $TENSOR_TUNER_CACHE_DIR) in a temporary folder, not the real ~/.cache/tensor-tuner."""
     from measure.dop.memory import CACHE_DIR_ENV
 
+    cache = tmp_path_factory.mktemp("user-cache")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(CACHE_DIR_ENV, str(tmp_path_factory.mktemp("user-cache")))
-        yield
+        patch.setenv(CACHE_DIR_ENV, str(cache))
+        yield cache
 
 
 @pytest.fixture(autouse=True)
-def user_cache(tmp_path_factory, monkeypatch) -> Path:
+def user_cache(tmp_path_factory, monkeypatch, _user_cache_for_the_session: Path) -> Path:
     """Each test its own user cache: what one test's engine remembers (its DOP) does not reach
-    the next test's engine."""
+    the next test's engine. The machine's calibration (``tuner.spaces.calibration``, a few seconds to
+    measure) is a fact of the machine, not state: measured once and handed to every test."""
     from measure.dop.memory import CACHE_DIR_ENV
+    from tuner.spaces.calibration import CALIBRATION_FILE
 
     cache = tmp_path_factory.mktemp("user-cache")
+    shared = _user_cache_for_the_session / CALIBRATION_FILE
+    if shared.exists():
+        shutil.copyfile(shared, cache / CALIBRATION_FILE)
     monkeypatch.setenv(CACHE_DIR_ENV, str(cache))
-    return cache
+    yield cache
+    if (cache / CALIBRATION_FILE).exists() and not shared.exists():
+        shutil.copyfile(cache / CALIBRATION_FILE, shared)
 
 
 @pytest.fixture(scope="session")

@@ -131,14 +131,6 @@ def test_no_trials_compiles_the_analytic_schedules_checked_and_timed(tmp_path):
         assert db.execute("SELECT COUNT(*) FROM records").fetchone() == (0,)
 
 
-def test_a_search_measures_the_analytic_schedule_first(tmp_path):
-    tune("matmul-128", trials=8, batch_size=8, work_dir=tmp_path, progress=False)
-    with sqlite3.connect(tmp_path / "tuning.db") as db:
-        (first,) = db.execute("SELECT candidate FROM records ORDER BY id LIMIT 1").fetchone()
-    configured = configure_kernel(load_workload("matmul-128").mod, resolve_target("llvm"))
-    assert first == msc.structural_key(configured.sch.mod)
-
-
 @pytest.mark.parametrize("trials", [-1, 1.5])
 def test_a_budget_below_zero_or_not_whole_is_refused(trials, tmp_path):
     from tuner import TunerError

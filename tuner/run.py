@@ -21,6 +21,7 @@ from costmodel import CostModel
 from measure import DeviceUnavailable, Engine, EngineConfig, MeasureEngine, TimingConfig
 from measure.cluster.engine import ClusterEngine, ClusterLost, ClusterOptions, ClusterUnavailable
 from tuner.compile.check import ModelCheck
+from tuner.compile.figures import KernelFigures
 from tuner.compile.phase import BuiltModel, compile_and_time
 from tuner.database.database import TuningDatabase
 from tuner.database.workdir import (
@@ -184,6 +185,7 @@ def _outcome(built: BuiltModel, trials: int, seconds: dict, stop_reason: str | N
         scheduler,
         built.check.as_dict(),
         built.fell_back,
+        {name: figures.as_dict() for name, figures in built.figures.items()},
     )
 
 
@@ -399,6 +401,7 @@ def _task_result(run: TaskRun, built: BuiltModel, fell_back_because: str | None)
         verified=run.best.verified,
         schedule="\n".join(schedule_from_json(run.task.mod, run.best.trace).trace.as_python()),
         bytes=msc.kernel_bytes(run.task.mod),
+        **_figure_fields(built, run.task.name),
     )
 
 
@@ -418,5 +421,16 @@ def _configured_task_result(
         bytes=msc.kernel_bytes(task.mod),
         fell_back=None if configured else fell_back_because,
         analytic=configured is not None,
-        predicted_latency=built.predicted.get(task.name),
+        **_figure_fields(built, task.name),
     )
+
+
+def _figure_fields(built: BuiltModel, name: str) -> dict:
+    figures = built.figures.get(name) or KernelFigures()
+    return {
+        "predicted_latency": figures.predicted,
+        "analytic_latency": figures.analytic_measured,
+        "in_model_latency": figures.in_model,
+        "peak_gflops": figures.peak_gflops,
+        "tiled": figures.tiled,
+    }

@@ -41,6 +41,7 @@ from measure.workers.worker import WorkerCrashed, WorkerError, WorkerProcess, Wo
 
 from .building import REFERENCE_KEY, artifact_stem, build_with
 from .kept_builds import KeptBuilds, remove_artifact
+from .programs import WorkerPrograms
 from .runners import DeviceUnavailable, RunnerPool
 
 __all__ = ["DeviceUnavailable", "EngineConfig", "MeasureEngine"]
@@ -55,7 +56,7 @@ def default_build_workers() -> int:
     return max(1, min(os.cpu_count() or 1, memory_bound))
 
 
-class MeasureEngine(Engine):
+class MeasureEngine(WorkerPrograms, Engine):
     """This machine's worker processes. ``monitor``: the NVML monitor of the runners' GPU (default:
     one is made for a CUDA target)."""
 
@@ -379,48 +380,6 @@ class MeasureEngine(Engine):
             )
             log.info("ran the unscheduled kernel to check candidates against in %.1f s", ran["seconds"])
         return path
-
-    # -- whole programs ---------------------------------------------------------------------------
-    def compile_program(self, artifact: Path, timeout: float = 1800.0, **request) -> Path:
-        """Compile a whole program in a build worker (see codegen.build.compile_program) into ``artifact``."""
-        self._builders[0].call("compile_program", timeout, artifact=str(artifact), target=str(self.target), **request)
-        return artifact
-
-    def time_program(
-        self,
-        artifact: Path,
-        kind: str,
-        args: Sequence,
-        timing: TimingConfig | None = None,
-        timeout: float | None = None,
-    ) -> list[float]:
-        """Time a compiled model (``kind="relax"``) or kernel (``"tir"``) in the measuring worker; past
-        ``timeout`` seconds the worker is stopped (and started again) and WorkerTimeout raised."""
-        op = "time_model" if kind == "relax" else "time_kernel"
-        timing = timing or self.config.timing
-        outcome = self._runners.call_alone(
-            op, timeout, artifact=str(artifact), args=args, device_kind=self.device, timing=timing.as_dict()
-        )
-        return outcome["samples"]
-
-    def run_kernel(self, artifact: Path | str, arrays: Sequence) -> list:
-        """Run a built kernel once on ``arrays`` (numpy) in the measuring worker; every argument afterwards."""
-        return self._runners.call_alone(
-            "run_kernel", None, artifact=str(artifact), arrays=list(arrays), device_kind=self.device
-        )
-
-    def cold_timings(self, artifact: Path | str, args: Sequence) -> dict:
-        """A GPU kernel timed cold the tuner's way and TVM's way (``run_job.cold_timings``)."""
-        return self._runners.call_alone("cold_timings", None, artifact=str(artifact), args=list(args))
-
-    # -- looking into CUDA builds -------------------------------------------------------------------
-    def cuda_source(self, mod: tvm.IRModule) -> str:
-        """The CUDA C a scheduled kernel compiles to (compiled in a build worker)."""
-        return self._builders[0].call("cuda_source", self.build_timeout.value, mod=mod, target=str(self.target))
-
-    def load_cuda_artifact(self, artifact: str, kernels: list[str]) -> dict:
-        """Load a built library in a build worker: its CUDA module's code format and which of ``kernels`` it has."""
-        return self._builders[0].call("load_cuda_artifact", 120, artifact=str(artifact), kernels=list(kernels))
 
     # -- internals --------------------------------------------------------------------------------
     def _artifact_path(self, item: MeasureInput) -> str:

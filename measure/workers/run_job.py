@@ -20,6 +20,7 @@ import tvm
 
 from measure.cuda.runtime import no_gpu_reason, runtime_problem
 from measure.timing.cpu_slots import pin_from_env
+from measure.timing.in_model import kernel_seconds
 from measure.timing.sampling import Evaluator, TimingConfig, time_with_evaluator
 
 ArgSpec = Sequence  # [dtype, shape]
@@ -228,6 +229,15 @@ def time_model(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing:
     return _time(_with_tvm_evaluator(make_evaluator, tensors), replace(TimingConfig(**timing), flush_cache=False))
 
 
+def kernel_times(artifact: str, args: Sequence[ArgSpec], device_kind: str, runs: int) -> dict:
+    """Each kernel's median seconds inside a compiled Relax model on random inputs (``in_model``)."""
+    from tvm.runtime.vm import VirtualMachine
+
+    dev = device(device_kind)
+    vm = VirtualMachine(tvm.runtime.load_module(artifact), dev)
+    return {"kernels": kernel_seconds(vm, vm["main"], _to_device(random_arrays(args), dev), dev, runs)}
+
+
 REFERENCE_SEED = 1  # the random arguments a task's candidates are checked on
 
 
@@ -288,6 +298,7 @@ HANDLERS = {
     "time_prepared": time_prepared,
     "time_kernel": time_kernel,
     "time_model": time_model,
+    "kernel_times": kernel_times,
     "reference_outputs": reference_outputs,
     "compare_outputs": compare_outputs,
     "run_kernel": run_kernel,

@@ -122,8 +122,9 @@ def _markdown(
     lines += _dop_summary(work_dir)
     lines += [
         "",
-        "| task | launches | trials | best | spread | samples | GFLOP/s | failed | verified |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| task | launches | trials | best | spread | samples | GFLOP/s | failed | verified | predicted "
+        "| analytic measured | in the model | of peak |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for task in job.tasks:
         mine = by_task.get(task.kernel_id, [])
@@ -135,7 +136,8 @@ def _markdown(
             f"| {task.name} | {task.weight} | {len(mine)} | {format_latency(best.latency if best else None)} "
             f"| {f'{relative_spread(best.samples):.1%}' if best else '-'} | {len(best.samples) if best else '-'} | "
             f"{speed} "
-            f"| {len(mine) - len(ok)} | {verified} |"
+            f"| {len(mine) - len(ok)} | {verified} "
+            f"| {_figures_cells(result.kernels.get(task.name), task.flops, best)} |"
         )
     if curve.latency:
         first, last = format_latency(curve.latency[0]), format_latency(curve.latency[-1])
@@ -143,6 +145,17 @@ def _markdown(
         lines += ["", f"Best {what}: {first} after {curve.trials[0]} trials, {last} after {curve.trials[-1]}."]
     lines += ["", f"![best latency against trials and tuning time]({png_name})", ""]
     return "\n".join(lines)
+
+
+def _figures_cells(figures: dict | None, flops: float, best: Record | None) -> str:
+    """Predicted, analytic measured, in the model, and the fraction of peak (of the best latency alone,
+    else of the time inside the model), as table cells; "-" where unknown."""
+    figures = figures or {}
+    latency = best.latency if best else figures.get("in_model")
+    peak = figures.get("peak_gflops")
+    fraction = f"{flops / latency / 1e9 / peak:.0%}" if latency and flops and peak else "-"
+    seconds = [figures.get(key) for key in ("predicted", "analytic_measured", "in_model")]
+    return " | ".join([*(format_latency(value) if value else "-" for value in seconds), fraction])
 
 
 def _quality_summary(work_dir: WorkDir) -> list[str]:

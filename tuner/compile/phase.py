@@ -10,22 +10,19 @@ from pathlib import Path
 import tvm
 
 from measure import Engine
-from measure.workers.worker import WorkerTimeout
+from measure.workers.worker import WorkerError, WorkerTimeout
 from tuner.database.database import TuningDatabase
 from tuner.database.workdir import WorkDir
 from tuner.progress import Progress
 from tuner.search.loop import tolerance
-from tuner.spaces import metaschedule as msc
 from tuner.spaces.analytic import AnalyticSchedule
-from tuner.spaces.calibration import calibration
-from tuner.spaces.machine import MachineFacts
-from tuner.spaces.prediction import predicted_seconds
 from tuner.tasks.extraction import Task
 from workloads import Workload
 
 from .check import ModelCheck
 from .checked_build import CheckedBuild
 from .compile import UNTUNED_TIMEOUT_S, UNTUNED_TIMING, KernelChoice, choose_schedules, compile_workload, time_workload
+from .figures import KernelFigures, kernel_figures
 
 
 @dataclass(frozen=True)
@@ -37,8 +34,8 @@ class BuiltModel:
     fell_back: dict[str, str]  # kernel name: why it keeps TVM's default schedule
     check_seconds: float  # of the compile and time, spent on the end-to-end check
     configured: dict[str, AnalyticSchedule] = field(default_factory=dict)  # kernels built with their analytic one
-    predicted: dict[str, float] = field(default_factory=dict)  # their seconds per launch, by the analytic model
     configure_seconds: float = 0.0  # of the compile and time, spent on the analytic schedules
+    figures: dict[str, KernelFigures] = field(default_factory=dict)  # by kernel: predicted, measured, peak
 
 
 def _untuned_latency(engine: Engine, workload: Workload, untuned: Path, report: Progress) -> float | None:
@@ -87,10 +84,11 @@ def compile_and_time(
     _mark_wrong_in_model(db, choices, check)
     latency_after = time_workload(engine, workload, work_dir.artifact)
     latency_before = _untuned_latency(engine, workload, work_dir.untuned, report) if time_untuned else None
+    in_model = _in_model_seconds(engine, workload, work_dir.artifact, tasks, report)
     defaulted = {c.task.name: c.fell_back for c in choices if c.trace is None and c.fell_back}
     reasons = {**(untunable or {}), **defaulted, **check.left_out}
     configured = {c.task.name: c.configured for c in choices if c.configured and c.task.name not in check.left_out}
-    predicted = _predictions(configured, tasks, target)
+    figures = kernel_figures(tasks, db, target, configured, in_model)
     return BuiltModel(
         work_dir.artifact,
         latency_before,
@@ -99,24 +97,35 @@ def compile_and_time(
         reasons,
         build.check_seconds,
         configured=configured,
-        predicted=predicted,
         configure_seconds=configure_seconds,
+        figures=figures,
     )
 
 
-def _predictions(configured: dict[str, AnalyticSchedule], tasks: list[Task], target: tvm.target.Target) -> dict:
-    """The analytic model's seconds per launch of each configured kernel (none off a CPU)."""
-    facts = MachineFacts.of(target)
-    if not configured or facts is None:
+IN_MODEL_RUNS = 10  # inferences each kernel's time inside the model is the median of
+PREPACKED_SUFFIX = "_prepacked"
+
+
+def _in_model_seconds(
+    engine: Engine, workload: Workload, artifact: Path, tasks: list[Task], report: Progress
+) -> dict[str, float]:
+    """Each task's seconds per launch as it runs inside the compiled model (its calls in one inference
+    over its weight), for the report; nothing where the model cannot be instrumented (a kernel)."""
+    if workload.kind != "relax":
         return {}
-    measured = calibration(target)
-    return {
-        task.name: predicted_seconds(
-            task.flops, msc.kernel_bytes(task.mod), configured[task.name].plans, facts, measured
-        )
-        for task in tasks
-        if task.name in configured
-    }
+    args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
+    try:
+        by_symbol = engine.kernel_times(artifact, args, IN_MODEL_RUNS)
+    except (WorkerError, WorkerTimeout) as err:
+        report.line(f"each kernel's time inside the model is not reported: {err}")
+        return {}
+    seconds = {}
+    for task in tasks:
+        # TVM's SplitLayoutRewritePreproc renames a kernel whose weights are laid out once, at load
+        symbol = next((s for s in (task.name, task.name + PREPACKED_SUFFIX) if s in by_symbol), None)
+        if symbol is not None:
+            seconds[task.name] = by_symbol[symbol] / task.weight
+    return seconds
 
 
 def _verified_configurations(engine: Engine, choices: list[KernelChoice], report: Progress) -> list[KernelChoice]:

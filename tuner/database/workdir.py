@@ -160,6 +160,7 @@ class ResultRecord(_MetaRecord):
     scheduler: str = "gradient"
     check: dict | None = None  # the compiled model against the model's own framework (tuner.compile.check.ModelCheck)
     fell_back: dict[str, str] = field(default_factory=dict)  # kernel name: why it keeps TVM's default schedule
+    kernels: dict[str, dict] = field(default_factory=dict)  # kernel name: tuner.compile.figures.KernelFigures
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,9 @@ class CostModelSourceRecord(_MetaRecord):
 # (``CandidateFilter.state``): written after every batch, read back on resume.
 FILTER_LEDGER_KEY = "trimmer"
 FILTER_STATE_KEY = "trimmer_judged"
+# Each task's analytic schedule as the search measured it first: {kernel id: {"candidate": its structural
+# key, "predicted": seconds by the analytic model}}, for the report's predicted against measured.
+ANALYTIC_SEEDS_KEY = "analytic_seeds"
 
 
 # errno of a failure of the work dir's storage -> (what happened, what to do)

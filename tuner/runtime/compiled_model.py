@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import tvm
 import tvm_ffi
 
 from common.target_kind import is_cuda
+from measure.timing.in_model import kernel_seconds
 from tuner.errors import TunerError
 from tuner.targets import resolve_target, target_kind
 from workloads import TensorSpec, Workload
@@ -112,36 +111,9 @@ class CompiledModel:
 
     def kernel_times(self, *inputs: Any, runs: int = 10) -> dict[str, float]:
         """Median seconds of each kernel (summed over its calls in one inference) as it runs inside
-        the model, over ``runs`` inferences on ``inputs``. A kernel can run slower here than it was
-        tuned alone: its weights and inputs are not left in cache by the previous call of itself. Python
-        runs between the kernels while they are timed, which slows short ones: SqueezeNet's kernels
-        added up to 4.5 ms here in a model that ran in 3.9."""
-        per_run: dict[str, list[float]] = {}
-        current: dict[str, float] = {}
-        started = [0.0]
-
-        def instrument(func: Any, symbol: str, before_run: bool, ret_value: Any, *args: Any) -> int:
-            if not self._on_host:  # a GPU kernel is only queued by its call
-                self.device.sync()
-            if before_run:
-                started[0] = time.perf_counter()
-            else:
-                current[symbol] = current.get(symbol, 0.0) + time.perf_counter() - started[0]
-            return 0
-
+        the model, over ``runs`` inferences on ``inputs`` (``measure.timing.in_model.kernel_seconds``)."""
         arguments = [self._argument(i, x) for i, x in enumerate(inputs)]
-        self._main(*arguments)
-        self._vm.set_instrument(instrument)
-        try:
-            for _ in range(runs):
-                current.clear()
-                self._main(*arguments)
-                self.device.sync()
-                for symbol, seconds in current.items():
-                    per_run.setdefault(symbol, []).append(seconds)
-        finally:
-            self._vm.set_instrument(None)
-        return {symbol: statistics.median(times) for symbol, times in per_run.items() if not symbol.startswith("vm.")}
+        return kernel_seconds(self._vm, self._main, arguments, self.device, runs)
 
     def _argument(self, index: int, value: Any) -> tvm.runtime.Tensor:
         spec = self.inputs[index]

@@ -30,18 +30,16 @@ from tuner.database.workdir import FILTER_LEDGER_KEY, FILTER_STATE_KEY, stop_on_
 from tuner.errors import TunerError
 from tuner.progress import Progress
 from tuner.spaces import metaschedule as msc
-from tuner.spaces.analytic import analytic_schedule
 from tuner.spaces.machine import MachineFacts
-from tuner.spaces.retile import adapt_tile
 from tuner.targets import describe_target
 from tuner.tasks.extraction import Task
 from tuner.tasks.opclass import kernel_class
 
+from .first_candidates import queue_first_candidates
 from .objectives import Objectives, Spending, check_measurable, met
 from .parallel import parallel_map
 from .retiming import retime
 from .scheduler import TaskProgress, make_scheduler, task_kind
-from .siblings import SIBLING_MAX_SEEDS, sibling_traces
 from .task_run import TaskRun
 from .task_search import Candidate, SearchConfig, TaskSearch
 
@@ -247,13 +245,7 @@ class TuningLoop:
         with self._phase("search"):
             if run.trials == 0 and not run.sibling_seeded:
                 run.sibling_seeded = True
-                analytic = analytic_schedule(run.task.mod, run.search.spaces, run.search.postprocs, self.facts)
-                configured = run.search.add_seeds([analytic.sch]) if analytic is not None else 0
-                traces = sibling_traces(run, self.runs, self.db, self.target_key)
-                used = run.search.add_transferred(traces, SIBLING_MAX_SEEDS, replay_seed=1, retile=adapt_tile)
-                seeded = "".join(
-                    f"  {n} {what}" for n, what in ((configured, "analytic"), (len(used), "from sibling kernels")) if n
-                )
+                seeded = queue_first_candidates(run, self.runs, self.db, self.target, self.facts)
             candidates = run.search.propose(size)
             features = run.search.feature_rows(candidates)  # extract features in one batch
         if not candidates:

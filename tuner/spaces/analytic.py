@@ -41,7 +41,7 @@ from tvm.s_tir.schedule import Trace
 
 from . import metaschedule as msc
 from .machine import MachineFacts
-from .register_tiles import _divisors, tile_roles
+from .register_tiles import divisors, tile_roles
 
 FLOAT_BYTES = 4
 TASKS_PER_CORE = 4  # parallel tasks per core where the loops allow: a slow core costs a quarter of a task
@@ -70,6 +70,7 @@ class BlockPlan:
     accumulators: int  # of the register tile
     reduction_run: int  # R1 steps
     tasks: int  # parallel tasks S0 makes
+    loops: tuple[TiledLoop, ...] = ()
 
 
 def tiled_blocks(mod: tvm.IRModule, space: Schedule) -> list[list[TiledLoop]]:
@@ -134,7 +135,7 @@ def plan_block(loops: Sequence[TiledLoop], facts: MachineFacts) -> BlockPlan:
     reduction = math.prod(loop.extent for loop in reductions)
     weight_bytes = reduction * vector.extent * FLOAT_BYTES
     input_bytes = math.prod(loop.extent for loop in rows) * (reduction // window) * FLOAT_BYTES
-    outer = {**dict.fromkeys(rest, 1), **_parallel_split(rows, vector, rest, weight_bytes, input_bytes, facts.cores)}
+    outer = {**dict.fromkeys(rest, 1), **_parallel_split(rows, vector, rest, weight_bytes, input_bytes, facts)}
     tasks = math.prod(outer.values())
     for index, factor in outer.items():
         rest[index] //= factor
@@ -154,23 +155,29 @@ def plan_block(loops: Sequence[TiledLoop], facts: MachineFacts) -> BlockPlan:
         factors[loop.index] = _levels([outer[loop.index], serial, block[loop.index], inner[loop.index]], loop.levels)
     for loop in reductions:
         factors[loop.index] = _levels([loop.extent // inner[loop.index], inner[loop.index]], loop.levels)
-    return BlockPlan(factors, mr * vectors, run, tasks)
+    return BlockPlan(factors, mr * vectors, run, tasks, tuple(loops))
 
 
 def _parallel_split(
-    rows: Sequence[TiledLoop], vector: TiledLoop, rest: dict[int, int], weight_bytes: int, input_bytes: int, cores: int
+    rows: Sequence[TiledLoop],
+    vector: TiledLoop,
+    rest: dict[int, int],
+    weight_bytes: int,
+    input_bytes: int,
+    facts: MachineFacts,
 ) -> dict[int, int]:
     """S0's factors: the parallel tasks. A task count the cores divide evenly, at least one per core; of
-    those, the split that reads the least (a task over rows reads all the weights, one over columns all
-    the inputs: a late layer's 9 MB of weights are split by columns, an early layer's image by rows);
-    then the count nearest ``TASKS_PER_CORE`` per core."""
+    those, the split that reads the least, counted in L2-fulls (a task over rows reads all the weights,
+    one over columns all the inputs: a late layer's 9 MB of weights are split by columns, an early
+    layer's image by rows); then the count nearest ``TASKS_PER_CORE`` per core."""
+    cores = facts.cores
     limit = MAX_JOBS_PER_CORE * cores
     row_splits: list[dict[int, int]] = [{}]
     for loop in rows:  # every combination of the row loops' divisors, up to the limit
         row_splits = [
             {**split, loop.index: d}
             for split in row_splits
-            for d in _divisors(rest[loop.index])
+            for d in divisors(rest[loop.index])
             if math.prod(split.values()) * d <= limit
         ]
 
@@ -178,13 +185,13 @@ def _parallel_split(
         across_rows = math.prod(split.values())
         tasks = across_rows * columns
         imbalance = -(-tasks // cores) * cores / tasks
-        read = across_rows * weight_bytes + columns * input_bytes
+        read = (across_rows * weight_bytes + columns * input_bytes) // facts.l2_bytes
         return (tasks < cores, round(imbalance, 3), read, abs(tasks - TASKS_PER_CORE * cores))
 
     options = [
         (split, columns)
         for split in row_splits
-        for columns in _divisors(rest[vector.index])
+        for columns in divisors(rest[vector.index])
         if math.prod(split.values()) * columns <= limit
     ]
     split, columns = min(options, key=lambda option: key(*option))
@@ -196,13 +203,11 @@ def _register_tile(vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts
     loads a step."""
     lanes, most = facts.registers.lanes, facts.registers.max_accumulators
     widths = [
-        d
-        for d in _divisors(vector.extent)
-        if d % lanes == 0 and d <= vector.max_innermost and _power_of_two(d // lanes)
+        d for d in divisors(vector.extent) if d % lanes == 0 and d <= vector.max_innermost and _power_of_two(d // lanes)
     ]
     if not widths:  # no whole vectors: the widest factor up to one vector
         widths = [_largest_divisor(vector.extent, min(lanes, vector.max_innermost))]
-    heights = [d for d in _divisors(row.extent) if d <= row.max_innermost] if row is not None else [1]
+    heights = [d for d in divisors(row.extent) if d <= row.max_innermost] if row is not None else [1]
     best = None
     for width in widths:
         vectors = -(-width // lanes)
@@ -223,7 +228,7 @@ def _power_of_two(n: int) -> bool:
 
 
 def _largest_divisor(n: int, limit: int) -> int:
-    return max(d for d in _divisors(n) if d <= max(1, limit))
+    return max(d for d in divisors(n) if d <= max(1, limit))
 
 
 def _levels(factors: list[int], levels: int) -> list[int]:
@@ -263,8 +268,9 @@ def analytic_schedule(
     mod: tvm.IRModule, spaces: Sequence[Schedule], postprocs: Sequence, facts: MachineFacts | None
 ) -> AnalyticSchedule | None:
     """The kernel's analytic schedule in the first of its design spaces that takes it, postprocessed;
-    None where none does."""
-    for space in spaces:
+    None where none does. Spaces whose epilogue (or write cache) is computed deepest inside the tiles come
+    first: written while its block is still in cache, not in a pass of its own over the whole output."""
+    for space in sorted(spaces, key=_fusion_depth, reverse=True):
         insts = list(space.trace.insts)
         blocks = tiled_blocks(mod, space) if facts is not None else []
         plans = tuple(plan_block(block, facts) for block in blocks)
@@ -273,6 +279,102 @@ def analytic_schedule(
         if sch is not None:
             return AnalyticSchedule(sch, plans)
     return None
+
+
+def analytic_candidates(
+    mod: tvm.IRModule, spaces: Sequence[Schedule], postprocs: Sequence, facts: MachineFacts | None, count: int
+) -> list[AnalyticSchedule]:
+    """Up to ``count`` schedules around the analytic point, the analytic schedule first (AutoConfig's
+    "dynamic measurement" as a few-shot search): the next design space's analytic schedule (the
+    epilogue fused elsewhere), then the plan one step each way (``neighbour_plans``)."""
+    ordered = sorted(spaces, key=_fusion_depth, reverse=True)
+    found: list[tuple[Schedule, AnalyticSchedule]] = []
+    for space in ordered:
+        configured = analytic_schedule(mod, [space], postprocs, facts)
+        if configured is not None:
+            found.append((space, configured))
+        if len(found) == 2:
+            break
+    if not found:
+        return []
+    chosen: list[AnalyticSchedule] = [configured for _, configured in found]
+    space, first = found[0]
+    roles = tile_roles(list(space.trace.insts))
+    for plans in neighbour_plans(first.plans, facts):
+        if len(chosen) >= count:
+            break
+        draw = AnalyticDraw(plans, roles)
+        sch = msc.replay(mod, Trace(list(space.trace.insts), {}), ANALYTIC_SEED, postprocs, decide=lambda _s, d=draw: d)
+        if sch is not None:
+            chosen.append(AnalyticSchedule(sch, plans))
+    return chosen[:count]
+
+
+# One step each way from the analytic plan, most promising first: (loop's role, from level, to level),
+# levels counted from the outermost (S0 S1 S2 S3; R0 R1). A step moves the smallest prime factor.
+_STEPS = (
+    ("row", 3, 2),  # one register row fewer
+    ("vector", 1, 2),  # a cache block twice as wide
+    ("reduction", 1, 0),  # half the reduction run
+    ("vector", 2, 1),  # a cache block half as wide
+    ("row", 2, 3),  # one register row more
+    ("reduction", 0, 1),  # twice the reduction run
+    ("row", 1, 2),  # a cache block twice as tall
+    ("row", 2, 1),  # and half as tall
+)
+
+
+def neighbour_plans(plans: Sequence[BlockPlan], facts: MachineFacts | None) -> list[tuple[BlockPlan, ...]]:
+    """The plans one step from ``plans`` in each of ``_STEPS`` that the loops allow (the register tile
+    within the registers, the innermost factors within MetaSchedule's limits), each step applied to
+    every block; the order of ``_STEPS``."""
+    neighbours = []
+    for step in _STEPS:
+        moved = tuple(_step(plan, step, facts) for plan in plans)
+        if any(new is not None for new in moved):
+            neighbours.append(tuple(new or old for new, old in zip(moved, plans, strict=True)))
+    return neighbours
+
+
+def _step(plan: BlockPlan, step: tuple[str, int, int], facts: MachineFacts | None) -> BlockPlan | None:
+    role, source, destination = step
+    spatial = [loop for loop in plan.loops if loop.role != "reduction"]
+    rows = [loop for loop in spatial[:-1] if loop.extent > 1]
+    reductions = [loop for loop in plan.loops if loop.role == "reduction"]
+    loop = {"row": rows[-1] if rows else None, "vector": spatial[-1] if spatial else None}.get(
+        role, reductions[-1] if reductions else None
+    )
+    if loop is None or loop.levels != len(plan.factors[loop.index]) or max(source, destination) >= loop.levels:
+        return None
+    factors = list(plan.factors[loop.index])
+    primes = [d for d in divisors(factors[source]) if d > 1]
+    if not primes:
+        return None
+    prime = primes[0]
+    factors[source] //= prime
+    factors[destination] *= prime
+    if factors[-1] > loop.max_innermost:
+        return None
+    accumulators, run = plan.accumulators, plan.reduction_run
+    if role == "reduction":
+        run = run // plan.factors[loop.index][-1] * factors[-1]
+    if role == "row":
+        accumulators = plan.accumulators // plan.factors[loop.index][-1] * factors[-1]
+        if facts is not None and accumulators > facts.registers.max_accumulators:
+            return None
+    return BlockPlan({**plan.factors, loop.index: factors}, accumulators, run, plan.tasks, plan.loops)
+
+
+def _fusion_depth(space: Schedule) -> int:
+    """How deep in its tiles a design space computes its epilogue or write cache: the level of the split
+    loop it is computed at (0: S0); -1 where it computes none inside them."""
+    insts = list(space.trace.insts)
+    level = {}
+    for inst in insts:
+        if inst.kind.name == "Split":
+            for position, loop in enumerate(inst.outputs):
+                level[loop] = position
+    return max((level.get(inst.inputs[1], -1) for inst in insts if inst.kind.name == "ReverseComputeAt"), default=-1)
 
 
 def configure_kernel(mod: tvm.IRModule, target: tvm.target.Target) -> AnalyticSchedule | None:

@@ -1,6 +1,7 @@
 """What this machine's kernels reach, measured once and kept (AutoConfig's "dynamic overhead
 measurement"): the rate of an analytically configured product running from the caches, memory bandwidth,
-and the cost of a parallel launch. The analytic model's predictions are made of these and the kernels'
+the cost of a parallel launch, and the peaks a kernel's fraction of peak is judged against (fp32 FMA and
+the bf16 unit, ``common.peaks``). The analytic model's predictions are made of these and the kernels'
 FLOPs and bytes; ``tuner doctor`` prints them.
 """
 
@@ -8,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import statistics
+import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,12 +20,14 @@ import tvm
 from tvm import te
 
 from common.host import cpu_model, user_cache_dir, write_atomically
+from common.peaks import bf16_peak, fma_gflops
 
 from .analytic import configure_kernel
 
 CALIBRATION_FILE = "machine.json"
-_GEMM = 256  # a product of this size (768 KB) runs from the caches: the products' ceiling, not memory's
+_GEMM = 512  # a product of this size (3 MB) runs from L3 at the rate a model's products do (256: half of it)
 _COPY_FLOATS = 16 << 20  # 64 MB each way: far past the last-level cache
+_METHOD = f"product {_GEMM}, peaks, fastest of the repeats"  # in the cache's key: a change measures again
 
 
 @dataclass(frozen=True)
@@ -34,19 +38,28 @@ class Calibration:
     product_gflops: float  # all cores
     bandwidth_gbs: float  # bytes read and written per second
     launch_seconds: float  # a parallel kernel that does nothing to speak of
+    fma_peak_gflops: float | None = None  # independent FMA chains on every core; None: no C compiler
+    bf16_peak_gflops: float | None = None  # the bf16 unit's (AMX or vdpbf16ps); None where the CPU has none
 
     def describe(self) -> str:
+        peaks = f", FMA peak {self.fma_peak_gflops:.0f} GFLOP/s" if self.fma_peak_gflops else ""
+        if self.bf16_peak_gflops:
+            peaks += f", bf16 peak {self.bf16_peak_gflops:.0f}"
         return (
             f"products {self.product_gflops:.0f} GFLOP/s from the caches, memory {self.bandwidth_gbs:.1f} GB/s, "
-            f"a parallel launch {self.launch_seconds * 1e6:.1f} us"
+            f"a parallel launch {self.launch_seconds * 1e6:.1f} us{peaks}"
         )
+
+    def peak_gflops(self, dtype: str) -> float | None:
+        """The compute peak a kernel of ``dtype`` (its products' inputs) is judged against."""
+        return self.bf16_peak_gflops if dtype == "bfloat16" else self.fma_peak_gflops
 
 
 def calibration(target: tvm.target.Target, cache: Path | None = None) -> Calibration:
     """This machine's calibration for ``target`` (an llvm target whose CPU is this host's): read from the
     user cache, or measured (a few seconds) and kept there."""
     cache = cache or user_cache_dir() / CALIBRATION_FILE
-    key = f"{cpu_model()} | {target} | TVM {tvm.__version__}"
+    key = f"{cpu_model()} | {target} | TVM {tvm.__version__} | {_threads(target)} threads | {_METHOD}"
     try:
         kept = json.loads(cache.read_text())
     except (OSError, ValueError):
@@ -60,7 +73,32 @@ def calibration(target: tvm.target.Target, cache: Path | None = None) -> Calibra
     return measured
 
 
+def _threads(target: tvm.target.Target) -> int:
+    return int(os.environ.get("TVM_NUM_THREADS") or target.attrs.get("num-cores", 1) or 1)
+
+
+@contextlib.contextmanager
+def _threads_of(target: tvm.target.Target) -> Iterator[None]:
+    """TVM's thread pool as wide as the target's cores while the calibration runs: left alone it takes
+    half the logical cores on x86 (one thread on a 2-core VM: half the rate). The pool reads the variable
+    each time it launches work."""
+    before = os.environ.get("TVM_NUM_THREADS")
+    os.environ["TVM_NUM_THREADS"] = str(_threads(target))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TVM_NUM_THREADS", None)
+        else:
+            os.environ["TVM_NUM_THREADS"] = before
+
+
 def _measure(target: tvm.target.Target) -> Calibration:
+    with _threads_of(target):
+        return _measure_with_threads(target)
+
+
+def _measure_with_threads(target: tvm.target.Target) -> Calibration:
     a = te.placeholder((_GEMM, _GEMM), "float32", name="a")
     b = te.placeholder((_GEMM, _GEMM), "float32", name="b")
     k = te.reduce_axis((0, _GEMM), "k")
@@ -74,10 +112,17 @@ def _measure(target: tvm.target.Target) -> Calibration:
     copy_seconds = _seconds(copy, target)
     tiny = te.placeholder((1024,), "float32", name="t")
     launch_seconds = _seconds(_parallel_vectorized(te.compute((1024,), lambda i: tiny[i] + 1.0), tiny, target), target)
+    threads = _threads(target)
+    try:
+        fma_peak = fma_gflops(threads)
+    except (RuntimeError, OSError):  # no gcc, or one without OpenMP: no fraction of peak, nothing else lost
+        fma_peak = None
     return Calibration(
         product_gflops=2 * _GEMM**3 / gemm_seconds / 1e9,
         bandwidth_gbs=2 * 4 * _COPY_FLOATS / copy_seconds / 1e9,
         launch_seconds=launch_seconds,
+        fma_peak_gflops=fma_peak,
+        bf16_peak_gflops=bf16_peak(threads)[0],
     )
 
 
@@ -94,7 +139,8 @@ def _parallel_vectorized(out: te.Tensor, source: te.Tensor, target: tvm.target.T
 
 
 def _seconds(mod: tvm.IRModule, target: tvm.target.Target) -> float:
-    """Median seconds per call of a kernel, built for ``target`` and timed here."""
+    """Seconds per call of a kernel, built for ``target`` and timed here: the fastest of its repeats, as
+    what is kept for good must be what the machine can do, not what a passing load let it do."""
     with tempfile.TemporaryDirectory(prefix="tuner-calibration-") as scratch:
         library = Path(scratch) / "kernel.so"
         tvm.compile(mod, target=target).export_library(str(library))
@@ -104,4 +150,4 @@ def _seconds(mod: tvm.IRModule, target: tvm.target.Target) -> float:
             tvm.runtime.tensor(np.zeros([int(d) for d in p.shape], str(p.dtype)), device) for p in mod["main"].params
         ]
         timer = module.time_evaluator(module.entry_name, device, number=5, repeat=7, min_repeat_ms=20)
-        return statistics.median(timer(*arrays).results)
+        return min(timer(*arrays).results)

@@ -14,8 +14,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .analytic import BlockPlan
-from .calibration import Calibration
+import tvm
+
+from . import metaschedule as msc
+from .analytic import AnalyticSchedule, BlockPlan
+from .calibration import Calibration, calibration
 from .machine import MachineFacts
 
 
@@ -29,3 +32,25 @@ def predicted_seconds(
         balance = tasks / (math.ceil(tasks / facts.cores) * facts.cores)
         compute = flops / (measured.product_gflops * 1e9 * balance)
     return max(compute, memory) + measured.launch_seconds
+
+
+def predict_kernel(
+    mod: tvm.IRModule, flops: float, configured: AnalyticSchedule, target: tvm.target.Target
+) -> float | None:
+    """Seconds per launch of ``mod`` with its analytic schedule ``configured``; None off a CPU."""
+    facts = MachineFacts.of(target)
+    if facts is None:
+        return None
+    return predicted_seconds(flops, msc.kernel_bytes(mod), configured.plans, facts, calibration(target))
+
+
+def precision(mod: tvm.IRModule) -> str:
+    """The precision a kernel computes its products in: bfloat16 where any argument is, else float32."""
+    return "bfloat16" if any(str(param.dtype) == "bfloat16" for param in mod["main"].params) else "float32"
+
+
+def peak_gflops(mod: tvm.IRModule, target: tvm.target.Target) -> float | None:
+    """The compute peak of ``mod``'s precision on this machine (``calibration``); None off a CPU."""
+    if MachineFacts.of(target) is None:
+        return None
+    return calibration(target).peak_gflops(precision(mod))

@@ -117,7 +117,8 @@ def fills(sch: tvm.s_tir.Schedule, registers: RegisterFile) -> bool:
     return tile is not None and registers.min_accumulators <= tile[0] <= registers.max_accumulators
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """Every divisor of ``n``, smallest first."""
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)})
 
@@ -155,19 +156,19 @@ class TileDraw:
         return None if inner is None else [*self._outer(int(extent) // inner, int(attrs[0]) - 1), inner]
 
     def _inner(self, role: str, extent: int, max_innermost: int) -> int | None:
-        divisors = [d for d in _divisors(extent) if d <= max_innermost]
+        factors = [d for d in divisors(extent) if d <= max_innermost]
         if role == "vector":
-            inner = self._vector_factor(divisors)
+            inner = self._vector_factor(factors)
             self.rows = 1
             return inner
         if role == "reduction":
             wanted = -(-MIN_INNER_REDUCTION // self.reduction)
-            long_enough = [d for d in divisors if d >= wanted]
-            inner = self._pick(long_enough) if long_enough else divisors[-1]
+            long_enough = [d for d in factors if d >= wanted]
+            inner = self._pick(long_enough) if long_enough else factors[-1]
             self.reduction *= inner
             return inner
         cap = max(1, self.registers.max_accumulators // self.rows)
-        inner = self._pick([d for d in divisors if d <= cap])
+        inner = self._pick([d for d in factors if d <= cap])
         self.rows *= inner
         return inner
 

@@ -1,0 +1,82 @@
+"""The few-shot start around the analytic point (the analytic schedule and its neighbours, measured first)
+and the per-kernel figures that set the analytic model's predictions beside what was measured."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+
+from tests.test_analytic import AVX512, _check_factors, _loops
+from tuner import tune
+from tuner.cli.report import write_report
+from tuner.search.first_candidates import ANALYTIC_SEEDS
+from tuner.spaces import metaschedule as msc
+from tuner.spaces.analytic import ANALYTIC_SEED, analytic_candidates, neighbour_plans, plan_block
+from tuner.spaces.machine import MachineFacts
+from tuner.targets import resolve_target
+from workloads import load_workload
+
+
+def test_each_neighbour_is_one_step_of_one_loop_from_the_analytic_plan():
+    loops = _loops([512, 512], [512])
+    plan = plan_block(loops, AVX512)
+    neighbours = neighbour_plans([plan], AVX512)
+    assert len(neighbours) >= 4
+    for (neighbour,) in neighbours:
+        _check_factors(loops, neighbour)
+        changed = [i for i in plan.factors if plan.factors[i] != neighbour.factors[i]]
+        assert len(changed) == 1, changed
+        before, after = plan.factors[changed[0]], neighbour.factors[changed[0]]
+        moved = [a / b for a, b in zip(after, before, strict=True) if a != b]
+        assert len(moved) == 2 and math.prod(moved) == 1 and {round(max(moved)), round(1 / min(moved))} == {2}
+        assert neighbour.accumulators <= AVX512.registers.max_accumulators
+    assert len({str(n[0].factors) for n in neighbours}) == len(neighbours)
+
+
+def test_no_neighbour_holds_more_accumulators_than_the_registers():
+    loops = _loops([96, 64], [256])  # 96 rows: 6 x 4 vectors fills AVX-512's 24 accumulators
+    plan = plan_block(loops, AVX512)
+    assert plan.accumulators == AVX512.registers.max_accumulators
+    assert all(n.accumulators <= plan.accumulators for (n,) in neighbour_plans([plan], AVX512))
+
+
+def test_the_analytic_candidates_start_with_the_analytic_schedule_and_differ():
+    mod = load_workload("matmul-128").mod
+    target = resolve_target("llvm")
+    context = msc.make_context(mod, target, ANALYTIC_SEED)
+    spaces, postprocs = msc.design_spaces(context), msc.postprocessors(context)
+    candidates = analytic_candidates(mod, spaces, postprocs, MachineFacts.of(target), ANALYTIC_SEEDS)
+    assert len(candidates) == ANALYTIC_SEEDS
+    keys = [msc.structural_key(c.sch.mod) for c in candidates]
+    assert len(set(keys)) == len(keys)
+    from tuner.spaces.analytic import configure_kernel
+
+    assert keys[0] == msc.structural_key(configure_kernel(mod, target).sch.mod)
+
+
+def test_a_search_measures_the_analytic_point_first_and_reports_its_prediction(tmp_path):
+    result = tune("matmul-128", trials=8, batch_size=8, work_dir=tmp_path, progress=False)
+    mod, target = load_workload("matmul-128").mod, resolve_target("llvm")
+    context = msc.make_context(mod, target, ANALYTIC_SEED)
+    around = analytic_candidates(
+        mod, msc.design_spaces(context), msc.postprocessors(context), MachineFacts.of(target), ANALYTIC_SEEDS
+    )
+    with sqlite3.connect(tmp_path / "tuning.db") as db:
+        first = [row[0] for row in db.execute("SELECT candidate FROM records ORDER BY id LIMIT ?", (ANALYTIC_SEEDS,))]
+    assert set(first) == {msc.structural_key(c.sch.mod) for c in around}
+    (task,) = result.tasks
+    assert task.tiled and task.predicted_latency > 0 and task.analytic_latency > 0
+    assert task.best_latency <= task.analytic_latency
+    assert 0 < task.fraction_of_peak < 2 and "predicted" in result.summary()
+    report, _ = write_report(tmp_path)
+    row = next(line for line in report.read_text().splitlines() if line.startswith(f"| {task.name} |"))
+    assert row.count("|") == 14 and row.rstrip(" |").endswith("%")
+
+
+def test_no_trials_times_every_kernel_inside_the_model(tmp_path):
+    result = tune("tiny-resnet", trials=0, work_dir=tmp_path, progress=False)
+    assert result.tasks and all(task.in_model_latency and task.in_model_latency > 0 for task in result.tasks)
+    assert all(task.predicted_latency for task in result.tasks)
+    products = [task for task in result.tasks if task.tiled]
+    assert products and all(task.fraction_of_peak for task in products)
+    assert "in the model" in result.summary()

@@ -1,0 +1,56 @@
+"""Per kernel, what the report sets side by side: the analytic model's predicted latency, the analytic
+schedule's measured one (where the search measured it), the kernel's time inside the compiled model,
+and the peak of its precision on this machine, from which its fraction of peak."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import tvm
+
+from tuner.database.database import TuningDatabase
+from tuner.database.workdir import ANALYTIC_SEEDS_KEY
+from tuner.spaces.analytic import AnalyticSchedule
+from tuner.spaces.prediction import peak_gflops, predict_kernel
+from tuner.tasks.extraction import Task
+
+
+@dataclass(frozen=True)
+class KernelFigures:
+    predicted: float | None = None  # seconds per launch of its analytic schedule, by the analytic model
+    analytic_measured: float | None = None  # of its analytic schedule, measured alone by the search
+    in_model: float | None = None  # seconds per launch inside the compiled model
+    peak_gflops: float | None = None  # of its precision on this machine
+    tiled: bool = False  # a product: its analytic schedule has a register tile and cache blocks
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def kernel_figures(
+    tasks: list[Task],
+    db: TuningDatabase,
+    target: tvm.target.Target,
+    configured: dict[str, AnalyticSchedule],
+    in_model: dict[str, float],
+) -> dict[str, KernelFigures]:
+    """The figures of every task: kernels built with their analytic schedule are predicted here; searched
+    ones carry the prediction the search kept beside their analytic candidate."""
+    seeds = db.get_meta(ANALYTIC_SEEDS_KEY, {})
+    latency = {(record.kernel_id, record.candidate): record.latency for record in db.records(str(target))}
+    figures = {}
+    for task in tasks:
+        predicted = measured = None
+        tiled = False
+        if task.name in configured:
+            predicted = predict_kernel(task.mod, task.flops, configured[task.name], target)
+            tiled = bool(configured[task.name].plans)
+        else:
+            kernel_id = db.find_kernel(task.mod)
+            seed = seeds.get(str(kernel_id))
+            if seed is not None:
+                predicted, tiled = seed["predicted"], seed.get("tiled", False)
+                measured = latency.get((kernel_id, seed["candidate"]))
+        peak = peak_gflops(task.mod, target)
+        figures[task.name] = KernelFigures(predicted, measured, in_model.get(task.name), peak, tiled)
+    return figures
