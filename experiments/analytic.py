@@ -172,8 +172,9 @@ def main() -> None:
                     timed[name] = value
         records.append({"model": model, "zero": zero, "few_shot": few, "tuned": tuned, "side_by_side": timed})
         rows.append({**_row(model, zero, tuned, timed, args.tuned_per_task), **_few_columns(few, timed, zero, tuned)})
-        kernel_rows.extend(_kernel_rows(model, zero, tuned))
-        accuracy_rows.append(_accuracy(model, zero, tuned))
+        searched = [run for run in (*few.values(), tuned) if run]  # each measured the analytic schedules alone
+        kernel_rows.extend(_kernel_rows(model, zero, searched))
+        accuracy_rows.append(_accuracy(model, zero, searched))
         print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
     (args.out / "analytic.json").write_text(json.dumps(records, indent=1, default=str))
     columns = sorted(
@@ -223,11 +224,21 @@ def _few_columns(few: dict, timed: dict, zero: dict, tuned: dict | None) -> dict
     return row
 
 
-def _kernel_rows(model: str, zero: dict, tuned: dict | None) -> list[dict]:
-    alone = {k["name"]: k for k in (tuned or {}).get("kernels", [])}
+def _alone(searched: list[dict]) -> dict[str, float]:
+    """Each kernel's analytic schedule measured alone, from the first search that measured it."""
+    alone: dict[str, float] = {}
+    for run in searched:
+        for kernel in run.get("kernels", []):
+            if kernel["alone"]:
+                alone.setdefault(kernel["name"], kernel["alone"])
+    return alone
+
+
+def _kernel_rows(model: str, zero: dict, searched: list[dict]) -> list[dict]:
+    alone = _alone(searched)
+    best = {k["name"]: k["best"] for k in (searched[-1]["kernels"] if searched else [])}
     rows = []
     for kernel in zero["kernels"]:
-        searched = alone.get(kernel["name"], {})
         in_model, predicted, peak = kernel["in_model"], kernel["predicted"], kernel["peak_gflops"]
         rows.append(
             {
@@ -237,19 +248,19 @@ def _kernel_rows(model: str, zero: dict, tuned: dict | None) -> list[dict]:
                 "product": "yes" if kernel["tiled"] else "",
                 "predicted (us)": _us(predicted),
                 "in the model (us)": _us(in_model),
-                "alone (us)": _us(searched.get("alone")),
-                "tuned alone (us)": _us(searched.get("best")),
+                "alone (us)": _us(alone.get(kernel["name"])),
+                "searched alone (us)": _us(best.get(kernel["name"])),
                 "trials=0 of peak": f"{kernel['flops'] / in_model / 1e9 / peak:.0%}" if in_model and peak else "-",
             }
         )
     return rows
 
 
-def _accuracy(model: str, zero: dict, tuned: dict | None) -> dict:
+def _accuracy(model: str, zero: dict, searched: list[dict]) -> dict:
     """How many products the analytic model predicted within PREDICTION_WITHIN, against each measurement,
     and the products' FLOP-weighted fraction of peak at trials=0."""
     products = [k for k in zero["kernels"] if k["tiled"] and k["predicted"]]
-    alone = {k["name"]: k["alone"] for k in (tuned or {}).get("kernels", []) if k["alone"]}
+    alone = _alone(searched)
 
     def within(measured: dict) -> str:
         pairs = [(k["predicted"], measured[k["name"]]) for k in products if measured.get(k["name"])]

@@ -5,6 +5,7 @@ against PyTorch's.
     .venv/bin/python experiments/correctness.py --graphs 40 --models all --zoo --out /tmp/corr
     .venv/bin/python experiments/correctness.py --graphs 4 --per-bundle 4 --seeds 1 --trials-per-task 1 --out /tmp/c
     .venv/bin/python experiments/correctness.py --graphs 50 --dtype bfloat16 --seeds 1 --out /tmp/corr-bf16
+    .venv/bin/python experiments/correctness.py --graphs 100 --seeds 1 --trials-per-task 0 --out /tmp/corr-0
 
 Random graphs are tuned ``--per-bundle`` at a time (one module, one input and one output per graph:
 TVM's start-up costs ~20 s per tune() call). A graph of a bundle that comes out wrong, or every
@@ -175,7 +176,8 @@ def check_step(
             target="llvm",
             trials_per_task=trials_per_task,
             dtype=dtype,
-            batch_size=trials_per_task,  # every kernel gets its trials: the point is to try schedules everywhere
+            # every kernel gets its trials: the point is to try schedules everywhere (0: analytic schedules only)
+            batch_size=trials_per_task or None,
             work_dir=work_dir,
             seed=seed,
             progress=False,

@@ -53,6 +53,17 @@ def test_gradient_scheduler_favours_a_task_far_below_the_throughput_of_its_kind(
     assert scheduler.pick(tasks) == 1
 
 
+def test_a_task_near_its_floor_gets_fewer_trials_than_one_far_from_it():
+    # both at 1 ms, alike in weight and history; task 0 could run in 0.95 ms at peak, task 1 in 0.1 ms
+    tasks = [TaskProgress(weight=1, flops=1e9, floor=9.5e-4), TaskProgress(weight=1, flops=1e9, floor=1e-4)]
+    scheduler = GradientScheduler(epsilon=0.0)
+    _visit_all(scheduler, tasks, (1e-3, 1e-3))
+    assert scheduler.gradient(tasks, 0) == pytest.approx(0.8 * (9.5e-4 - 1e-3))
+    assert scheduler.pick(tasks) == 1
+    tasks[0].floor = 2e-3  # a floor above the best measured is wrong: the task keeps its look ahead (best / batches)
+    assert scheduler.gradient(tasks, 0) == pytest.approx(0.8 * -1e-3)
+
+
 def test_a_task_that_stopped_improving_loses_the_promise_of_its_kind():
     tasks = [TaskProgress(weight=1, flops=1e10, kind="conv"), TaskProgress(weight=1, flops=1e9, kind="conv")]
     scheduler = GradientScheduler(epsilon=0.0, window=3)

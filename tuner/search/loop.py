@@ -31,6 +31,7 @@ from tuner.errors import TunerError
 from tuner.progress import Progress
 from tuner.spaces import metaschedule as msc
 from tuner.spaces.machine import MachineFacts
+from tuner.spaces.prediction import floor_seconds
 from tuner.targets import describe_target
 from tuner.tasks.extraction import Task
 from tuner.tasks.opclass import kernel_class
@@ -133,7 +134,8 @@ class TuningLoop:
             search = TaskSearch(
                 task.mod, target, seed + index, cost_model, features, group=str(kernel_id), config=self.config.search
             )
-            progress = TaskProgress(task.weight, task.flops, task_kind(task.name))
+            floor = floor_seconds(task.mod, task.flops, target)
+            progress = TaskProgress(task.weight, task.flops, task_kind(task.name), floor=floor)
             self.runs.append(TaskRun(task, kernel_id, search, progress, kernel_class(task.mod, task.name)))
             if search.unsearchable:
                 self.runs[-1].progress.exhausted = True

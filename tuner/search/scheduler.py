@@ -18,6 +18,10 @@ the rest of the budget goes, ranked as before, to the retired tasks that are not
 matter, and when only tasks too small to matter are left (the others exhausted or stopped), tuning
 ends: SqueezeNet in bf16, its products' design spaces exhausted, once spent 700 of its 1,088
 trials on a global mean.
+Where the machine's calibration gives a task its floor (``TaskProgress.floor``: the kernel at its
+precision's peak, or moving its arguments at full bandwidth, whichever is slower), no look ahead
+promises a best below it: a kernel at 90% of peak has a tenth of its latency left to gain whatever its
+history says, and one at 20% most of it.
 ``RoundRobinScheduler`` gives every live task a batch in turn.
 
 Both give every task one batch first, and give up on a task that produced no working candidate
@@ -41,6 +45,7 @@ class TaskProgress:
     weight: int
     flops: float = 0.0
     kind: str = ""  # tasks of one kind (same operators, other shapes) compare throughputs
+    floor: float = 0.0  # seconds per launch no schedule can beat (peak FLOPs, full bandwidth); 0: unknown
     best: float | None = None  # seconds per launch
     spent: Spending = field(default_factory=Spending)
     exhausted: bool = False  # its search space has nothing new left
@@ -165,6 +170,8 @@ class GradientScheduler(_Scheduler):
         best_similar = max((t.flops / t.best for t in tasks if t.kind == task.kind and t.best and t.flops), default=0.0)
         if task.flops and best_similar and task.batches_without_improvement < self.window:
             optimistic = min(optimistic, self.beta * task.flops / best_similar)
+        if task.floor < best:  # a best below the floor means the floor is wrong (its FLOPs or the peaks)
+            optimistic = max(optimistic, task.floor)
         forward = optimistic - best
         return task.weight * (self.alpha * backward + (1 - self.alpha) * forward)
 

@@ -54,3 +54,14 @@ def peak_gflops(mod: tvm.IRModule, target: tvm.target.Target) -> float | None:
     if MachineFacts.of(target) is None:
         return None
     return calibration(target).peak_gflops(precision(mod))
+
+
+def floor_seconds(mod: tvm.IRModule, flops: float, target: tvm.target.Target) -> float:
+    """Seconds per launch no schedule of ``mod`` can beat on this machine: its FLOPs at its precision's
+    peak, or its arguments moved at full bandwidth, whichever is slower; 0 where unknown (off a CPU)."""
+    if MachineFacts.of(target) is None:
+        return 0.0
+    measured = calibration(target)
+    peak = measured.peak_gflops(precision(mod))
+    compute = flops / (peak * 1e9) if peak else 0.0
+    return max(compute, msc.kernel_bytes(mod) / (measured.bandwidth_gbs * 1e9))
