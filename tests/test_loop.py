@@ -130,7 +130,7 @@ def test_batch_size_follows_the_budget(budget, tasks, expected):
 
 @pytest.mark.slow  # over 45 s on 2 cores; CI's time goes to the rest
 def test_the_final_choice_re_measures_only_the_best_of_a_task_too_small_to_matter(tmp_path, llvm_target):
-    from tuner.search.loop import MINOR_SHARE
+    from tuner.search.final_choice import MINOR_SHARE
 
     tasks = extract_tasks(get_workload("tiny-resnet"), llvm_target)
     db = TuningDatabase(tmp_path / "tuning.db")

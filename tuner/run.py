@@ -21,6 +21,7 @@ from costmodel import CostModel
 from measure import DeviceUnavailable, Engine, EngineConfig, MeasureEngine, TimingConfig
 from measure.cluster.engine import ClusterEngine, ClusterLost, ClusterOptions, ClusterUnavailable
 from tuner.compile.check import ModelCheck
+from tuner.compile.estimate import CompileEstimate
 from tuner.compile.phase import BuiltModel, compile_and_time
 from tuner.database.database import TuningDatabase
 from tuner.database.workdir import (
@@ -37,8 +38,10 @@ from tuner.database.workdir import (
 from tuner.lowering import LoweringOptions
 from tuner.lowering.bf16.precision import check_bf16
 from tuner.search.budget import Budget, choose_budget, describe_budget
+from tuner.search.kernel_costs import KernelCosts, probe
 from tuner.search.loop import LoopConfig, TuningLoop
-from tuner.search.objectives import Objectives, check_measurable
+from tuner.search.objectives import Objectives, Spending, check_measurable, met, time_limit
+from tuner.search.reserve import CallClock, reserve
 from tuner.search.scheduler import check_scheduler
 from tuner.search.task_run import TaskRun
 from tuner.search.transfer import TransferSource, read_model_sources, read_sources, transfer, warm_start
@@ -107,14 +110,17 @@ def _run(plan: Plan, options: TuneOptions, started: float) -> TuneResult:
             tasks = prepare_tasks(plan, lowering, db, options.cold_cache, options.verify)
             if plan.budget.measures_nothing:
                 return _configure_only(plan, options, tasks, engine, db, report, started)
+            clock, costs, no_time = call_clock(plan, options, tasks, engine, db, started)
+            if no_time:
+                return _configure_only(plan, options, tasks, engine, db, report, started, no_time)
             cost_model = CostModel(seed=options.seed)
             loop = TuningLoop(
-                tasks.tasks, plan.target, db, engine, cost_model, options.seed, _loop_config(options), report
+                tasks.tasks, plan.target, db, engine, cost_model, options.seed, _loop_config(options), report, costs
             )
             tuning_started = time.monotonic()
             warm_up(plan, loop, cost_model, db, report)
             transfer_seconds = time.monotonic() - tuning_started
-            stop_reason = loop.run(tasks.objectives, plan.task_objectives, tasks.budget_text)
+            stop_reason = loop.run(tasks.objectives, plan.task_objectives, tasks.budget_text, clock)
             report.line("re-measuring the best candidates and checking their results")
             loop.finalize()
             cost_model.save(plan.work_dir.cost_model)
@@ -147,17 +153,21 @@ def _configure_only(
     db: TuningDatabase,
     report: Progress,
     started: float,
+    no_time: str | None = None,
 ) -> TuneResult:
-    """No trials: every kernel without a tuned schedule in the work dir compiled with its analytic one,
-    the model checked end to end and timed."""
-    report.line(f"{len(tasks.tasks)} kernels, no trials: their analytic schedules, none measured")
+    """No trials (or, ``no_time``, no time to measure any): every kernel without a tuned schedule in the
+    work dir compiled with its analytic one, the model checked end to end and timed."""
+    why = f"no time to measure ({no_time})" if no_time else "no trials"
+    report.line(f"{len(tasks.tasks)} kernels, {why}: their analytic schedules, none measured")
     compiling = time.monotonic()
     built = compile_and_time(
         engine, plan.workload, tasks.lowered, tasks.tasks, plan.target, plan.work_dir, db, report,
         options.verify, None, options.time_untuned,
     )  # fmt: skip
     seconds = {"start-up": compiling - started, **_compile_seconds(built, compiling)}
-    outcome = _outcome(built, 0, seconds, "no trials (trials=0)", options.scheduler)
+    outcome = _outcome(
+        built, 0, seconds, f"{no_time}: none measured" if no_time else "no trials (trials=0)", options.scheduler
+    )
     write_meta(db, outcome)
     task_results = [_configured_task_result(task, built, outcome.fell_back.get(task.name)) for task in tasks.tasks]
     result = make_result(plan, task_results, {}, built.artifact, outcome, time.monotonic() - started)
@@ -341,6 +351,23 @@ def _loop_config(options: TuneOptions) -> LoopConfig:
         scheduler=options.scheduler,
         filter=options.filter_settings,
     )
+
+
+def call_clock(
+    plan: Plan, options: TuneOptions, tasks: Tasks, engine: Engine, db: TuningDatabase, started: float
+) -> tuple[CallClock, KernelCosts, str | None]:
+    """A time budget's clock, from the call; what a candidate of each kernel costs, as the work dir's earlier
+    runs measured it, else (a fresh work dir under a time budget) as measured on a few kernels now; and the
+    budget's reason where start-up and the compile phase already fill it: no time to measure anything."""
+    names = {db.kernel_id(task.mod, task.name): task.name for task in tasks.tasks}
+    costs = KernelCosts.from_database(db, str(plan.target), names)
+    timed = time_limit(tasks.objectives) is not None
+    estimate = CompileEstimate.of(plan.workload, tasks.tasks, engine, options.verify, options.time_untuned)
+    clock = CallClock(started, estimate)
+    if timed and not costs.known and not met(tasks.objectives, Spending(seconds=clock.elapsed())):
+        probe(engine, tasks.tasks, plan.target, costs)  # not where start-up alone used the budget
+    before_search = Spending(seconds=clock.elapsed(), reserved=reserve(0.0, clock.compile_seconds(costs, 0.0)))
+    return clock, costs, met(tasks.objectives, before_search) if timed else None
 
 
 # -- phase 4: what earlier runs give --------------------------------------------------------------

@@ -14,7 +14,7 @@ from measure.workers.worker import WorkerTimeout
 from tuner.database.database import TuningDatabase
 from tuner.database.workdir import WorkDir
 from tuner.progress import Progress
-from tuner.search.loop import tolerance
+from tuner.search.final_choice import tolerance
 from tuner.spaces import metaschedule as msc
 from tuner.spaces.analytic import AnalyticSchedule
 from tuner.spaces.calibration import calibration
