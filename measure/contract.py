@@ -93,6 +93,12 @@ class Engine(ABC):
         """A line on what the workers are doing, for engines spread over machines; None here."""
         return None
 
+    def process_start_seconds(self) -> float | None:
+        """Seconds a fresh process on this machine took to import TVM, as a worker measured it when it
+        started; None where unknown. A compiled model run in a process of its own pays it first (the
+        end-to-end check runs each build so)."""
+        return None
+
     @property
     @abstractmethod
     def energy_measurable(self) -> bool:

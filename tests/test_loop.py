@@ -19,11 +19,11 @@ def test_a_run_where_every_candidate_fails_stops_with_the_reason(tmp_path, llvm_
     config = EngineConfig(build_workers=1, build_timeout=TimeoutPolicy(initial=1e-3, floor=1e-3))
     with MeasureEngine(llvm_target, tmp_path, config) as engine:
         loop = TuningLoop(tasks, llvm_target, db, engine, CostModel(), config=LoopConfig(batch_size=4, give_up_after=4))
-        # the task's analytic schedule is measured alone first, then a batch of 4: the run stops after that batch
-        with pytest.raises(TunerError, match="all 5 candidates .* build_timeout"):
+        # the task's analytic candidates (a batch of 4) are measured first: the run stops after that batch
+        with pytest.raises(TunerError, match="all 4 candidates .* build_timeout"):
             loop.run(Objectives(trials=64))
     records = db.records(str(llvm_target))
-    assert len(records) == 5 and {r.status for r in records} == {"build_timeout"}  # every failure committed
+    assert len(records) == 4 and {r.status for r in records} == {"build_timeout"}  # every failure committed
 
 
 def _visit_all(scheduler, tasks, bests):
@@ -141,7 +141,7 @@ def test_batch_size_follows_the_budget(budget, tasks, expected):
 
 @pytest.mark.slow  # over 45 s on 2 cores; CI's time goes to the rest
 def test_the_final_choice_re_measures_only_the_best_of_a_task_too_small_to_matter(tmp_path, llvm_target):
-    from tuner.search.loop import MINOR_SHARE
+    from tuner.search.final_choice import MINOR_SHARE
 
     tasks = extract_tasks(get_workload("tiny-resnet"), llvm_target)
     db = TuningDatabase(tmp_path / "tuning.db")

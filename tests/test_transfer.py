@@ -13,6 +13,7 @@ import tvm
 from costmodel import CostModel
 from tuner import DatabaseError, TunerError, tune
 from tuner.database.database import TuningDatabase
+from tuner.search.first_candidates import ANALYTIC_SEEDS
 from tuner.search.transfer import adapt_tile
 from tuner.spaces import metaschedule as msc
 from tuner.tasks.opclass import base_name, operator_class
@@ -194,10 +195,10 @@ def test_a_cost_model_from_another_run_warm_starts_this_one_without_its_schedule
         assert db.get_meta("cost_model_from") == {"samples": 16} and db.get_meta("transfer") is None
     finally:
         db.close()
-    # the first batch the search proposed (after the task's analytic schedule, measured alone) was judged by a
-    # trained model (a cold run's first batch is not)
+    # the first batch the search proposed (after the task's analytic schedule and its neighbours, measured alone)
+    # was judged by a trained model (a cold run's first batch is not)
     batches = [json.loads(line) for line in (result.work_dir / "logs" / "costmodel.jsonl").read_text().splitlines()]
-    assert [batch["trials"] for batch in batches[:2]] == [1, 8] and batches[1]["tau"] is not None
+    assert [batch["trials"] for batch in batches[:2]] == [ANALYTIC_SEEDS, 8] and batches[1]["tau"] is not None
 
 
 def test_a_cost_model_source_without_a_saved_model_is_refused_before_anything_is_set_up(tuned_matmul, tmp_path):
@@ -302,5 +303,5 @@ def test_the_filter_never_drops_a_transferred_schedule(tuned_matmul, tmp_path, e
     seeds = len(loop.runs[0].search._seeds)
     assert seeds > 2 and loop.filter.trust(loop.runs[0].group) == 1.0
     loop._tune_batch(0, 16, Objectives(), None)
-    # transfer-tuning measures what it replays, all of it (and the task's analytic schedule, queued first)
-    assert loop.ledger.dropped == 0 and len(db.records()) == seeds + 1
+    # transfer-tuning measures what it replays, all of it (and the task's analytic candidates, queued first)
+    assert loop.ledger.dropped == 0 and len(db.records()) == seeds + ANALYTIC_SEEDS

@@ -41,7 +41,10 @@ class TuneOptions:
     stop: Objectives | None = _setting(
         None,
         "cost objectives for the whole run (time, e.g. Objectives(seconds=600), energy, money, or no improvement); "
-        "the first one met ends it",
+        "the first one met ends it. Time is this call's wall clock, everything included: the search stops early "
+        "enough for the final re-timing, the compile, the end-to-end check and the timing to end within it (a "
+        "resumed work dir gets the whole budget again; too short a budget to measure anything gives the analytic "
+        "schedules, as trials=0)",
     )
     task_stop: Objectives | None = _setting(None, "the same per task: a task that meets one gets no more trials")
     scheduler: str = _setting(

@@ -66,14 +66,18 @@ class Progress:
         task_flops: float,
         model_latency: float | None,
         filtered: str = "",
+        left: float | None = None,
     ) -> None:
-        """One line per batch; ``filtered`` says what the cost-model filter dropped, if anything."""
+        """One line per batch; ``filtered`` says what the cost-model filter dropped, if anything; ``left``:
+        seconds of a time budget left to search."""
         elapsed = time.monotonic() - self._started
         new = trials_done - self._trials_at_start
         speed = f" ({task_flops / task_best / 1e9:.1f} GFLOP/s)" if task_best and task_flops else ""
         model = f"  model {format_latency(model_latency)}" if num_tasks > 1 else ""
         trials = f"{trials_done}/{budget}" if budget else f"{trials_done}"
         eta = f"  eta {format_seconds(elapsed / new * (budget - trials_done))}" if budget and new > 0 else ""
+        if left is not None:
+            eta += f"  left {format_seconds(max(0.0, left))}"
         self.line(
             f"[{task_index + 1}/{num_tasks}] {task_name}  trials {trials}  best {format_latency(task_best)}{speed}"
             f"{model}{filtered}  elapsed {format_seconds(elapsed)}{eta}"

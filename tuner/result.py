@@ -12,7 +12,13 @@ import tvm
 
 from common.target_kind import is_cuda
 from tuner.compile.check import ModelCheck
+from tuner.compile.figures import KernelFigures
+from tuner.compile.phase import BuiltModel
 from tuner.runtime.compiled_model import CompiledModel, ModelDescription
+from tuner.search.task_run import TaskRun
+from tuner.spaces import metaschedule as msc
+from tuner.spaces.metaschedule import schedule_from_json
+from tuner.tasks.extraction import Task
 from workloads import TensorSpec
 
 from .progress import filter_summary, format_latency, format_phases, format_seconds
@@ -185,3 +191,50 @@ def _task_line(task: TaskResult) -> str:
     ]
     tail = "; " + ", ".join(figures) if figures else ""
     return f"{format_latency(task.best_latency)}{speed}, {task.trials} trials, {check}{tail}"
+
+
+def task_result(run: TaskRun, built: BuiltModel, fell_back_because: str | None) -> TaskResult:
+    """A task's outcome: the schedule the model was built with (its best record, else its analytic
+    schedule), or none where it fell back to TVM's default."""
+    if run.best is None or fell_back_because:
+        return configured_task_result(run.task, built, fell_back_because, run.trials)
+    return TaskResult(
+        name=run.task.name,
+        weight=run.task.weight,
+        flops=run.task.flops,
+        trials=run.trials,
+        best_latency=run.best.latency,
+        verified=run.best.verified,
+        schedule="\n".join(schedule_from_json(run.task.mod, run.best.trace).trace.as_python()),
+        bytes=msc.kernel_bytes(run.task.mod),
+        **_figure_fields(built, run.task.name),
+    )
+
+
+def configured_task_result(task: Task, built: BuiltModel, fell_back_because: str | None, trials: int = 0) -> TaskResult:
+    """A task built with its analytic schedule, or with TVM's default where it fell back."""
+    configured = built.configured.get(task.name)
+    return TaskResult(
+        name=task.name,
+        weight=task.weight,
+        flops=task.flops,
+        trials=trials,
+        best_latency=None,
+        verified=None,
+        schedule="\n".join(configured.sch.trace.as_python()) if configured else None,
+        bytes=msc.kernel_bytes(task.mod),
+        fell_back=None if configured else fell_back_because,
+        analytic=configured is not None,
+        **_figure_fields(built, task.name),
+    )
+
+
+def _figure_fields(built: BuiltModel, name: str) -> dict:
+    figures = built.figures.get(name) or KernelFigures()
+    return {
+        "predicted_latency": figures.predicted,
+        "analytic_latency": figures.analytic_measured,
+        "in_model_latency": figures.in_model,
+        "peak_gflops": figures.peak_gflops,
+        "tiled": figures.tiled,
+    }

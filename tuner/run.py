@@ -21,7 +21,7 @@ from costmodel import CostModel
 from measure import DeviceUnavailable, Engine, EngineConfig, MeasureEngine, TimingConfig
 from measure.cluster.engine import ClusterEngine, ClusterLost, ClusterOptions, ClusterUnavailable
 from tuner.compile.check import ModelCheck
-from tuner.compile.figures import KernelFigures
+from tuner.compile.estimate import CompileEstimate
 from tuner.compile.phase import BuiltModel, compile_and_time
 from tuner.database.database import TuningDatabase
 from tuner.database.workdir import (
@@ -38,13 +38,12 @@ from tuner.database.workdir import (
 from tuner.lowering import LoweringOptions
 from tuner.lowering.bf16.precision import check_bf16
 from tuner.search.budget import Budget, choose_budget, describe_budget
+from tuner.search.kernel_costs import KernelCosts, probe
 from tuner.search.loop import LoopConfig, TuningLoop
-from tuner.search.objectives import Objectives, check_measurable
+from tuner.search.objectives import Objectives, Spending, check_measurable, met, time_limit
+from tuner.search.reserve import CallClock, reserve
 from tuner.search.scheduler import check_scheduler
-from tuner.search.task_run import TaskRun
 from tuner.search.transfer import TransferSource, read_model_sources, read_sources, transfer, warm_start
-from tuner.spaces import metaschedule as msc
-from tuner.spaces.metaschedule import schedule_from_json
 from tuner.tasks.extraction import Task, extract_tasks, load_model, lower_workload
 from workloads import Workload
 
@@ -52,7 +51,7 @@ from .errors import NoDeviceError, TunerError
 from .options import TuneOptions
 from .progress import Progress
 from .quiet import native_logs_quiet
-from .result import TaskResult, TuneResult
+from .result import TaskResult, TuneResult, configured_task_result, task_result
 from .targets import require_device, resolve_target
 
 
@@ -108,14 +107,17 @@ def _run(plan: Plan, options: TuneOptions, started: float) -> TuneResult:
             tasks = prepare_tasks(plan, lowering, db, options.cold_cache, options.verify)
             if plan.budget.measures_nothing:
                 return _configure_only(plan, options, tasks, engine, db, report, started)
+            clock, costs, no_time = call_clock(plan, options, tasks, engine, db, started)
+            if no_time:
+                return _configure_only(plan, options, tasks, engine, db, report, started, no_time)
             cost_model = CostModel(seed=options.seed)
             loop = TuningLoop(
-                tasks.tasks, plan.target, db, engine, cost_model, options.seed, _loop_config(options), report
+                tasks.tasks, plan.target, db, engine, cost_model, options.seed, _loop_config(options), report, costs
             )
             tuning_started = time.monotonic()
             warm_up(plan, loop, cost_model, db, report)
             transfer_seconds = time.monotonic() - tuning_started
-            stop_reason = loop.run(tasks.objectives, plan.task_objectives, tasks.budget_text)
+            stop_reason = loop.run(tasks.objectives, plan.task_objectives, tasks.budget_text, clock)
             report.line("re-measuring the best candidates and checking their results")
             loop.finalize()
             cost_model.save(plan.work_dir.cost_model)
@@ -132,7 +134,7 @@ def _run(plan: Plan, options: TuneOptions, started: float) -> TuneResult:
             }
             outcome = _outcome(built, loop.trials_done, seconds, stop_reason, options.scheduler)
             write_meta(db, outcome)
-            task_results = [_task_result(run, built, outcome.fell_back.get(run.task.name)) for run in loop.runs]
+            task_results = [task_result(run, built, outcome.fell_back.get(run.task.name)) for run in loop.runs]
             result = make_result(
                 plan, task_results, loop.ledger.as_dict(), built.artifact, outcome, time.monotonic() - started
             )
@@ -148,19 +150,23 @@ def _configure_only(
     db: TuningDatabase,
     report: Progress,
     started: float,
+    no_time: str | None = None,
 ) -> TuneResult:
-    """No trials: every kernel without a tuned schedule in the work dir compiled with its analytic one,
-    the model checked end to end and timed."""
-    report.line(f"{len(tasks.tasks)} kernels, no trials: their analytic schedules, none measured")
+    """No trials (or, ``no_time``, no time to measure any): every kernel without a tuned schedule in the
+    work dir compiled with its analytic one, the model checked end to end and timed."""
+    why = f"no time to measure ({no_time})" if no_time else "no trials"
+    report.line(f"{len(tasks.tasks)} kernels, {why}: their analytic schedules, none measured")
     compiling = time.monotonic()
     built = compile_and_time(
         engine, plan.workload, tasks.lowered, tasks.tasks, plan.target, plan.work_dir, db, report,
         options.verify, None, options.time_untuned,
     )  # fmt: skip
     seconds = {"start-up": compiling - started, **_compile_seconds(built, compiling)}
-    outcome = _outcome(built, 0, seconds, "no trials (trials=0)", options.scheduler)
+    outcome = _outcome(
+        built, 0, seconds, f"{no_time}: none measured" if no_time else "no trials (trials=0)", options.scheduler
+    )
     write_meta(db, outcome)
-    task_results = [_configured_task_result(task, built, outcome.fell_back.get(task.name)) for task in tasks.tasks]
+    task_results = [configured_task_result(task, built, outcome.fell_back.get(task.name)) for task in tasks.tasks]
     result = make_result(plan, task_results, {}, built.artifact, outcome, time.monotonic() - started)
     report.line(result.summary())
     return result
@@ -345,6 +351,23 @@ def _loop_config(options: TuneOptions) -> LoopConfig:
     )
 
 
+def call_clock(
+    plan: Plan, options: TuneOptions, tasks: Tasks, engine: Engine, db: TuningDatabase, started: float
+) -> tuple[CallClock, KernelCosts, str | None]:
+    """A time budget's clock, from the call; what a candidate of each kernel costs, as the work dir's earlier
+    runs measured it, else (a fresh work dir under a time budget) as measured on a few kernels now; and the
+    budget's reason where start-up and the compile phase already fill it: no time to measure anything."""
+    names = {db.kernel_id(task.mod, task.name): task.name for task in tasks.tasks}
+    costs = KernelCosts.from_database(db, str(plan.target), names)
+    timed = time_limit(tasks.objectives) is not None
+    estimate = CompileEstimate.of(plan.workload, tasks.tasks, engine, options.verify, options.time_untuned)
+    clock = CallClock(started, estimate)
+    if timed and not costs.known and not met(tasks.objectives, Spending(seconds=clock.elapsed())):
+        probe(engine, tasks.tasks, plan.target, costs)  # not where start-up alone used the budget
+    before_search = Spending(seconds=clock.elapsed(), reserved=reserve(0.0, clock.compile_seconds(costs, 0.0)))
+    return clock, costs, met(tasks.objectives, before_search) if timed else None
+
+
 # -- phase 4: what earlier runs give --------------------------------------------------------------
 def warm_up(plan: Plan, loop: TuningLoop, cost_model: CostModel, db: TuningDatabase, report: Progress) -> None:
     """Warm-start the cost model (cost_model_from) and seed the tasks (transfer_from)."""
@@ -385,52 +408,3 @@ def make_result(
     )
     result.description.save(artifact)
     return result
-
-
-def _task_result(run: TaskRun, built: BuiltModel, fell_back_because: str | None) -> TaskResult:
-    """A task's outcome: the schedule the model was built with (its best record, else its analytic
-    schedule), or none where it fell back to TVM's default."""
-    if run.best is None or fell_back_because:
-        return _configured_task_result(run.task, built, fell_back_because, run.trials)
-    return TaskResult(
-        name=run.task.name,
-        weight=run.task.weight,
-        flops=run.task.flops,
-        trials=run.trials,
-        best_latency=run.best.latency,
-        verified=run.best.verified,
-        schedule="\n".join(schedule_from_json(run.task.mod, run.best.trace).trace.as_python()),
-        bytes=msc.kernel_bytes(run.task.mod),
-        **_figure_fields(built, run.task.name),
-    )
-
-
-def _configured_task_result(
-    task: Task, built: BuiltModel, fell_back_because: str | None, trials: int = 0
-) -> TaskResult:
-    """A task built with its analytic schedule, or with TVM's default where it fell back."""
-    configured = built.configured.get(task.name)
-    return TaskResult(
-        name=task.name,
-        weight=task.weight,
-        flops=task.flops,
-        trials=trials,
-        best_latency=None,
-        verified=None,
-        schedule="\n".join(configured.sch.trace.as_python()) if configured else None,
-        bytes=msc.kernel_bytes(task.mod),
-        fell_back=None if configured else fell_back_because,
-        analytic=configured is not None,
-        **_figure_fields(built, task.name),
-    )
-
-
-def _figure_fields(built: BuiltModel, name: str) -> dict:
-    figures = built.figures.get(name) or KernelFigures()
-    return {
-        "predicted_latency": figures.predicted,
-        "analytic_latency": figures.analytic_measured,
-        "in_model_latency": figures.in_model,
-        "peak_gflops": figures.peak_gflops,
-        "tiled": figures.tiled,
-    }

@@ -1,13 +1,21 @@
-"""One build request to a build worker, its failures turned into results."""
+"""One build request to a build worker, its failures turned into results; how many build workers a machine takes."""
 
 from __future__ import annotations
 
+import os
+
 import tvm_ffi
 
+from common.host import available_memory_bytes
 from measure.types import BuildResult, MeasureInput, Status
 from measure.workers.worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
 
 REFERENCE_KEY = "reference"  # the key of the unscheduled function a candidate is verified against
+
+
+def default_build_workers() -> int:
+    memory_bound = max(1, available_memory_bytes() // (2 << 30))  # ~2 GiB per compiling worker
+    return max(1, min(os.cpu_count() or 1, memory_bound))
 
 
 def artifact_stem(item: MeasureInput) -> str:

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import tvm
 
-from common.host import available_memory_bytes
 from measure.contract import Engine, EngineConfig, device_kind, host_target
 from measure.cuda.compile_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode
 from measure.dop.controller import GPU_DEFAULT_MAX_DOP, DopController, DopDecision, relative_error
@@ -39,7 +38,7 @@ from measure.types import BuildResult, MeasureInput, MeasureResult, Status, Veri
 from measure.workers.env import CUDA_BUILD_ENV, RUN_DEVICE_ENV
 from measure.workers.worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
 
-from .building import REFERENCE_KEY, artifact_stem, build_with
+from .building import REFERENCE_KEY, artifact_stem, build_with, default_build_workers
 from .kept_builds import KeptBuilds, remove_artifact
 from .programs import WorkerPrograms
 from .runners import DeviceUnavailable, RunnerPool
@@ -49,11 +48,6 @@ __all__ = ["DeviceUnavailable", "EngineConfig", "MeasureEngine"]
 log = logging.getLogger("tensor_tuner.measure")
 _RUN_FAILURES = (Status.RUN_ERROR, Status.RUN_TIMEOUT, Status.RUN_CRASH)
 SERIAL_WINDOW = 4  # built candidates one measuring window takes when each is timed alone
-
-
-def default_build_workers() -> int:
-    memory_bound = max(1, available_memory_bytes() // (2 << 30))  # ~2 GiB per compiling worker
-    return max(1, min(os.cpu_count() or 1, memory_bound))
 
 
 class MeasureEngine(WorkerPrograms, Engine):
@@ -131,6 +125,10 @@ class MeasureEngine(WorkerPrograms, Engine):
         if self.monitor is not None:
             self.monitor.close()
         shutil.rmtree(self._artifact_dir, ignore_errors=True)
+
+    def process_start_seconds(self) -> float | None:
+        """The build workers' own start-up: they import TVM's compiler, as a process that runs a model does."""
+        return max((w.import_seconds for w in self._builders if w.import_seconds is not None), default=None)
 
     @property
     def worker_restarts(self) -> int:

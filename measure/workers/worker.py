@@ -82,6 +82,7 @@ class WorkerProcess:
         self.env = env or {}
         self.startup_timeout = startup_timeout
         self.startup_seconds: float | None = None
+        self.import_seconds: float | None = None  # the child's own count: its imports, before it was ready
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
         self._to_child: int | None = None
@@ -139,6 +140,7 @@ class WorkerProcess:
                 raise WorkerCrashed(f"{self.name} failed to start: {info}")
             self._ready = True
             self.startup_seconds = time.monotonic() - self._started_at
+            self.import_seconds = info.get("seconds") if isinstance(info, dict) else None
         return self.startup_seconds or 0.0
 
     def call(self, op: str, timeout: float | None, /, **kwargs: Any) -> Any:

@@ -82,8 +82,12 @@ def _add_objective_options(command: argparse.ArgumentParser) -> None:
     """Cost objectives: the run ends (or a task is dropped) when the first is met."""
     group = command.add_argument_group("stopping", "the run ends when the first of these (or --trials) is met")
     wall = group.add_mutually_exclusive_group()
-    wall.add_argument("--max-minutes", type=_positive_float, help="tuning wall time budget, in minutes")
-    wall.add_argument("--max-seconds", type=_positive_float, help="tuning wall time budget, in seconds")
+    wall.add_argument(
+        "--max-minutes",
+        type=_positive_float,
+        help="wall-clock budget of this command, in minutes: it ends within it, the final compile and check included",
+    )
+    wall.add_argument("--max-seconds", type=_positive_float, help="the same, in seconds")
     group.add_argument("--max-joules", type=_positive_float, help="energy budget (GPUs whose driver reports energy)")
     group.add_argument("--max-cost", type=_positive_float, help="money budget, with --price-per-hour")
     group.add_argument("--price-per-hour", type=_positive_float, help="what an hour of the device costs")

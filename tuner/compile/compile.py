@@ -19,7 +19,9 @@ from tuner.spaces.analytic import AnalyticSchedule, configure_kernel
 from tuner.tasks.extraction import Task
 from workloads import Workload
 
-_MODEL_TIMING = TimingConfig(min_repeats=5, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.1)
+MODEL_TIMING = TimingConfig(min_repeats=5, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.1)
+MODEL_TIMING_WINDOWS = 3
+IN_MODEL_RUNS = 10  # inferences each kernel's time inside the model is the median of (the report's)
 # TVM's default schedules can take minutes per call on a large model (a Llama layer): one
 # warm-up and as many samples as half a second affords, at least one.
 UNTUNED_TIMING = TimingConfig(min_repeats=1, max_repeats=30, budget_seconds=0.5, warmup_seconds=0.0)
@@ -123,8 +125,8 @@ def time_workload(
     engine: Engine,
     workload: Workload,
     artifact: Path,
-    timing: TimingConfig = _MODEL_TIMING,
-    windows: int = 3,
+    timing: TimingConfig = MODEL_TIMING,
+    windows: int = MODEL_TIMING_WINDOWS,
     timeout: float | None = None,
 ) -> float:
     """Median seconds per run of a compiled workload, timed in the measuring worker: the lowest of

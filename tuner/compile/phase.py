@@ -14,14 +14,22 @@ from measure.workers.worker import WorkerError, WorkerTimeout
 from tuner.database.database import TuningDatabase
 from tuner.database.workdir import WorkDir
 from tuner.progress import Progress
-from tuner.search.loop import tolerance
+from tuner.search.final_choice import tolerance
 from tuner.spaces.analytic import AnalyticSchedule
 from tuner.tasks.extraction import Task
 from workloads import Workload
 
 from .check import ModelCheck
 from .checked_build import CheckedBuild
-from .compile import UNTUNED_TIMEOUT_S, UNTUNED_TIMING, KernelChoice, choose_schedules, compile_workload, time_workload
+from .compile import (
+    IN_MODEL_RUNS,
+    UNTUNED_TIMEOUT_S,
+    UNTUNED_TIMING,
+    KernelChoice,
+    choose_schedules,
+    compile_workload,
+    time_workload,
+)
 from .figures import KernelFigures, kernel_figures
 
 
@@ -102,7 +110,6 @@ def compile_and_time(
     )
 
 
-IN_MODEL_RUNS = 10  # inferences each kernel's time inside the model is the median of
 PREPACKED_SUFFIX = "_prepacked"
 
 

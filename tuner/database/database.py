@@ -289,6 +289,12 @@ class TuningDatabase:
     def targets(self) -> list[str]:
         return [row[0] for row in self._conn.execute("SELECT DISTINCT target FROM records ORDER BY id")]
 
+    def measured_seconds(self, target: str) -> list[tuple[int, float | None, float | None]]:
+        """(kernel id, build seconds, run seconds) of each candidate that built and ran for ``target``."""
+        return self._conn.execute(
+            "SELECT workload_id, build_seconds, run_seconds FROM records WHERE target=? AND status='ok'", (target,)
+        ).fetchall()
+
     def elapsed_so_far(self) -> float:
         (value,) = self._conn.execute("SELECT MAX(elapsed) FROM records").fetchone()
         return float(value or 0.0)

@@ -55,7 +55,7 @@ def describe_budget(budget: Budget, objectives: Objectives) -> str:
             per_task += ")"
         parts.append(f"{objectives.trials} trials{per_task}")
     if objectives.seconds is not None:
-        parts.append(f"at most {format_seconds(objectives.seconds)} of tuning")
+        parts.append(f"at most {format_seconds(objectives.seconds)} in all (compile included)")
     if objectives.joules is not None:
         parts.append(f"at most {objectives.joules:g} J")
     if objectives.money is not None:

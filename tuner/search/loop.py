@@ -24,31 +24,26 @@ from costmodel import (
     RankQuality,
     rank_quality,
 )
-from measure import Engine, MeasureInput, TimingConfig, VerifyResult
-from tuner.database.database import Record, TuningDatabase
+from measure import Engine, MeasureInput, TimingConfig
+from tuner.database.database import TuningDatabase
 from tuner.database.workdir import FILTER_LEDGER_KEY, FILTER_STATE_KEY, stop_on_storage_failure
 from tuner.errors import TunerError
 from tuner.progress import Progress
-from tuner.spaces import metaschedule as msc
 from tuner.spaces.machine import MachineFacts
 from tuner.spaces.prediction import floor_seconds
 from tuner.targets import describe_target
 from tuner.tasks.extraction import Task
 from tuner.tasks.opclass import kernel_class
 
+from .final_choice import FinalChoice
 from .first_candidates import queue_first_candidates
-from .objectives import Objectives, Spending, check_measurable, met
+from .kernel_costs import KernelCosts
+from .objectives import Objectives, Spending, check_measurable, met, short_of_time, time_left, time_limit
 from .parallel import parallel_map
-from .retiming import retime
+from .reserve import OVERRUN, CallClock, reserve
 from .scheduler import TaskProgress, make_scheduler, task_kind
 from .task_run import TaskRun
 from .task_search import Candidate, SearchConfig, TaskSearch
-
-VERIFY_DEPTH = 2  # candidates checked at the end, at most, in multiples of those re-measured
-VERIFY_ATTEMPTS = 3  # tries at checking a candidate's output when the check itself fails to build or run
-# A task under this share of the model's estimated latency re-measures only its best candidate at the end: picking
-# its second-best instead could not change the model by more than timing noise does.
-MINOR_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -82,17 +77,6 @@ def auto_batch_size(budget: int | None, num_tasks: int) -> int:
     return int(min(64, max(8, math.ceil(per_task / 8))))
 
 
-def tolerance(mod: tvm.IRModule) -> float:
-    """Relative error allowed when comparing with the unscheduled function: reduction order differs,
-    and in a kernel that casts to a low precision inside, so does rounding (TVM keeps its unscheduled
-    bf16 buffers in fp32, where a built schedule whose micro-kernel reads them rounds)."""
-    func = mod["main"]
-    dtypes = {str(p.dtype) for p in func.params}
-    block = getattr(func.body, "block", None)
-    dtypes |= {str(buffer.dtype) for buffer in getattr(block, "alloc_buffers", ())}
-    return 1e-2 if dtypes & {"float16", "bfloat16"} else 1e-3
-
-
 class TuningLoop:
     def __init__(
         self,
@@ -104,6 +88,7 @@ class TuningLoop:
         seed: int = 1,
         config: LoopConfig | None = None,
         progress: Progress | None = None,
+        costs: KernelCosts | None = None,
     ):
         self.target = target
         self.target_key = str(target)
@@ -117,8 +102,17 @@ class TuningLoop:
         self.filter = CandidateFilter(self.config.filter)
         self.ledger = FilterLedger.from_dict(db.get_meta(FILTER_LEDGER_KEY, {}))
         self.filter.restore(db.get_meta(FILTER_STATE_KEY, {}))  # a resumed run keeps the trust it had earned
-        self.spent = Spending()  # the whole run's, counting earlier runs' trials and time
+        self.spent = Spending()  # the whole run's: earlier runs' trials, this call's time
         self.stop_reason: str | None = None
+        self.clock = CallClock(time.monotonic())  # run() takes the call's
+        self._time_limit: float | None = None  # seconds the call may last, from run()'s objectives
+        self._final_choice = FinalChoice(
+            db, engine, str(target), self.config.remeasure_top, self.config.final_timing, self.config.verify,
+            self.progress,
+        )  # fmt: skip
+        self._measure_seconds = 0.0  # this call's time measuring and the trials it measured; its last batch's rest
+        self._measured = 0
+        self._batch_overhead = 0.0
         self.phase_seconds: dict[str, float] = {"search": 0.0, "measure": 0.0, "cost model": 0.0, "final choice": 0.0}
         self._rng = np.random.default_rng(seed)
         self._successes = 0
@@ -129,8 +123,13 @@ class TuningLoop:
         features = CandidateFeatures()
         self.feature_width = features.width  # of the cost model's rows
         self.runs: list[TaskRun] = []
-        for index, task in enumerate(tasks):
-            kernel_id = db.kernel_id(task.mod, task.name)
+        kernel_ids = [db.kernel_id(task.mod, task.name) for task in tasks]
+        if costs is None:
+            costs = KernelCosts.from_database(
+                db, self.target_key, dict(zip(kernel_ids, (t.name for t in tasks), strict=True))
+            )
+        self.costs = costs
+        for index, (task, kernel_id) in enumerate(zip(tasks, kernel_ids, strict=True)):
             search = TaskSearch(
                 task.mod, target, seed + index, cost_model, features, group=str(kernel_id), config=self.config.search
             )
@@ -168,7 +167,7 @@ class TuningLoop:
         return sum(run.trials for run in self.runs)
 
     def elapsed(self) -> float:
-        """Tuning seconds of this work dir, counting earlier runs."""
+        """Tuning seconds of this work dir, counting earlier runs (each record's timestamp)."""
         return self._clock_offset + time.monotonic() - self._session_start
 
     def model_latency(self) -> float | None:
@@ -176,6 +175,18 @@ class TuningLoop:
         if any(run.progress.best is None for run in self.runs):
             return None
         return sum(run.task.weight * run.progress.best for run in self.runs)
+
+    def partial_latency(self) -> float:
+        """The model's latency estimated from the tasks measured so far, scaled up to all of them (0: none)."""
+        measured = [run.task.weight * run.progress.best for run in self.runs if run.progress.best is not None]
+        return sum(measured) * len(self.runs) / len(measured) if measured else 0.0
+
+    def reserve(self, next_run: TaskRun | None = None) -> float:
+        """Seconds to keep for after the search: the final choice of every task measured (and of
+        ``next_run``, about to be), and the compile phase."""
+        runs = [run for run in self.runs if run.progress.best is not None or run is next_run]
+        final = self._final_choice.seconds(runs, self.costs, self.model_latency())
+        return reserve(final, self.clock.compile_seconds(self.costs, self.partial_latency()))
 
     @contextlib.contextmanager
     def _phase(self, name: str):
@@ -200,12 +211,19 @@ class TuningLoop:
 
     # -- tuning ----------------------------------------------------------------------------------
     def run(
-        self, objectives: Objectives, task_objectives: Objectives | None = None, budget_text: str | None = None
+        self,
+        objectives: Objectives,
+        task_objectives: Objectives | None = None,
+        budget_text: str | None = None,
+        clock: CallClock | None = None,
     ) -> str:
-        """Tune until one of ``objectives`` is met for the whole run (trials and time count earlier
-        runs of this work dir), dropping tasks that meet ``task_objectives``; returns why it ended.
-        ``budget_text`` states the budget in the first progress line."""
+        """Tune until one of ``objectives`` is met for the whole run, dropping tasks that meet
+        ``task_objectives``; returns why it ended. Trials count earlier runs of this work dir; time and
+        money count from ``clock``'s start (default: now) with the reserve for after the search kept
+        (``tuner.search.reserve``). ``budget_text`` states the budget in the first progress line."""
         task_objectives = task_objectives or Objectives()
+        self.clock = clock or CallClock(time.monotonic())
+        self._time_limit = time_limit(objectives)
         for scope, objective in (("for the run", objectives), ("per task", task_objectives)):
             check_measurable(objective, self.engine.energy_measurable, scope)
         batch_size = self.config.batch_size or auto_batch_size(objectives.trials, len(self.runs))
@@ -214,11 +232,13 @@ class TuningLoop:
         )
         self.spent.trials = self.trials_done
         while True:
-            self.spent.seconds = self.elapsed()
+            index = self.scheduler.pick([run.progress for run in self.runs])
+            self.spent.seconds = self.clock.elapsed()
+            if self._time_limit is not None:
+                self.spent.reserved = self.reserve(self.runs[index] if index is not None else None)
             self.stop_reason = met(objectives, self.spent)
             if self.stop_reason:
                 break
-            index = self.scheduler.pick([run.progress for run in self.runs])
             if index is None:
                 self.stop_reason = (
                     "every task is finished (its search space exhausted, its objectives met, or too small a part "
@@ -226,6 +246,9 @@ class TuningLoop:
                 )
                 break
             limit = self._batch_limit(batch_size, objectives, task_objectives, self.runs[index])
+            if limit == 0:
+                self.stop_reason = short_of_time(objectives, self.spent)
+                break
             self._tune_batch(index, limit, task_objectives, objectives.trials)
         self.progress.line(f"stopped: {self.stop_reason}")
         return self.stop_reason
@@ -238,7 +261,19 @@ class TuningLoop:
             limit = min(limit, run_objectives.trials - self.trials_done)
         if task_objectives.trials:
             limit = min(limit, task_objectives.trials - run.progress.spent.trials)
-        return max(1, limit)
+        limit = max(1, limit)
+        left = time_left(run_objectives, self.spent)
+        per_trial = self._trial_seconds(run)
+        if left is not None and per_trial:  # what the time left affords: the batch's search and learning, its trials
+            limit = max(0, min(limit, int((left - self._batch_overhead) / per_trial)))
+        return limit
+
+    def _trial_seconds(self, run: TaskRun) -> float:
+        """Seconds measuring a trial takes, as this call's batches went; before the first, the task's
+        measured build and timing (as if built one at a time)."""
+        if self._measured:
+            return self._measure_seconds / self._measured
+        return self.costs.build(run.task.name) + self.costs.run(run.task.name)
 
     def _tune_batch(self, index: int, size: int, task_objectives: Objectives, budget: int | None) -> None:
         run = self.runs[index]
@@ -275,7 +310,8 @@ class TuningLoop:
         with self._phase("measure"):
             outcome = self._measure(run, measured)
         self._stop_if_nothing_works()
-        per_candidate = (time.monotonic() - measuring) / max(1, len(measured))
+        measure_seconds = time.monotonic() - measuring
+        per_candidate = measure_seconds / max(1, len(measured))
         joules_each = outcome.joules / len(measured) if outcome.joules is not None and measured else None
         self.ledger.add(decision, per_candidate, joules_each)
         quality = (
@@ -292,12 +328,15 @@ class TuningLoop:
             with self._phase("cost model"):
                 self.cost_model.update()
         run.progress.record_batch(len(measured), time.monotonic() - started, outcome.joules, outcome.best)
+        self._measure_seconds += measure_seconds
+        self._measured += len(measured)
         self.spent.add_batch(len(measured), 0.0, outcome.joules, self.model_latency())
         self._log_batch(run, decision, quality)
         reason = met(task_objectives, run.progress.spent)
+        left = self._time_limit - self.clock.elapsed() - self.spent.reserved if self._time_limit is not None else None
         self.progress.batch(
             index, len(self.runs), run.task.name, self.trials_done, budget, run.progress.best, run.task.flops,
-            self.model_latency(), self._filter_summary(decision, quality) + seeded,
+            self.model_latency(), self._filter_summary(decision, quality) + seeded, left,
         )  # fmt: skip
         activity = self.engine.activity()
         if activity:
@@ -305,6 +344,7 @@ class TuningLoop:
         if reason and run.progress.live:
             run.progress.stopped = reason
             self.progress.line(f"{run.task.name}: done ({reason})")
+        self._batch_overhead = time.monotonic() - started - measure_seconds  # the next batch's, as a guess
 
     def _filter_summary(self, decision: FilterDecision, quality: RankQuality) -> str:
         tau = f"  model tau {quality.tau:+.2f}" if quality.tau is not None else ""
@@ -355,6 +395,9 @@ class TuningLoop:
             )
             run.search.observe(candidate, result.latency)
             run.trials += 1
+            run.measured_here = True
+            if result.ok:
+                self.costs.observe(run.task.name, result.build_seconds, result.run_seconds)
             latencies[candidate.key] = result.latency
             if result.energy_j is not None:
                 joules = (joules or 0.0) + result.energy_j
@@ -377,53 +420,12 @@ class TuningLoop:
     # -- choosing the final schedules ------------------------------------------------------------
     def finalize(self) -> None:
         """Re-measure each task's top candidates with more repeats, then take the fastest one whose
-        output matches the unscheduled function's."""
+        output matches the unscheduled function's; under a time budget, within what is left of it once
+        the compile phase's estimate is kept (``FinalChoice``; its grace: ``OVERRUN`` of the budget)."""
         with self._phase("final choice"):
-            self._finalize()
-
-    def _finalize(self) -> None:
-        model = self.model_latency()
-        for run in self.runs:
-            minor = model and run.task.weight * run.progress.best < MINOR_SHARE * model
-            top = self.db.best(run.kernel_id, self.target_key, 1 if minor else self.config.remeasure_top)
-            if not top:
-                continue
-            schedules = {r.candidate: msc.schedule_from_json(run.task.mod, r.trace) for r in top}
-            records = {r.candidate: r for r in top}
-            inputs = [MeasureInput(key, sch.mod) for key, sch in schedules.items()]
-            tuned = {key: record.latency for key, record in records.items()}
-            for key, timed in retime(self.engine, inputs, tuned, self.config.final_timing, run.group):
-                self.db.add_samples(records[key].id, timed.samples, timed.discarded)
-            run.best = self._first_correct(run, schedules)
-            run.progress.best = run.best.latency if run.best else None
-
-    def _first_correct(self, run: TaskRun, schedules: dict) -> Record | None:
-        # past the re-measured top, the next fastest are checked too: a compiled model takes only a
-        # verified schedule, and a kernel whose top candidates are all wrong would keep TVM's default
-        for record in self.db.best(run.kernel_id, self.target_key, VERIFY_DEPTH * self.config.remeasure_top):
-            if not self.config.verify or record.verified:
-                return record
-            sch = schedules.get(record.candidate) or msc.schedule_from_json(run.task.mod, record.trace)
-            outcome = self._verify(run, sch.mod)
-            if outcome.ok is False:
-                self.db.set_verified(record.id, False, outcome.detail)
-                self.progress.line(
-                    f"{run.task.name}: candidate {record.candidate} gives wrong results ({outcome.detail}); skipped"
-                )
-                continue
-            if outcome.ok:
-                self.db.set_verified(record.id, True)
-                record.verified = True
-            else:
-                self.progress.line(f"{run.task.name}: could not verify the best candidate: {outcome.detail}")
-            return record
-        return None
-
-    def _verify(self, run: TaskRun, candidate: tvm.IRModule) -> VerifyResult:
-        # A build or run that fails while checking (a crashed compiler, a lost worker) says nothing about the
-        # candidate's answers, so it is tried again before the candidate is kept unverified.
-        for _ in range(VERIFY_ATTEMPTS):
-            outcome = self.engine.verify(run.task.mod, candidate, tolerance(run.task.mod), group=run.group)
-            if outcome.ok is not None or not outcome.worth_retrying:
-                break
-        return outcome
+            seconds, grace = None, 0.0
+            if self._time_limit is not None:
+                compile_seconds = self.clock.compile_seconds(self.costs, self.partial_latency())
+                seconds = max(0.0, self._time_limit - self.clock.elapsed() - compile_seconds)
+                grace = OVERRUN * self._time_limit
+            self._final_choice.choose(self.runs, self.costs, self.model_latency(), seconds, grace)

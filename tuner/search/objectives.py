@@ -1,6 +1,11 @@
 """Cost objectives that end tuning: a trial, wall-time, energy or money budget, and "no longer
 improving". The same rules apply to one task (the task is dropped) and to the whole model (the
 run ends); whichever is met first ends it, and the reason says which.
+
+For the whole run, time (and money, time at a price) is the call's wall clock: ``Spending.seconds``
+counts from the call and ``Spending.reserved`` is what the run keeps for after its search (the final
+choice, the compile; ``tuner.search.reserve``), so the search ends while the call can still return in
+time.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class Spending:
     seconds: float = 0.0
     joules: float = 0.0
     history: list[float | None] = field(default_factory=list)  # best latency after each batch
+    reserved: float = 0.0  # seconds still to come after the search; counted against time and money
 
     def add_batch(self, trials: int, seconds: float, joules: float | None, best: float | None) -> None:
         self.trials += trials
@@ -59,15 +65,40 @@ class Spending:
 
 
 def money_spent(spending: Spending, price_per_hour: float) -> float:
-    return spending.seconds / 3600.0 * price_per_hour
+    return (spending.seconds + spending.reserved) / 3600.0 * price_per_hour
+
+
+def time_limit(objectives: Objectives) -> float | None:
+    """The seconds a run may last under its time and money budgets; None where neither is set."""
+    limits = [objectives.seconds] if objectives.seconds is not None else []
+    if objectives.money is not None:
+        limits.append(objectives.money / objectives.price_per_hour * 3600.0)
+    return min(limits, default=None)
+
+
+def time_left(objectives: Objectives, spent: Spending) -> float | None:
+    """Seconds of the time (or money) budget left to search, the reserve kept; None without such a budget."""
+    limit = time_limit(objectives)
+    return None if limit is None else limit - spent.seconds - spent.reserved
+
+
+def short_of_time(objectives: Objectives, spent: Spending) -> str:
+    """Why a run ends just short of its time (or money) budget: what is left would not hold another batch."""
+    limit = time_limit(objectives)
+    budget = "time" if limit == objectives.seconds else "money"
+    return (
+        f"{budget} budget: {spent.seconds:.0f} s of {limit:.0f} s, {spent.reserved:.0f} s kept for the final compile, "
+        "too little left for another batch"
+    )
 
 
 def met(objectives: Objectives, spent: Spending) -> str | None:
     """The first objective ``spent`` has reached, as a reason for the log and the report; None if none."""
     if objectives.trials is not None and spent.trials >= objectives.trials:
         return f"trial budget: {spent.trials} of {objectives.trials} trials measured"
-    if objectives.seconds is not None and spent.seconds >= objectives.seconds:
-        return f"time budget: {spent.seconds:.0f} s of {objectives.seconds:.0f} s spent"
+    if objectives.seconds is not None and spent.seconds + spent.reserved >= objectives.seconds:
+        kept = f", {spent.reserved:.0f} s kept for the final compile" if spent.reserved else " spent"
+        return f"time budget: {spent.seconds:.0f} s of {objectives.seconds:.0f} s{kept}"
     if objectives.joules is not None and spent.joules >= objectives.joules:
         return f"energy budget: {spent.joules:.0f} J of {objectives.joules:.0f} J spent"
     if objectives.money is not None:

@@ -22,6 +22,7 @@ class TaskRun:
     trials: int = 0
     best: Record | None = None
     sibling_seeded: bool = False  # its siblings' schedules were offered before its first batch
+    measured_here: bool = False  # candidates measured in this process: the engine keeps its fastest builds
 
     @property
     def group(self) -> str:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import tvm
 from tvm.s_tir import Schedule
-from tvm.s_tir.schedule import Trace
+from tvm.s_tir.schedule import ScheduleError, Trace
 
 from . import metaschedule as msc
 from .machine import MachineFacts
@@ -270,7 +270,7 @@ def analytic_schedule(
     """The kernel's analytic schedule in the first of its design spaces that takes it, postprocessed;
     None where none does. Spaces whose epilogue (or write cache) is computed deepest inside the tiles come
     first: written while its block is still in cache, not in a pass of its own over the whole output."""
-    for space in sorted(spaces, key=_fusion_depth, reverse=True):
+    for space in _by_fusion(mod, spaces):
         insts = list(space.trace.insts)
         blocks = tiled_blocks(mod, space) if facts is not None else []
         plans = tuple(plan_block(block, facts) for block in blocks)
@@ -287,7 +287,7 @@ def analytic_candidates(
     """Up to ``count`` schedules around the analytic point, the analytic schedule first (AutoConfig's
     "dynamic measurement" as a few-shot search): the next design space's analytic schedule (the
     epilogue fused elsewhere), then the plan one step each way (``neighbour_plans``)."""
-    ordered = sorted(spaces, key=_fusion_depth, reverse=True)
+    ordered = _by_fusion(mod, spaces)
     found: list[tuple[Schedule, AnalyticSchedule]] = []
     for space in ordered:
         configured = analytic_schedule(mod, [space], postprocs, facts)
@@ -363,6 +363,37 @@ def _step(plan: BlockPlan, step: tuple[str, int, int], facts: MachineFacts | Non
         if facts is not None and accumulators > facts.registers.max_accumulators:
             return None
     return BlockPlan({**plan.factors, loop.index: factors}, accumulators, run, plan.tasks, plan.loops)
+
+
+def _by_fusion(mod: tvm.IRModule, spaces: Sequence[Schedule]) -> list[Schedule]:
+    """The design spaces, the one whose epilogue is computed deepest inside the tiles first; the shallowest
+    first where an epilogue writes more than the product computes (a pad after a convolution): TVM 0.27
+    computes such an epilogue at the product's tiles over the product's region only, leaving the rest of
+    its output unwritten (ConvThenPad in tests/test_never_wrong.py)."""
+    return sorted(spaces, key=_fusion_depth, reverse=_epilogues_within_product(mod))
+
+
+def _epilogues_within_product(mod: tvm.IRModule) -> bool:
+    """Whether every consumer of a product (a block with a reduction) spans no more points than the
+    product's spatial loops."""
+    sch = Schedule(mod)
+
+    def points(block, kind) -> int:
+        extents = [v.dom.extent for v in block.iter_vars if v.iter_type == kind]
+        return math.prod(int(e) if isinstance(e, tvm.tirx.IntImm) else 1 << 30 for e in extents)
+
+    spatial, reduction = tvm.tirx.IterVar.DataPar, tvm.tirx.IterVar.CommReduce
+    try:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except ScheduleError:  # no block named root (an extern kernel, one opaque block): no product either
+        return True
+    for block_rv in blocks:
+        block = sch.get(block_rv)
+        if points(block, reduction) == 1:
+            continue
+        if any(points(sch.get(consumer), spatial) > points(block, spatial) for consumer in sch.get_consumers(block_rv)):
+            return False
+    return True
 
 
 def _fusion_depth(space: Schedule) -> int:

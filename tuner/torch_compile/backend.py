@@ -57,8 +57,9 @@ def default_cache_dir() -> Path:
 class BackendOptions:
     """``torch.compile``'s ``options`` for this backend, named as ``tune()`` names them.
 
-    ``trials`` (in total) or ``trials_per_task`` set the trial budget, ``max_minutes`` a time budget
-    (whichever is met first ends the tuning); with none of them a graph gets ``tune()``'s default
+    ``trials`` (in total) or ``trials_per_task`` set the trial budget, ``max_minutes`` a time budget per
+    graph, its compile included (whichever is met first ends the tuning); with none of them a graph gets
+    ``tune()``'s default
     budget. ``dtype`` is ``tune()``'s (``"float16"``, ``"bfloat16"``); ``progress=False``
     keeps the tuning quiet (a graph that runs in PyTorch is still said)."""
 

@@ -1,0 +1,75 @@
+"""A time budget is the call's wall clock: what a run keeps back for after its search, estimated from the costs
+it measured (tuner.search.reserve), and how the budget's objectives read it."""
+
+import pytest
+
+from measure import TimingConfig
+from tuner.compile.compile import IN_MODEL_RUNS
+from tuner.compile.estimate import AGAINST_UNTUNED, NO_CHECK, CompileEstimate, timing_seconds
+from tuner.search.final_choice import check_seconds, task_seconds
+from tuner.search.kernel_costs import KernelCosts
+from tuner.search.objectives import Objectives, Spending, met, short_of_time, time_left, time_limit
+from tuner.search.reserve import MARGIN, reserve
+
+
+def _costs() -> KernelCosts:
+    costs = KernelCosts()
+    for build, run in ((1.0, 0.1), (3.0, 0.3), (2.0, 0.2)):
+        costs.observe("conv", build, run)
+    costs.observe("add", 0.2, 0.04)
+    costs.observe("add", 0.0, 0.0)  # a failed build: no cost to learn from
+    return costs
+
+
+def test_a_kernel_costs_its_median_and_one_not_measured_the_mean_over_kernels():
+    costs = _costs()
+    assert (costs.build("conv"), costs.run("conv"), costs.build("add")) == (2.0, 0.2, 0.2)
+    assert costs.build("pool") == costs.build() == pytest.approx((2.0 + 0.2) / 2)  # over kernels, not builds
+    assert costs.run() == pytest.approx((0.2 + 0.04) / 2)
+    assert not KernelCosts().known and KernelCosts().build("conv") == 0.0
+
+
+def test_a_tasks_final_choice_re_times_its_top_and_checks_its_best():
+    costs, timing = _costs(), TimingConfig(budget_seconds=0.25)
+    check = check_seconds(costs, "conv")
+    assert check == pytest.approx(2.0 + 2 * 0.2)  # the candidate built and run, the unscheduled kernel run
+    assert task_seconds(costs, "conv", 1, timing, rebuilt=False, verified=True) == pytest.approx(0.2 + 0.25)
+    # resumed: the top five's libraries are an earlier process's, so built again; its best not checked yet
+    resumed = task_seconds(costs, "conv", 5, timing, rebuilt=True, verified=False)
+    assert resumed == pytest.approx(5 * (0.2 + 0.25 + 2.0) + check)
+
+
+def test_the_compile_phase_is_its_kernels_builds_a_fresh_process_and_the_timing_windows():
+    costs = _costs()  # builds: conv 2.0 s, add 0.2 s
+    load = costs.run()
+    timing = timing_seconds(0.01, load)
+    assert timing == pytest.approx(3 * (load + 0.1 + 0.01 + 30 * 0.01))  # 30 calls of 10 ms end a window first
+    assert timing_seconds(1e-4, 0.0) == pytest.approx(3 * (0.1 + 1e-4 + 30 * 1e-3))  # samples of 1 ms at least
+    assert timing_seconds(1.0, 0.0) == pytest.approx(3 * (0.1 + 1.0 + 5 * 1.0))  # a slow model: 5 calls a window
+    model = CompileEstimate(["conv", "add"], lambda: 4.0)
+    against_framework = model(costs, 0.01)
+    in_model = (IN_MODEL_RUNS + 1) * 0.01  # each kernel timed inside the model, for the report
+    assert against_framework == pytest.approx(2.2 + timing + in_model + 4.0 + 0.01)
+    untuned = CompileEstimate(["conv", "add"], lambda: 4.0, check=AGAINST_UNTUNED)(costs, 0.01)
+    assert untuned == pytest.approx(against_framework + 2.2 + 4.0 + 0.01)  # the untuned build compiled and run too
+    unchecked = CompileEstimate(["conv", "add"], lambda: None, check=NO_CHECK)(costs, 0.01)
+    assert unchecked == pytest.approx(2.2 + timing + in_model)
+    assert CompileEstimate(["conv", "add"], lambda: None)(costs, 0.01) == pytest.approx(2.2 + timing + in_model + 0.01)
+    kernel = CompileEstimate(["conv"], lambda: 4.0, model=False)(costs, 0.01)
+    assert kernel == pytest.approx(2.0 + timing + check_seconds(costs, "conv"))  # checked alone, no process
+
+
+def test_the_budget_counts_the_reserve_and_says_so():
+    assert reserve(10.0, 20.0) == pytest.approx(MARGIN * 30.0)
+    budget = Objectives(seconds=180)
+    spent = Spending(seconds=150.0, reserved=25.0)
+    assert met(budget, spent) is None and time_left(budget, spent) == pytest.approx(5.0)
+    assert short_of_time(budget, spent) == (
+        "time budget: 150 s of 180 s, 25 s kept for the final compile, too little left for another batch"
+    )
+    spent.seconds = 160.0
+    assert met(budget, spent) == "time budget: 160 s of 180 s, 25 s kept for the final compile"
+    money = Objectives(money=0.05, price_per_hour=1.0)  # 180 s of device time
+    assert time_limit(money) == pytest.approx(180.0) and met(money, spent).startswith("money budget")
+    assert time_limit(Objectives(seconds=180, money=0.05, price_per_hour=2.0)) == pytest.approx(90.0)
+    assert time_limit(Objectives(trials=10)) is None and time_left(Objectives(trials=10), spent) is None
