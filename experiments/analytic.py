@@ -140,49 +140,24 @@ def main() -> None:
         print(json.dumps(out, default=str))
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    runs, script, records, rows = args.out / "runs", Path(__file__), [], []
+    kept = args.out / "analytic.json"
+    records = [r for r in (json.loads(kept.read_text()) if kept.exists() else []) if r["model"] not in args.models]
+    earlier = f" (rows of {', '.join(r['model'] for r in records)}: an earlier command's)" if records else ""
+    for model in args.models:  # a rerun of some models keeps the others' records
+        records.append(_measure_model(model, args))
+        row = _table_row(records[-1], args.tuned_per_task)
+        print(markdown_table([row], list(row)), flush=True)
+    kept.write_text(json.dumps(records, indent=1, default=str))
+    rows = [_table_row(record, args.tuned_per_task) for record in records]
+    columns = list(dict.fromkeys(c for row in rows for c in row))  # as the rows name them: _COLUMNS first
     kernel_rows, accuracy_rows = [], []
-    for model in args.models:
-        zero_dir = runs / f"{model}-0"
-        zero = run_step(script, ["--step", "zero", model, str(zero_dir)], args.out / f"{model}-0.log")
-        builds = [f"trials=0={zero['artifact']}"]
-        few = {}
-        for per_task in args.few_shot:
-            few[per_task] = run_step(
-                script,
-                ["--step", "tuned", model, str(runs / f"{model}-few{per_task}"), str(per_task)],
-                args.out / f"{model}-few{per_task}.log",
-            )
-            builds.append(f"{per_task}/kernel={few[per_task]['artifact']}")
-        tuned = None
-        if args.tuned_per_task:
-            tuned_dir = runs / f"{model}-{args.tuned_per_task}"
-            tuned = run_step(
-                script, ["--step", "tuned", model, str(tuned_dir), str(args.tuned_per_task)], args.out / f"{model}.log"
-            )
-            builds.append(f"tuned {args.tuned_per_task}/kernel={tuned['artifact']}")
-        timed = {}
-        for index, build in enumerate(builds):
-            beside = run_step(script, ["--step", "side", model, build], args.out / f"{model}-side{index}.log")
-            label = build.rpartition("=")[0]
-            anchor = beside["ONNX Runtime"]["ms"] if beside.get("ONNX Runtime", {}).get("ms") else None
-            timed[label] = {**beside[label], "onnx_runtime_ratio": beside[label]["ms"] / anchor if anchor else None}
-            for name, value in beside.items():  # the other runtimes, from the trials=0 build's process
-                if index == 0 and name != label and isinstance(value, dict):
-                    timed[name] = value
-        records.append({"model": model, "zero": zero, "few_shot": few, "tuned": tuned, "side_by_side": timed})
-        rows.append({**_row(model, zero, tuned, timed, args.tuned_per_task), **_few_columns(few, timed, zero, tuned)})
-        searched = [run for run in (*few.values(), tuned) if run]  # each measured the analytic schedules alone
-        kernel_rows.extend(_kernel_rows(model, zero, searched))
-        accuracy_rows.append(_accuracy(model, zero, searched))
-        print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
-    (args.out / "analytic.json").write_text(json.dumps(records, indent=1, default=str))
-    columns = sorted(
-        {c for row in rows for c in row}, key=lambda c: (c not in _COLUMNS, _COLUMNS.index(c) if c in _COLUMNS else 0)
-    )
+    for record in records:
+        searched = [run for run in (*record["few_shot"].values(), record["tuned"]) if run]  # measured them alone
+        kernel_rows.extend(_kernel_rows(record["model"], record["zero"], searched))
+        accuracy_rows.append(_accuracy(record["model"], record["zero"], searched))
     (args.out / "analytic.md").write_text(
         f"# No trials against tuned and against other runtimes\n\n{cpu_model()}, {args.threads} threads, "
-        f"{args.rounds} interleaved rounds; `{' '.join(sys.argv)}`\n\n{markdown_table(rows, columns)}\n\n"
+        f"{args.rounds} interleaved rounds; `{' '.join(sys.argv)}`{earlier}\n\n{markdown_table(rows, columns)}\n\n"
         f"## The analytic model's predictions (products: predicted within {PREDICTION_WITHIN:.0%})\n\n"
         f"{markdown_table(accuracy_rows, list(accuracy_rows[0]))}\n"
     )
@@ -190,6 +165,45 @@ def main() -> None:
         f"# Per kernel: predicted, measured, fraction of peak\n\n{cpu_model()}; `{' '.join(sys.argv)}`\n\n"
         f"{markdown_table(kernel_rows, list(kernel_rows[0]))}\n"
     )
+
+
+def _measure_model(model: str, args: argparse.Namespace) -> dict:
+    """One model's builds (trials=0, few-shot, tuned), each timed in a process of its own beside the other
+    runtimes."""
+    runs, script = args.out / "runs", Path(__file__)
+    zero = run_step(script, ["--step", "zero", model, str(runs / f"{model}-0")], args.out / f"{model}-0.log")
+    builds = [f"trials=0={zero['artifact']}"]
+    few = {}
+    for per_task in args.few_shot:
+        few[per_task] = run_step(
+            script,
+            ["--step", "tuned", model, str(runs / f"{model}-few{per_task}"), str(per_task)],
+            args.out / f"{model}-few{per_task}.log",
+        )
+        builds.append(f"{per_task}/kernel={few[per_task]['artifact']}")
+    tuned = None
+    if args.tuned_per_task:
+        tuned_dir = runs / f"{model}-{args.tuned_per_task}"
+        tuned = run_step(
+            script, ["--step", "tuned", model, str(tuned_dir), str(args.tuned_per_task)], args.out / f"{model}.log"
+        )
+        builds.append(f"tuned {args.tuned_per_task}/kernel={tuned['artifact']}")
+    timed = {}
+    for index, build in enumerate(builds):
+        beside = run_step(script, ["--step", "side", model, build], args.out / f"{model}-side{index}.log")
+        label = build.rpartition("=")[0]
+        anchor = beside["ONNX Runtime"]["ms"] if beside.get("ONNX Runtime", {}).get("ms") else None
+        timed[label] = {**beside[label], "onnx_runtime_ratio": beside[label]["ms"] / anchor if anchor else None}
+        for name, value in beside.items():  # the other runtimes, from the trials=0 build's process
+            if index == 0 and name != label and isinstance(value, dict):
+                timed[name] = value
+    return {"model": model, "zero": zero, "few_shot": few, "tuned": tuned, "side_by_side": timed}
+
+
+def _table_row(record: dict, per_task: int | None) -> dict:
+    model, zero, tuned, timed = record["model"], record["zero"], record["tuned"], record["side_by_side"]
+    few = {int(k): v for k, v in record["few_shot"].items()}
+    return {**_row(model, zero, tuned, timed, per_task), **_few_columns(few, timed, zero, tuned)}
 
 
 def _row(model: str, zero: dict, tuned: dict | None, timed: dict, per_task: int | None) -> dict:
