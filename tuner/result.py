@@ -86,7 +86,7 @@ class TuneResult:
 
     @property
     def predicted_latency(self) -> float | None:
-        """Seconds per run by the analytic model, where every kernel was built with its analytic schedule."""
+        """Seconds per run by the analytic model of every kernel with its analytic schedule (what trials=0 gives)."""
         if not self.tasks or any(task.predicted_latency is None for task in self.tasks):
             return None
         return sum(task.weight * task.predicted_latency for task in self.tasks)
@@ -162,7 +162,11 @@ class TuneResult:
         elif self.latency_after is not None:
             lines.append(f"latency {format_latency(self.latency_after)} tuned (untuned not timed: time_untuned=True)")
         if self.predicted_latency is not None:
-            lines.append(f"the analytic model predicted {format_latency(self.predicted_latency)}")
+            searched = any(not task.analytic for task in self.tasks)
+            lines.append(
+                f"the analytic model predicted {format_latency(self.predicted_latency)}"
+                + (" for the analytic schedules (what trials=0 gives)" if searched else "")
+            )
         for task in self.tasks:
             lines.append(f"  {task.name} x{task.weight}: {_task_line(task)}")
         lines.append(f"artifact {self.artifact_path}  database {self.database_path}")
