@@ -12,7 +12,7 @@ import tvm
 
 from common.target_kind import is_cuda
 from tuner.compile.check import ModelCheck
-from tuner.compile.figures import KernelFigures
+from tuner.compile.figures import KernelFigures, fraction_of_peak
 from tuner.compile.phase import BuiltModel
 from tuner.runtime.compiled_model import CompiledModel, ModelDescription
 from tuner.search.task_run import TaskRun
@@ -50,10 +50,7 @@ class TaskResult:
     @property
     def fraction_of_peak(self) -> float | None:
         """Its FLOPs at its precision's peak over its time (tuned alone, else inside the model)."""
-        latency = self.best_latency or self.in_model_latency
-        if not (latency and self.flops and self.peak_gflops):
-            return None
-        return self.flops / latency / 1e9 / self.peak_gflops
+        return fraction_of_peak(self.flops, self.best_latency or self.in_model_latency, self.peak_gflops)
 
     @property
     def gbs(self) -> float | None:

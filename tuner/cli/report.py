@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from measure.timing.sampling import relative_spread
+from tuner.compile.figures import fraction_of_peak
 from tuner.database.database import Record, TuningDatabase
 from tuner.database.workdir import FILTER_LEDGER_KEY, JobRecord, ResultRecord, TransferRecord, WorkDir, read_meta
 from tuner.errors import TunerError
@@ -151,11 +152,10 @@ def _figures_cells(figures: dict | None, flops: float, best: Record | None) -> s
     """Predicted, analytic measured, in the model, and the fraction of peak (of the best latency alone,
     else of the time inside the model), as table cells; "-" where unknown."""
     figures = figures or {}
-    latency = best.latency if best else figures.get("in_model")
-    peak = figures.get("peak_gflops")
-    fraction = f"{flops / latency / 1e9 / peak:.0%}" if latency and flops and peak else "-"
+    fraction = fraction_of_peak(flops, best.latency if best else figures.get("in_model"), figures.get("peak_gflops"))
     seconds = [figures.get(key) for key in ("predicted", "analytic_measured", "in_model")]
-    return " | ".join([*(format_latency(value) if value else "-" for value in seconds), fraction])
+    cells = [format_latency(value) if value else "-" for value in seconds]
+    return " | ".join([*cells, f"{fraction:.0%}" if fraction is not None else "-"])
 
 
 def _quality_summary(work_dir: WorkDir) -> list[str]:

@@ -27,6 +27,13 @@ class KernelFigures:
         return asdict(self)
 
 
+def fraction_of_peak(flops: float, latency: float | None, peak_gflops: float | None) -> float | None:
+    """A kernel's FLOPs per second over its precision's peak; None where any of them is unknown."""
+    if not (latency and flops and peak_gflops):
+        return None
+    return flops / latency / 1e9 / peak_gflops
+
+
 def kernel_figures(
     tasks: list[Task],
     db: TuningDatabase,

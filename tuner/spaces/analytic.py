@@ -271,13 +271,9 @@ def analytic_schedule(
     None where none does. Spaces whose epilogue (or write cache) is computed deepest inside the tiles come
     first: written while its block is still in cache, not in a pass of its own over the whole output."""
     for space in _by_fusion(mod, spaces):
-        insts = list(space.trace.insts)
-        blocks = tiled_blocks(mod, space) if facts is not None else []
-        plans = tuple(plan_block(block, facts) for block in blocks)
-        draw = AnalyticDraw(plans, tile_roles(insts))
-        sch = msc.replay(mod, Trace(insts, {}), ANALYTIC_SEED, postprocs, decide=lambda _sch, draw=draw: draw)
-        if sch is not None:
-            return AnalyticSchedule(sch, plans)
+        configured = _configure_in(mod, space, postprocs, facts)
+        if configured is not None:
+            return configured
     return None
 
 
@@ -287,10 +283,9 @@ def analytic_candidates(
     """Up to ``count`` schedules around the analytic point, the analytic schedule first (AutoConfig's
     "dynamic measurement" as a few-shot search): the next design space's analytic schedule (the
     epilogue fused elsewhere), then the plan one step each way (``neighbour_plans``)."""
-    ordered = _by_fusion(mod, spaces)
     found: list[tuple[Schedule, AnalyticSchedule]] = []
-    for space in ordered:
-        configured = analytic_schedule(mod, [space], postprocs, facts)
+    for space in _by_fusion(mod, spaces):
+        configured = _configure_in(mod, space, postprocs, facts)
         if configured is not None:
             found.append((space, configured))
         if len(found) == 2:
@@ -299,15 +294,31 @@ def analytic_candidates(
         return []
     chosen: list[AnalyticSchedule] = [configured for _, configured in found]
     space, first = found[0]
-    roles = tile_roles(list(space.trace.insts))
     for plans in neighbour_plans(first.plans, facts):
         if len(chosen) >= count:
             break
-        draw = AnalyticDraw(plans, roles)
-        sch = msc.replay(mod, Trace(list(space.trace.insts), {}), ANALYTIC_SEED, postprocs, decide=lambda _s, d=draw: d)
+        sch = _replay_plans(mod, space, plans, postprocs)
         if sch is not None:
             chosen.append(AnalyticSchedule(sch, plans))
     return chosen[:count]
+
+
+def _configure_in(
+    mod: tvm.IRModule, space: Schedule, postprocs: Sequence, facts: MachineFacts | None
+) -> AnalyticSchedule | None:
+    """The analytic schedule of ``mod`` in one design space; None where the space does not take it."""
+    plans = tuple(plan_block(block, facts) for block in tiled_blocks(mod, space)) if facts is not None else ()
+    sch = _replay_plans(mod, space, plans, postprocs)
+    return AnalyticSchedule(sch, plans) if sch is not None else None
+
+
+def _replay_plans(
+    mod: tvm.IRModule, space: Schedule, plans: Sequence[BlockPlan], postprocs: Sequence
+) -> Schedule | None:
+    """``space`` replayed on ``mod`` with the plans' factors (``AnalyticDraw``), postprocessed."""
+    insts = list(space.trace.insts)
+    draw = AnalyticDraw(plans, tile_roles(insts))
+    return msc.replay(mod, Trace(insts, {}), ANALYTIC_SEED, postprocs, decide=lambda _sch: draw)
 
 
 # One step each way from the analytic plan, most promising first: (loop's role, from level, to level),
