@@ -62,12 +62,25 @@ def _kernels(result) -> list[dict]:
     ]
 
 
-def step_zero(model: str, work_dir: Path) -> dict:
+def _model(name: str) -> tuple[object, dict, float]:
+    """What a user would pass ``tune()`` for ``name`` (a zoo name, or a Hugging Face model of
+    workloads/hf_models.py built first, as a user's own module would be), and when the clock starts:
+    before ``import tuner``, after the user's module exists."""
+    from workloads.hf_models import HF_MODELS
+
+    if name not in HF_MODELS:
+        return name, {}, STARTED
+    module, inputs = HF_MODELS[name]()
+    return module, {"example_inputs": inputs}, time.monotonic()
+
+
+def step_zero(model: str, work_dir: Path, target: str) -> dict:
+    subject, keywords, started = _model(model)
     from tuner import tune
 
-    result = tune(model, trials=0, work_dir=work_dir, progress=False)
+    result = tune(subject, target=target, trials=0, work_dir=work_dir, progress=False, **keywords)
     return {
-        "wall_s": time.monotonic() - STARTED,
+        "wall_s": time.monotonic() - started,
         "latency_ms": result.latency_after * 1e3,
         "predicted_ms": result.predicted_latency * 1e3 if result.predicted_latency else None,
         "error": result.check.error if result.check else None,
@@ -77,10 +90,11 @@ def step_zero(model: str, work_dir: Path) -> dict:
     }
 
 
-def step_tuned(model: str, work_dir: Path, per_task: int) -> dict:
+def step_tuned(model: str, work_dir: Path, target: str, per_task: int) -> dict:
+    subject, keywords, _ = _model(model)
     from tuner import tune
 
-    result = tune(model, trials_per_task=per_task, work_dir=work_dir, progress=False)
+    result = tune(subject, target=target, trials_per_task=per_task, work_dir=work_dir, progress=False, **keywords)
     return {
         "latency_ms": result.latency_after * 1e3,
         "tuning_min": sum(v for k, v in result.seconds.items() if k not in ("start-up",)) / 60,
@@ -127,24 +141,28 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("experiments/results/analytic"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument(
+        "--target", default="llvm", help="what to compile for, e.g. 'llvm -mcpu=haswell' for an AVX2 machine's code"
+    )
     parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step:
         kind, model, *rest = args.step
         if kind == "zero":
-            out = step_zero(model, Path(rest[0]))
+            out = step_zero(model, Path(rest[0]), args.target)
         elif kind == "tuned":
-            out = step_tuned(model, Path(rest[0]), int(rest[1]))
+            out = step_tuned(model, Path(rest[0]), args.target, int(rest[1]))
         else:
             out = step_side_by_side(model, rest, args.threads, args.rounds)
         print(json.dumps(out, default=str))
         return
     args.out.mkdir(parents=True, exist_ok=True)
     kept = args.out / "analytic.json"
-    records = [r for r in (json.loads(kept.read_text()) if kept.exists() else []) if r["model"] not in args.models]
+    labels = [_label(model, args.target) for model in args.models]
+    records = [r for r in (json.loads(kept.read_text()) if kept.exists() else []) if r["model"] not in labels]
     earlier = f" (rows of {', '.join(r['model'] for r in records)}: an earlier command's)" if records else ""
     for model in args.models:  # a rerun of some models keeps the others' records
-        records.append(_measure_model(model, args))
+        records.append({**_measure_model(model, args), "model": _label(model, args.target)})
         row = _table_row(records[-1], args.tuned_per_task)
         print(markdown_table([row], list(row)), flush=True)
     kept.write_text(json.dumps(records, indent=1, default=str))
@@ -167,17 +185,25 @@ def main() -> None:
     )
 
 
+def _label(model: str, target: str) -> str:
+    """A model's row: its name, and the target where it is not this CPU's own."""
+    return model if target == "llvm" else f"{model} @ {target}"
+
+
 def _measure_model(model: str, args: argparse.Namespace) -> dict:
     """One model's builds (trials=0, few-shot, tuned), each timed in a process of its own beside the other
     runtimes."""
     runs, script = args.out / "runs", Path(__file__)
-    zero = run_step(script, ["--step", "zero", model, str(runs / f"{model}-0")], args.out / f"{model}-0.log")
+    if args.target != "llvm":  # its own work dirs and logs
+        runs = runs / args.target.replace(" ", "").replace("-", "_")
+    target = ["--target", args.target]
+    zero = run_step(script, [*target, "--step", "zero", model, str(runs / f"{model}-0")], args.out / f"{model}-0.log")
     builds = [f"trials=0={zero['artifact']}"]
     few = {}
     for per_task in args.few_shot:
         few[per_task] = run_step(
             script,
-            ["--step", "tuned", model, str(runs / f"{model}-few{per_task}"), str(per_task)],
+            [*target, "--step", "tuned", model, str(runs / f"{model}-few{per_task}"), str(per_task)],
             args.out / f"{model}-few{per_task}.log",
         )
         builds.append(f"{per_task}/kernel={few[per_task]['artifact']}")
@@ -185,7 +211,9 @@ def _measure_model(model: str, args: argparse.Namespace) -> dict:
     if args.tuned_per_task:
         tuned_dir = runs / f"{model}-{args.tuned_per_task}"
         tuned = run_step(
-            script, ["--step", "tuned", model, str(tuned_dir), str(args.tuned_per_task)], args.out / f"{model}.log"
+            script,
+            [*target, "--step", "tuned", model, str(tuned_dir), str(args.tuned_per_task)],
+            args.out / f"{model}.log",
         )
         builds.append(f"tuned {args.tuned_per_task}/kernel={tuned['artifact']}")
     timed = {}

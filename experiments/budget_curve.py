@@ -1,19 +1,23 @@
 """A model's latency against minutes of tuning, beside the fp32 runtimes a user has today.
 
-    .venv/bin/python experiments/budget_curve.py --model hf-efficientnet --minutes 15
-    .venv/bin/python experiments/budget_curve.py --model hf-mobilenetv2 --minutes 6 --checkpoints 2 4 6
+    .venv/bin/python experiments/budget_curve.py --model hf-efficientnet --minutes 6 --checkpoints 1 3 6 \
+        --starts analytic random
+    .venv/bin/python experiments/budget_curve.py --model hf-mobilenetv2 --minutes 15
 
-One run of ``tune(..., stop=Objectives(seconds=60 * minutes))`` (no trial budget: the clock ends it,
-as ``tuner tune --max-minutes`` does); the minutes count from the call, import and lowering included.
-Every candidate is committed with its time, so the model as it stood after m minutes is the work
-dir's database cut at that moment: for each checkpoint, a copy of the work dir keeps only the
-records committed by then and ``tune()`` resumes it with no trial left to measure: it ends as
-a run stopped then would (each kernel's best re-measured and verified, the model compiled and
-checked end to end). Then, in one fresh process, every checkpoint's model, PyTorch eager, torch.compile, ONNX
-Runtime and OpenVINO (fp32, and its default precision for reference) are timed in interleaved rounds,
-each with its error against PyTorch eager (max|out - ref| / max|ref|). Results: OUT/curve.json and
-OUT/curve.md; the work dir and the checkpoints' models stay under OUT/runs (a rerun with the same
-OUT tunes and compiles nothing already done, and times the checkpoints again).
+Per start (``analytic``: each kernel's search begins at its analytic schedule and three around it, the
+default; ``random``: at random samples of its design spaces, ``tune(..., analytic_start=False)``), one run
+of ``tune(..., stop=Objectives(seconds=60 * minutes))`` (no trial budget: the clock ends it, as ``tuner
+tune --max-minutes`` does); the minutes count from the call, import and lowering included. Every
+candidate is committed with its time, so the model as it stood after m minutes is the work dir's
+database cut at that moment: for each checkpoint, a copy of the work dir keeps only the records
+committed by then and ``tune()`` resumes it with no trial left to measure: it ends as a run stopped
+then would (each kernel's best re-measured and verified, the model compiled and checked end to end).
+Minute 0 is ``tune(..., trials=0)``: every kernel with its analytic schedule, nothing measured. Then, in
+fresh processes, every checkpoint's model, PyTorch eager, torch.compile, ONNX Runtime and OpenVINO
+(fp32, and its default precision for reference) are timed in interleaved rounds, each with its error
+against PyTorch eager (max|out - ref| / max|ref|). Results: OUT/MODEL.json and OUT/MODEL.md; the work
+dirs and the checkpoints' models stay under OUT/runs/MODEL (a rerun with the same OUT tunes and
+compiles nothing already done, and times the checkpoints again).
 """
 
 from __future__ import annotations
@@ -43,12 +47,19 @@ TIMING_PROCESSES = 3
 
 
 # -- steps, each in a fresh process ---------------------------------------------------------------------
-def tune_step(name: str, minutes: float, work_dir: Path, seed: int) -> dict:
+def tune_step(name: str, minutes: float, work_dir: Path, seed: int, analytic_start: bool) -> dict:
     from tuner import Objectives, tune
 
     module, inputs = fw.module_and_inputs(name)
     started = time.time()
-    result = tune(module, example_inputs=inputs, stop=Objectives(seconds=60 * minutes), work_dir=work_dir, seed=seed)
+    result = tune(
+        module,
+        example_inputs=inputs,
+        stop=Objectives(seconds=60 * minutes),
+        work_dir=work_dir,
+        seed=seed,
+        analytic_start=analytic_start,
+    )
     return {
         "started": started,
         "ended": time.time(),
@@ -82,6 +93,17 @@ def compile_step(name: str, work_dir: Path, cutoff: float, artifact: Path, seed:
     result.export(artifact)
     shutil.rmtree(cut)
     return {"records": kept, "trials": result.trials, "latency": result.latency_after}
+
+
+def zero_step(name: str, artifact: Path) -> dict:
+    """Minute 0: the model with every kernel's analytic schedule, nothing measured."""
+    from tuner import tune
+
+    module, inputs = fw.module_and_inputs(name)
+    started = time.monotonic()
+    result = tune(module, example_inputs=inputs, trials=0, work_dir=artifact.parent / "work", progress=False)
+    result.export(artifact)
+    return {"records": 0, "wall_s": time.monotonic() - started, "latency": result.latency_after}
 
 
 def time_step(name: str, artifacts: dict[str, str], threads: int, scratch: Path) -> dict:
@@ -161,9 +183,11 @@ def timed_table(subject: str, timed: dict, tuned: Sequence[str], columns: Callab
 
 
 def _table(curve: dict) -> str:
+    runs = ", ".join(f"{run['trials']} trials from the {start} start" for start, run in curve["tune"].items())
     subject = (
-        f"{curve['model']}: {curve['tune']['tasks']} kernels, tuned {curve['minutes']:g} minutes "
-        f"({curve['tune']['trials']} trials) on {curve['cpu']} ({curve['threads']} threads)"
+        f"{curve['model']}: {next(iter(curve['tune'].values()))['tasks']} kernels, tuned {curve['minutes']:g} "
+        f"minutes ({runs}) on {curve['cpu']} ({curve['threads']} threads); trials=0 compiled and checked in "
+        f"{curve['zero']['wall_s']:.0f} s"
     )
     points = curve["checkpoints"]
     return timed_table(
@@ -174,63 +198,82 @@ def _table(curve: dict) -> str:
     )
 
 
+STARTS = {"analytic": True, "random": False}  # a start: tune()'s analytic_start
+
+
+def _label(start: str, minute: float) -> str:
+    return f"tuned {minute:g} min" + ("" if start == "analytic" else f", {start} start")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="hf-efficientnet", help="a model of workloads/hf_models.py or the zoo")
     parser.add_argument("--minutes", type=float, default=15.0, help="the tuning's wall-clock limit (default 15)")
     parser.add_argument("--checkpoints", type=float, nargs="*", help="minutes to compile at (default: 5 points)")
+    parser.add_argument(
+        "--starts", nargs="+", choices=list(STARTS), default=["analytic"], help="where each kernel's search starts"
+    )
     parser.add_argument("--out", default="experiments/results/budget_curve")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--tune-step", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--compile-step", nargs=2, metavar=("CUTOFF", "ARTIFACT"), help=argparse.SUPPRESS)
+    parser.add_argument("--tune-step", choices=list(STARTS), help=argparse.SUPPRESS)
+    parser.add_argument("--compile-step", nargs=3, metavar=("START", "CUTOFF", "ARTIFACT"), help=argparse.SUPPRESS)
+    parser.add_argument("--zero-step", help=argparse.SUPPRESS)
     parser.add_argument("--time-step", help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = Path(args.out).resolve()
-    work, threads = out / "runs" / "work", os.cpu_count() or 1
+    runs, threads = out / "runs" / args.model, os.cpu_count() or 1
     if args.tune_step:
-        return print(json.dumps(tune_step(args.model, args.minutes, work, args.seed)))
+        work = runs / args.tune_step / "work"
+        return print(json.dumps(tune_step(args.model, args.minutes, work, args.seed, STARTS[args.tune_step])))
     if args.compile_step:
-        cutoff, artifact = args.compile_step
+        start, cutoff, artifact = args.compile_step
+        work = runs / start / "work"
         return print(json.dumps(compile_step(args.model, work, float(cutoff), Path(artifact), args.seed)))
+    if args.zero_step:
+        return print(json.dumps(zero_step(args.model, Path(args.zero_step))))
     if args.time_step:
         with tempfile.TemporaryDirectory(prefix="budget-curve-") as scratch:  # ONNX Runtime's export
             return print(json.dumps(time_step(args.model, json.loads(args.time_step), threads, Path(scratch))))
 
-    out.mkdir(parents=True, exist_ok=True)
     script, fixed = Path(__file__), ["--model", args.model, "--out", str(out)]
-    record = out / "tune.json"
-    if not record.exists():
-        steps = [*fixed, "--minutes", str(args.minutes), "--seed", str(args.seed), "--tune-step"]
-        record.write_text(json.dumps(run_step(script, steps, out / "tune.log")) + "\n")
-    tuned = json.loads(record.read_text())
-    checkpoints = args.checkpoints or [args.minutes * k / 5 for k in range(1, 6)]
-    points = {}
-    for minute in checkpoints:
-        label, artifact = f"tuned {minute:g} min", out / "runs" / f"at_{minute:g}min" / "model.so"
-        artifact.parent.mkdir(parents=True, exist_ok=True)
-        cutoff = str(tuned["started"] + 60 * minute)
-        done = artifact.parent / "point.json"
-        if not done.exists():
-            steps = [*fixed, "--seed", str(args.seed), "--compile-step", cutoff, str(artifact)]
-            done.write_text(json.dumps(run_step(script, steps, artifact.parent / "compile.log")) + "\n")
-        step = json.loads(done.read_text())
-        points[label] = {"minute": minute, **step, "artifact": str(artifact)}
-        print(f"{label}: {step['records']} trials, compiled", flush=True)
-    artifacts = {label: point["artifact"] for label, point in points.items() if point["records"]}
+    zero_artifact = runs / "zero" / "model.so"
+    zero = _once(zero_artifact.parent / "point.json", script, [*fixed, "--zero-step", str(zero_artifact)])
+    points = {"trials=0": {"minute": 0, **zero, "artifact": str(zero_artifact)}}
+    tuned = {}
+    for start in args.starts:
+        steps = [*fixed, "--minutes", str(args.minutes), "--seed", str(args.seed), "--tune-step", start]
+        tuned[start] = _once(runs / start / "tune.json", script, steps)
+        for minute in args.checkpoints or [args.minutes * k / 5 for k in range(1, 6)]:
+            label, artifact = _label(start, minute), runs / start / f"at_{minute:g}min" / "model.so"
+            cutoff = str(tuned[start]["started"] + 60 * minute)
+            steps = [*fixed, "--seed", str(args.seed), "--compile-step", start, cutoff, str(artifact)]
+            step = _once(artifact.parent / "point.json", script, steps)
+            points[label] = {"minute": minute, **step, "artifact": str(artifact)}
+            print(f"{label}: {step['records']} trials, compiled", flush=True)
+    artifacts = {label: point["artifact"] for label, point in points.items() if point["records"] or label == "trials=0"}
     timing = time_in_processes(args.model, artifacts, out)
     curve = {
         "model": args.model,
         "minutes": args.minutes,
         "cpu": cpu_model(),
         "threads": threads,
+        "zero": zero,
         "tune": tuned,
         "checkpoints": points,
         "timing": timing,
     }
-    (out / "curve.json").write_text(json.dumps(curve, indent=1) + "\n")
+    (out / f"{args.model}.json").write_text(json.dumps(curve, indent=1) + "\n")
     table = _table(curve)
-    (out / "curve.md").write_text(table)
+    (out / f"{args.model}.md").write_text(table)
     print(table)
+
+
+def _once(record: Path, script: Path, steps: list[str]) -> dict:
+    """A step's result, run in a fresh process the first time and read back from ``record`` after."""
+    if not record.exists():
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(run_step(script, steps, record.with_suffix(".log"))) + "\n")
+    return json.loads(record.read_text())
 
 
 if __name__ == "__main__":

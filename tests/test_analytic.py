@@ -137,3 +137,12 @@ def test_a_budget_below_zero_or_not_whole_is_refused(trials, tmp_path):
 
     with pytest.raises(TunerError, match="whole number"):
         tune("matmul-128", trials=trials, work_dir=tmp_path, progress=False)
+
+
+def test_a_convolutions_pad_is_computed_at_the_root_not_inlined_into_its_innermost_loop():
+    workload = load_workload("conv2d-resnet18-l2")
+    configured = configure_kernel(workload.mod, resolve_target("llvm"))
+    assert configured is not None and configured.plans
+    trace = configured.sch.trace
+    locations = [int(trace.decisions[i]) for i in trace.insts if i.kind.name == "SampleComputeLocation"]
+    assert locations == [-1]  # the pad, once, at the root (-2 would inline it)

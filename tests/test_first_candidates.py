@@ -82,3 +82,15 @@ def test_no_trials_times_every_kernel_inside_the_model(tmp_path):
     products = [task for task in result.tasks if task.tiled]
     assert products and all(task.fraction_of_peak for task in products)
     assert "in the model" in result.summary()
+
+
+def test_without_the_analytic_start_the_search_measures_none_of_the_analytic_candidates(tmp_path):
+    tune("matmul-128", trials=8, batch_size=8, work_dir=tmp_path, progress=False, analytic_start=False)
+    mod, target = load_workload("matmul-128").mod, resolve_target("llvm")
+    context = msc.make_context(mod, target, ANALYTIC_SEED)
+    around = analytic_candidates(
+        mod, msc.design_spaces(context), msc.postprocessors(context), MachineFacts.of(target), ANALYTIC_SEEDS
+    )
+    with sqlite3.connect(tmp_path / "tuning.db") as db:
+        measured = {row[0] for row in db.execute("SELECT candidate FROM records")}
+    assert len(measured) == 8 and not measured & {msc.structural_key(c.sch.mod) for c in around}

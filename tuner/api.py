@@ -46,6 +46,7 @@ def tune(
     cold_cache: bool = False,
     trimmer: bool | FilterSettings | None = None,
     verbose: bool = False,
+    analytic_start: bool = True,
     time_untuned: bool = False,
 ) -> TuneResult:
     """Tune every kernel of ``model`` for ``target`` and return the compiled result.

@@ -103,6 +103,12 @@ class TuneOptions:
         "let TVM's own log lines reach the terminal (by default they go to the work dir's logs/libraries.log; "
         "TENSOR_TUNER_VERBOSE=1 does the same)",
     )
+    analytic_start: bool = _setting(
+        True,
+        "each kernel's search starts from its analytic schedule and three schedules one step around it; False "
+        "starts from the design spaces' random samples, as stock MetaSchedule does (kernels never measured still "
+        "get their analytic schedule)",
+    )
     time_untuned: bool = _setting(
         False,
         "also compile and time the model with TVM's default schedules, for the summary's before and after "

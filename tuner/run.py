@@ -348,6 +348,7 @@ def _loop_config(options: TuneOptions) -> LoopConfig:
         verify=options.verify,
         scheduler=options.scheduler,
         filter=options.filter_settings,
+        analytic_start=options.analytic_start,
     )
 
 

@@ -148,6 +148,7 @@ TUNE_FLAGS: dict[str, tuple[str, ...]] = {
     "trials_per_task": ("--trials-per-task",),
     "cold_cache": ("--cold-cache",),
     "verbose": ("--verbose",),
+    "analytic_start": ("--no-analytic-start",),
     "time_untuned": ("--time-untuned",),
 }
 
@@ -178,6 +179,7 @@ def options_from_args(args: argparse.Namespace) -> TuneOptions:
         trials_per_task=args.trials_per_task,
         cold_cache=args.cold_cache,
         verbose=args.verbose,
+        analytic_start=not args.no_analytic_start,
         time_untuned=args.time_untuned,
     )
 
@@ -296,6 +298,11 @@ def add_tune_command(commands) -> None:
         "--no-verify", action="store_true", help="skip checking the best schedules' outputs against the untuned kernels"
     )
     tune.add_argument("--quiet", action="store_true", help="print only the final summary")
+    tune.add_argument(
+        "--no-analytic-start",
+        action="store_true",
+        help="start each kernel's search from random samples of its design spaces, not from its analytic schedule",
+    )
     tune.add_argument(
         "--time-untuned",
         action="store_true",

@@ -57,6 +57,7 @@ class LoopConfig:
         default_factory=lambda: TimingConfig(min_repeats=5, max_repeats=50, budget_seconds=0.25)
     )
     verify: bool = True
+    analytic_start: bool = True  # each search's first candidates: its analytic schedule and three around it
     give_up_after: int = 32  # failures in a row, with no success at all yet, that end the run
 
 
@@ -282,7 +283,8 @@ class TuningLoop:
         with self._phase("search"):
             if run.trials == 0 and not run.sibling_seeded:
                 run.sibling_seeded = True
-                seeded = queue_first_candidates(run, self.runs, self.db, self.target, self.facts)
+                facts = self.facts if self.config.analytic_start else None
+                seeded = queue_first_candidates(run, self.runs, self.db, self.target, facts)
             candidates = run.search.propose(size)
             features = run.search.feature_rows(candidates)  # extract features in one batch
         if not candidates:
