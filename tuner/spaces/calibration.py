@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,7 @@ CALIBRATION_FILE = "machine.json"
 _GEMM = 512  # a product of this size (3 MB) runs from L3 at the rate a model's products do (256: half of it)
 _COPY_FLOATS = 16 << 20  # 64 MB each way: far past the last-level cache
 _METHOD = f"product {_GEMM}, peaks, fastest of the repeats"  # in the cache's key: a change measures again
+BUSY_LOAD_PER_CORE = 0.5  # runnable processes per core (the 1-minute load average) above which a machine is busy
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,41 @@ class Calibration:
     launch_seconds: float  # a parallel kernel that does nothing to speak of
     fma_peak_gflops: float | None = None  # independent FMA chains on every core; None: no C compiler
     bf16_peak_gflops: float | None = None  # the bf16 unit's (AMX or vdpbf16ps); None where the CPU has none
+    load_per_core: float | None = None  # the machine's load when measured; None: not recorded (an older cache)
+
+    @property
+    def taken_busy(self) -> bool:
+        return self.load_per_core is not None and self.load_per_core > BUSY_LOAD_PER_CORE
 
     def describe(self) -> str:
         peaks = f", FMA peak {self.fma_peak_gflops:.0f} GFLOP/s" if self.fma_peak_gflops else ""
         if self.bf16_peak_gflops:
             peaks += f", bf16 peak {self.bf16_peak_gflops:.0f}"
+        busy = (
+            f" (taken while the machine was busy, {self.load_per_core:.1f} runnable per core: measured again on the "
+            "first run that finds it quiet)"
+            if self.taken_busy
+            else ""
+        )
         return (
             f"products {self.product_gflops:.0f} GFLOP/s from the caches, memory {self.bandwidth_gbs:.1f} GB/s, "
-            f"a parallel launch {self.launch_seconds * 1e6:.1f} us{peaks}"
+            f"a parallel launch {self.launch_seconds * 1e6:.1f} us{peaks}{busy}"
+        )
+
+    def best_with(self, other: Calibration) -> Calibration:
+        """The better of two calibrations' figures (a busy machine reads low, never high), at ``other``'s
+        load."""
+
+        def most(a: float | None, b: float | None) -> float | None:
+            return max((v for v in (a, b) if v is not None), default=None)
+
+        return Calibration(
+            product_gflops=max(self.product_gflops, other.product_gflops),
+            bandwidth_gbs=max(self.bandwidth_gbs, other.bandwidth_gbs),
+            launch_seconds=min(self.launch_seconds, other.launch_seconds),
+            fma_peak_gflops=most(self.fma_peak_gflops, other.fma_peak_gflops),
+            bf16_peak_gflops=most(self.bf16_peak_gflops, other.bf16_peak_gflops),
+            load_per_core=other.load_per_core,
         )
 
     def peak_gflops(self, dtype: str) -> float | None:
@@ -57,16 +85,21 @@ class Calibration:
 
 def calibration(target: tvm.target.Target, cache: Path | None = None) -> Calibration:
     """This machine's calibration for ``target`` (an llvm target whose CPU is this host's): read from the
-    user cache, or measured (a few seconds) and kept there."""
+    user cache, or measured (a few seconds) and kept there. One taken while the machine was busy reads low:
+    the first call that finds the machine quiet measures again and keeps the better of each figure."""
     cache = cache or user_cache_dir() / CALIBRATION_FILE
     key = f"{cpu_model()} | {target} | TVM {tvm.__version__} | {_threads(target)} threads | {_METHOD}"
     try:
         kept = json.loads(cache.read_text())
     except (OSError, ValueError):
         kept = {}
-    if key in kept:
-        return Calibration(**kept[key])
-    measured = _measure(target)
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    earlier = Calibration(**kept[key]) if key in kept else None
+    if earlier is not None and (not earlier.taken_busy or load > BUSY_LOAD_PER_CORE):
+        return earlier
+    measured = replace(_measure(target), load_per_core=load)
+    if earlier is not None:
+        measured = earlier.best_with(measured)
     kept[key] = asdict(measured)
     with contextlib.suppress(OSError):  # a read-only cache costs a measurement next time, nothing else
         write_atomically(cache, json.dumps(kept, indent=1))

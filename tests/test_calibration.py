@@ -1,0 +1,42 @@
+"""The machine's calibration: kept once measured, except that one taken while the machine was busy reads
+low and is measured again by the first call that finds the machine quiet, keeping the better figures."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from tuner.spaces import calibration as cal
+from tuner.targets import resolve_target
+
+TARGET = resolve_target("llvm")
+SLOW = cal.Calibration(product_gflops=1.0, bandwidth_gbs=0.1, launch_seconds=1.0, fma_peak_gflops=2.0)
+
+
+def _cache_with(tmp_path, kept: cal.Calibration):
+    """A cache holding ``kept`` under the key ``calibration`` reads for this machine and target."""
+    cache = tmp_path / cal.CALIBRATION_FILE
+    cache.write_text(json.dumps({}))
+    measured = cal.calibration(TARGET, cache)  # measured here, to learn the key
+    ((key, _),) = json.loads(cache.read_text()).items()
+    cache.write_text(json.dumps({key: asdict(kept)}))
+    return cache, measured
+
+
+def test_a_calibration_taken_on_a_busy_machine_is_measured_again_once_it_is_quiet(tmp_path, monkeypatch):
+    cache, measured = _cache_with(tmp_path, cal.Calibration(**{**asdict(SLOW), "load_per_core": 5.0}))
+    monkeypatch.setattr(cal.os, "getloadavg", lambda: (8.0, 8.0, 8.0))
+    assert cal.calibration(TARGET, cache).product_gflops == 1.0  # still busy: kept as it is
+    assert "busy" in cal.calibration(TARGET, cache).describe()
+    monkeypatch.setattr(cal.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    again = cal.calibration(TARGET, cache)
+    assert again.product_gflops > 1.0 and again.launch_seconds < 1.0 and not again.taken_busy
+    assert again.fma_peak_gflops >= 2.0  # the better of each figure
+    assert cal.calibration(TARGET, cache) == again  # kept: not measured a third time
+    assert measured.load_per_core is not None
+
+
+def test_a_quiet_calibration_is_kept_whatever_the_load(tmp_path, monkeypatch):
+    cache, _ = _cache_with(tmp_path, cal.Calibration(**{**asdict(SLOW), "load_per_core": 0.1}))
+    monkeypatch.setattr(cal.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert cal.calibration(TARGET, cache).product_gflops == 1.0
