@@ -158,6 +158,8 @@ class TuneResult:
             )
         elif self.latency_after is not None:
             lines.append(f"latency {format_latency(self.latency_after)} tuned (untuned not timed: time_untuned=True)")
+        else:
+            lines.append("latency not timed: the measuring worker could not run the compiled model (its log says why)")
         if self.predicted_latency is not None:
             searched = any(not task.analytic for task in self.tasks)
             lines.append(

@@ -64,7 +64,11 @@ def _load_handlers(role: str) -> dict:
         return build_job.HANDLERS
     if role == "run":
         from . import run_job
+        from .runtime_extras import load_runtime_extras
 
+        missing = load_runtime_extras()  # the sort, top-k and random functions models call by name
+        if missing:
+            print(f"TVM's extern functions (sort, top-k) are not loaded: {missing}", flush=True)
         run_job.warm_up(os.environ.get(RUN_DEVICE_ENV, "cpu"))
         return run_job.HANDLERS
     if role == "cluster":

@@ -37,7 +37,7 @@ from .figures import KernelFigures, kernel_figures
 class BuiltModel:
     artifact: Path
     latency_before: float | None  # seconds per run with TVM's default schedules; None: not timed
-    latency_after: float  # and with the tuned ones
+    latency_after: float | None  # and with the tuned ones; None: the model could not be timed here
     check: ModelCheck
     fell_back: dict[str, str]  # kernel name: why it keeps TVM's default schedule
     check_seconds: float  # of the compile and time, spent on the end-to-end check
@@ -54,6 +54,16 @@ def _untuned_latency(engine: Engine, workload: Workload, untuned: Path, report: 
         return time_workload(engine, workload, untuned, UNTUNED_TIMING, windows=1, timeout=UNTUNED_TIMEOUT_S)
     except WorkerTimeout:
         report.line(f"the untuned program is not timed: two calls take over {UNTUNED_TIMEOUT_S:.0f} s")
+        return None
+
+
+def _tuned_latency(engine: Engine, workload: Workload, artifact: Path, report: Progress) -> float | None:
+    """Seconds per run of the compiled model, or None where the measuring worker cannot run it (an extern
+    function its TVM runtime lacks, say): the model is compiled and checked, and is returned all the same."""
+    try:
+        return time_workload(engine, workload, artifact)
+    except (WorkerError, WorkerTimeout) as err:
+        report.line(f"the compiled model is not timed: the measuring worker cannot run it ({err}); it is returned")
         return None
 
 
@@ -90,7 +100,7 @@ def compile_and_time(
     build = CheckedBuild(engine, workload, lowered, choices, target, work_dir.untuned, report.line)
     check = build.build(work_dir.artifact, check=verify)
     _mark_wrong_in_model(db, choices, check)
-    latency_after = time_workload(engine, workload, work_dir.artifact)
+    latency_after = _tuned_latency(engine, workload, work_dir.artifact, report)
     latency_before = _untuned_latency(engine, workload, work_dir.untuned, report) if time_untuned else None
     in_model = _in_model_seconds(engine, workload, work_dir.artifact, tasks, report)
     defaulted = {c.task.name: c.fell_back for c in choices if c.trace is None and c.fell_back}
