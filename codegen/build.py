@@ -15,9 +15,11 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+from common.model_weights import read_weights, save_weights, weights_path
 from common.target_kind import is_cuda
 
 from .weight_prefetch import tir_pipeline
+from .weights import attach_weights, detach_weights
 
 
 class BuildError(RuntimeError):
@@ -69,7 +71,9 @@ def cuda_source(mod: tvm.IRModule, target: str) -> str:
     raise BuildError("no CUDA kernel was generated: the schedule binds no GPU threads")
 
 
-def compile_program(mod: tvm.IRModule, kind: str, target: str, schedules: list, artifact: str) -> dict:
+def compile_program(
+    mod: tvm.IRModule, kind: str, target: str, schedules: list, artifact: str, weights: str | None = None
+) -> dict:
     """Compile a whole workload with the given tuned schedules and export it to ``artifact``.
 
 
@@ -78,11 +82,19 @@ def compile_program(mod: tvm.IRModule, kind: str, target: str, schedules: list, 
     schedule gets it (kernels without one keep TVM's default schedule) and the constants the
     schedules want in another layout are transformed once, here. A single kernel gets its schedule
     applied directly, keeping its input layouts.
+
+    A model's weights come apart from it (``codegen.weights.detach_weights``), in the file ``weights``,
+    and go out apart from its library, in ``common.model_weights``' file beside ``artifact``.
     """
     tvm_target = _target(target)
     start = time.perf_counter()
     if kind == "relax":
-        build_lowered_model(mod, tvm_target, _memory_database(schedules, tvm_target)).export_library(artifact)
+        if weights is not None:
+            mod = attach_weights(mod, read_weights(weights))
+        database = _memory_database(schedules, tvm_target)
+        executable, model_weights = build_model_without_weights(mod, tvm_target, database)
+        executable.export_library(artifact)
+        save_weights(weights_path(artifact), model_weights)
         return {"artifact": artifact, "seconds": time.perf_counter() - start}
     if schedules:
         sch = tvm.s_tir.Schedule(mod)
@@ -107,26 +119,48 @@ def build_lowered_model(
     mod: tvm.IRModule, target: tvm.target.Target, database: ms.database.Database
 ) -> tvm.runtime.Executable:
     """A lowered model (fused kernels called from Relax), built with the best schedules ``database``
-    holds for its kernels."""
+    holds for its kernels, its weights inside the executable."""
+    return _build(_scheduled(mod, target, database), target)
+
+
+def build_model_without_weights(
+    mod: tvm.IRModule, target: tvm.target.Target, database: ms.database.Database
+) -> tuple[tvm.runtime.Executable, list[tvm.runtime.Tensor]]:
+    """``build_lowered_model``, its weights (in the layouts the kernels read them in) taken out: the
+    executable's ``main`` takes them after its inputs (``codegen.weights``)."""
+    scheduled, weights = detach_weights(_scheduled(mod, target, database))
+    return _build(scheduled, target), weights
+
+
+def _scheduled(mod: tvm.IRModule, target: tvm.target.Target, database: ms.database.Database) -> tvm.IRModule:
+    """``mod``'s kernels with the schedules of ``database`` (TVM's default ones on a GPU for the rest),
+    and its weights in the layouts those schedules read them in."""
+    from tvm import relax
+
+    with target, database, tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(
+            [
+                relax.transform.MetaScheduleApplyDatabase(),  # reads the target and database in scope
+                *([_DefaultGpuSchedule()] if is_cuda(target) else []),
+                # a tuned kernel that reads a weight in another layout gets a separate transform of that
+                # weight; on constants, FoldConstant runs it now instead of at every call
+                NestBlocklessRoots(),  # else SplitLayoutRewritePreproc rejects extern kernels (cumsum)
+                relax.transform.SplitLayoutRewritePreproc(),
+                relax.transform.FoldConstant(),
+                relax.transform.DeadCodeElimination(["main"]),
+            ]
+        )(mod)
+
+
+def _build(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Executable:
+    """A scheduled model compiled into a VM executable."""
     from tvm import relax
 
     # TVM 0.27's relax.pipeline dispatches to the backend packages, which do not export their
     # dataflow-lowering passes: take them from the backends' own pipeline modules
     backend = importlib.import_module(f"tvm.relax.backend.{'cuda' if is_cuda(target) else 'cpu_generic'}.pipeline")
-
-    with target, database, tvm.transform.PassContext(opt_level=3):
-        passes = [
-            relax.transform.MetaScheduleApplyDatabase(),  # reads the target and database in scope
-            *([_DefaultGpuSchedule()] if is_cuda(target) else []),
-            # a tuned kernel that reads a weight in another layout gets a separate transform of that
-            # weight; on constants, FoldConstant runs it now instead of at every call
-            NestBlocklessRoots(),  # else SplitLayoutRewritePreproc rejects extern kernels (cumsum)
-            relax.transform.SplitLayoutRewritePreproc(),
-            relax.transform.FoldConstant(),
-            relax.transform.DeadCodeElimination(["main"]),
-            *backend.dataflow_lower_passes(target),
-            *backend.finalize_passes(target),
-        ]
+    with target, tvm.transform.PassContext(opt_level=3):
+        passes = [*backend.dataflow_lower_passes(target), *backend.finalize_passes(target)]
         return relax.build(
             mod, target=target, relax_pipeline=tvm.transform.Sequential(passes), tir_pipeline=tir_pipeline(target)
         )

@@ -76,6 +76,7 @@ def time_artifacts_interleaved(
     that drift of the machine affects all of them alike."""
     import tvm
 
+    from common.model_weights import load_weights
     from measure.workers.run_job import random_arrays
 
     dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
@@ -87,14 +88,16 @@ def time_artifacts_interleaved(
             from tvm.runtime.vm import VirtualMachine
 
             vm = VirtualMachine(lib, dev)
-            evaluators[name] = (vm, vm.time_evaluator("main", dev, number=1, repeat=5, min_repeat_ms=50))
+            evaluator = vm.time_evaluator("main", dev, number=1, repeat=5, min_repeat_ms=50)
+            evaluators[name] = (vm, evaluator, tensors + load_weights(path, dev))
         else:
-            evaluators[name] = (lib, lib.time_evaluator(lib.entry_name, dev, number=1, repeat=5, min_repeat_ms=50))
+            evaluator = lib.time_evaluator(lib.entry_name, dev, number=1, repeat=5, min_repeat_ms=50)
+            evaluators[name] = (lib, evaluator, tensors)
     samples: dict[str, list[float]] = {name: [] for name in artifacts}
     for _ in range(rounds):
-        for name, (_, evaluator) in evaluators.items():
-            evaluator(*tensors)  # warm-up round
-            samples[name] += list(evaluator(*tensors).results)
+        for name, (_, evaluator, arguments) in evaluators.items():
+            evaluator(*arguments)  # warm-up round
+            samples[name] += list(evaluator(*arguments).results)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

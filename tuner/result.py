@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from common.model_weights import weights_path
 from common.target_kind import is_cuda
 from tuner.compile.check import ModelCheck
 from tuner.compile.figures import KernelFigures, fraction_of_peak
@@ -96,7 +97,8 @@ class TuneResult:
 
     @property
     def module(self) -> tvm.runtime.Module:
-        """The compiled artifact, loaded into this process."""
+        """The compiled artifact, loaded into this process. A model's ``main`` takes its weights after its
+        inputs (``common.model_weights.load_weights``): ``run`` and ``compiled`` pass them."""
         if self._module is None:
             self._module = tvm.runtime.load_module(str(self.artifact_path))
         return self._module
@@ -107,10 +109,13 @@ class TuneResult:
 
     def export(self, path: str | Path) -> Path:
         """Write the compiled model as a shared library that ``tvm.runtime.load_module`` loads, with
-        its description beside it (``path`` with ``.json``), from which ``tuner.load`` runs it."""
+        its weights (``path`` with ``.params``) and its description (``.json``) beside it, from which
+        ``tuner.load`` runs it."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.artifact_path, path)
+        if weights_path(self.artifact_path).exists():
+            shutil.copyfile(weights_path(self.artifact_path), weights_path(path))
         self.description.save(path)
         return path
 

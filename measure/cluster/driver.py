@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from common.error_text import error_line
+from common.model_weights import weights_path
 from measure.contract import EngineConfig
 from measure.engine.engine import SERIAL_WINDOW
 from measure.engine.runners import DeviceUnavailable
@@ -392,16 +393,22 @@ class ClusterDriver:
 
     def compile_program(self, artifact: str, timeout: float, **request: Any) -> str:
         request["target"] = self.target
-        data = self.ray.get(self._compile.remote(request, self.cuda, timeout))
+        given = request.pop("weights", None)  # a path here: its bytes travel
+        weights = Path(given).read_bytes() if given is not None else None
+        library, model_weights = self.ray.get(self._compile.remote(request, self.cuda, timeout, weights))
         Path(artifact).parent.mkdir(parents=True, exist_ok=True)
-        Path(artifact).write_bytes(data)
+        Path(artifact).write_bytes(library)
+        if model_weights is not None:
+            weights_path(artifact).write_bytes(model_weights)
         return artifact
 
     def time_program(self, artifact: str, kind: str, args: list, timing: dict) -> list[float]:
         devices = Counter(self.groups.values()) or Counter(m.device for m in self.measurers if m.state == "up")
         measurer = self._any_measurer(devices.most_common(1)[0][0] if devices else None)
         blob = self.ray.put(Path(artifact).read_bytes())
-        return self.ray.get(measurer.handle.time_program.remote(kind, args, timing, blob))
+        weights = weights_path(artifact)
+        weights_blob = self.ray.put(weights.read_bytes()) if weights.exists() else None
+        return self.ray.get(measurer.handle.time_program.remote(kind, args, timing, blob, weights_blob))
 
     def shutdown(self) -> None:
         if self.ray is None:

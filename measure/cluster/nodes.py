@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from common.host import cpu_model
+from common.model_weights import SUFFIX, remove_model, weights_path
 from measure.engine.building import build_with
 from measure.timing.sampling import TimingConfig
 from measure.types import BuildResult, MeasureInput, MeasureResult, VerifyResult
@@ -65,11 +66,21 @@ def build_task(
     return (built, node_label()), blob
 
 
-def compile_task(request: dict, cuda: bool, timeout: float) -> bytes:
-    """Compile a whole program here (``codegen.build.compile_program``); returns the library's bytes."""
+def compile_task(request: dict, cuda: bool, timeout: float, weights: bytes | None = None) -> tuple[bytes, bytes | None]:
+    """Compile a whole program here (``codegen.build.compile_program``, a model's ``weights`` file's bytes
+    given apart); returns the library's bytes and a model's weights' (``common.model_weights``)."""
     artifact = _scratch_dir() / f"{uuid.uuid4().hex}.so"
-    _build_worker(cuda).call("compile_program", timeout, artifact=str(artifact), **request)
-    return _take_bytes(artifact)
+    if weights is not None:
+        given = artifact.with_name(f"{artifact.stem}-given{SUFFIX}")
+        given.write_bytes(weights)
+        request = {**request, "weights": str(given)}
+    try:
+        _build_worker(cuda).call("compile_program", timeout, artifact=str(artifact), **request)
+    finally:
+        if weights is not None:
+            given.unlink(missing_ok=True)
+    model_weights = weights_path(artifact)
+    return _take_bytes(artifact), _take_bytes(model_weights) if model_weights.exists() else None
 
 
 class MeasuringActor:
@@ -145,9 +156,13 @@ class MeasuringActor:
             for built in (ref, cand):
                 Path(built.artifact).unlink(missing_ok=True)
 
-    def time_program(self, kind: str, args: list, timing: dict, blob: bytes) -> list[float]:
+    def time_program(
+        self, kind: str, args: list, timing: dict, blob: bytes, weights: bytes | None = None
+    ) -> list[float]:
         artifact = Path(self._write(blob))
+        if weights is not None:
+            weights_path(artifact).write_bytes(weights)
         try:
             return self.engine.time_program(artifact, kind, args, TimingConfig(**timing))
         finally:
-            artifact.unlink(missing_ok=True)
+            remove_model(artifact)

@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 import tvm
 
+from common.model_weights import load_weights, weights_path
 from measure.cuda.runtime import no_gpu_reason, runtime_problem
 from measure.timing.cpu_slots import pin_from_env
 from measure.timing.in_model import kernel_seconds
@@ -214,18 +215,25 @@ def run_kernel(artifact: str, arrays: Sequence[np.ndarray], device_kind: str) ->
     return [t.numpy() for t in tensors]
 
 
-_last_model: dict[tuple, Any] = {}
+_last_model: dict[tuple, tuple[Any, list]] = {}
 
 
-def _model_library(artifact: str) -> Any:
-    """A compiled model's library, loaded once for the calls that time it one after the other (a model's
-    weights are in its library: BERT-base's 434 MB took 1.6 s to load, each of 4 calls)."""
-    stat = os.stat(artifact)
-    key = (artifact, stat.st_mtime_ns, stat.st_size)
+def _loaded_model(artifact: str, dev: tvm.runtime.Device) -> tuple[Any, list]:
+    """A compiled model's library and its weights on ``dev`` (``common.model_weights``), loaded once for
+    the calls that time it one after the other."""
+    key = (artifact, str(dev), *(_stamp(path) for path in (artifact, weights_path(artifact))))
     if key not in _last_model:
         _last_model.clear()
-        _last_model[key] = tvm.runtime.load_module(artifact)
+        _last_model[key] = (tvm.runtime.load_module(artifact), load_weights(artifact, dev))
     return _last_model[key]
+
+
+def _stamp(path: str | os.PathLike) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
 
 
 def time_model(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing: dict) -> dict:
@@ -233,8 +241,9 @@ def time_model(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing:
     from tvm.runtime.vm import VirtualMachine
 
     dev = device(device_kind)
-    vm = VirtualMachine(_model_library(artifact), dev)
-    tensors = _to_device(random_arrays(args), dev)
+    library, weights = _loaded_model(artifact, dev)
+    vm = VirtualMachine(library, dev)
+    tensors = _to_device(random_arrays(args), dev) + weights
 
     def make_evaluator(number: int, repeat: int, min_repeat_ms: int):
         return vm.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
@@ -248,8 +257,9 @@ def kernel_times(artifact: str, args: Sequence[ArgSpec], device_kind: str, runs:
     from tvm.runtime.vm import VirtualMachine
 
     dev = device(device_kind)
-    vm = VirtualMachine(_model_library(artifact), dev)
-    return {"kernels": kernel_seconds(vm, vm["main"], _to_device(random_arrays(args), dev), dev, runs)}
+    library, weights = _loaded_model(artifact, dev)
+    vm = VirtualMachine(library, dev)
+    return {"kernels": kernel_seconds(vm, vm["main"], _to_device(random_arrays(args), dev) + weights, dev, runs)}
 
 
 REFERENCE_SEED = 1  # the random arguments a task's candidates are checked on

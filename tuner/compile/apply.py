@@ -22,7 +22,7 @@ from tuner.targets import resolve_target
 from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
 
 from .checked_build import CheckedBuild
-from .compile import choose_schedules, fell_back
+from .compile import choose_schedules, fell_back, program_of
 
 
 def apply(
@@ -36,8 +36,8 @@ def apply(
     verbose: bool = False,
 ) -> Path:
     """Compile ``model`` with the best verified schedules tuned in ``work_dir`` and write it to
-    ``output`` (a shared library for ``tvm.runtime.load_module``, with its description beside it
-    for ``tuner.load``), then check it against the model's own framework on its example inputs.
+    ``output`` (a shared library for ``tvm.runtime.load_module``, with its weights and its description
+    beside it for ``tuner.load``), then check it against the model's own framework on its example inputs.
     Kernels without a verified schedule, or whose schedule breaks the compile or the model's output,
     keep TVM's default one. TVM's own log lines go to the work dir's ``logs/libraries.log`` unless
     ``verbose``."""
@@ -86,7 +86,8 @@ def _apply(
     try:
         with tempfile.TemporaryDirectory(prefix="tuner-apply-") as scratch:
             untuned = Path(scratch) / "untuned.so"  # compiled only if the check needs it
-            check = CheckedBuild(engine, workload, lowered, choices, tvm_target, untuned, _say).build(output)
+            with program_of(workload, lowered, Path(scratch)) as program:
+                check = CheckedBuild(engine, workload, program, choices, tvm_target, untuned, _say).build(output)
     finally:
         engine.close()
     ModelDescription.of(workload, tvm_target).save(output)

@@ -21,6 +21,7 @@ import numpy as np
 import tvm
 
 from common.error_text import error_line
+from common.model_weights import weights_path
 from common.target_kind import is_cuda
 from tuner.errors import TunerError
 from tuner.runtime.compiled_model import ModelDescription
@@ -145,10 +146,12 @@ def relative_error(outputs: list[np.ndarray], expected: list[np.ndarray]) -> flo
 
 def run_compiled(artifact, workload: Workload, target: tvm.target.Target, inputs: Sequence[np.ndarray]) -> list:
     """The compiled model's outputs on ``inputs``, run in a process of its own (``tuner.runtime.run_model``
-    says why), from a copy of the library."""
+    says why), from a copy of the library (and a link to its weights)."""
     with tempfile.TemporaryDirectory(prefix="tuner-check-") as scratch:
         library = Path(scratch) / "model.so"
         shutil.copyfile(artifact, library)
+        if weights_path(artifact).exists():
+            weights_path(library).symlink_to(weights_path(artifact).resolve())
         ModelDescription.of(workload, target).save(library)
         np.savez(Path(scratch) / "in.npz", *inputs)
         ran = subprocess.run(

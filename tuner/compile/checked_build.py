@@ -16,6 +16,7 @@ import numpy as np
 import tvm
 
 from common.error_text import error_line
+from common.model_weights import remove_model
 from measure import Engine
 from measure.workers.worker import WorkerCrashed, WorkerError, WorkerTimeout
 from tuner.errors import TunerError
@@ -32,7 +33,7 @@ from .check import (
     run_compiled,
     tolerance_for,
 )
-from .compile import KernelChoice, compile_workload, schedules_of
+from .compile import KernelChoice, Program, compile_workload, schedules_of
 
 
 def find_culprits(suspects: Sequence[str], fails_with: Callable[[list[str]], bool]) -> list[str]:
@@ -59,13 +60,13 @@ class CheckedBuild:
         self,
         engine: Engine,
         workload: Workload,
-        lowered: tvm.IRModule,
+        program: Program,
         choices: list[KernelChoice],
         target: tvm.target.Target,
         untuned: Path,
         say: Callable[[str], None],
     ):
-        self.engine, self.workload, self.lowered, self.choices = engine, workload, lowered, choices
+        self.engine, self.workload, self.program, self.choices = engine, workload, program, choices
         self.target, self.untuned, self.say = target, untuned, say
         self.tuned = [c.task.name for c in choices if c.trace is not None]
         self.left_out: dict[str, str] = {}
@@ -91,7 +92,7 @@ class CheckedBuild:
         """Compile keeping the schedules of ``kept``; the error line if it fails."""
         leave_out = frozenset(c.task.name for c in self.choices if c.trace is not None) - set(kept)
         try:
-            compile_workload(self.engine, self.workload, self.lowered, schedules_of(self.choices, leave_out), artifact)
+            compile_workload(self.engine, self.program, schedules_of(self.choices, leave_out), artifact)
         except (WorkerError, WorkerCrashed, WorkerTimeout) as err:  # a compiler that failed, crashed or hung
             return error_line(err)
         return None
@@ -114,7 +115,7 @@ class CheckedBuild:
         try:
             return self._compile(kept, probe)
         finally:
-            probe.unlink(missing_ok=True)
+            remove_model(probe)
 
     def _leave_out(self, name: str, why: str) -> None:
         self.left_out[name] = why
@@ -131,7 +132,7 @@ class CheckedBuild:
 
     def _run_untuned(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if not self.untuned.exists():
-            compile_workload(self.engine, self.workload, self.lowered, [], self.untuned)
+            compile_workload(self.engine, self.program, [], self.untuned)
         return self._outputs(self.untuned, inputs)
 
     def _check(self, artifact: Path) -> ModelCheck:
@@ -158,7 +159,7 @@ class CheckedBuild:
                     return True
                 return not referee.matches(self._outputs(probe, referee.inputs))
             finally:
-                probe.unlink(missing_ok=True)
+                remove_model(probe)
 
         for name in find_culprits(self.tuned, wrong_with):
             self._leave_out(name, f"the model's output was wrong with its schedule (error {error:.1e})")

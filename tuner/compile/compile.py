@@ -4,13 +4,18 @@ with them, and time it."""
 from __future__ import annotations
 
 import statistics
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
 import tvm
 
+from codegen.weights import detach_weights
 from common.error_text import error_line
+from common.model_weights import save_weights
 from measure import Engine, TimingConfig
 from tuner.database.database import Record, TuningDatabase
 from tuner.search.parallel import parallel_map
@@ -111,14 +116,38 @@ def fell_back(choices: list[KernelChoice]) -> dict[str, str]:
     return {c.task.name: c.fell_back for c in choices if c.fell_back}
 
 
-def compile_workload(
-    engine: Engine, workload: Workload, lowered: tvm.IRModule, schedules: list, artifact: Path
-) -> Path:
-    """Compile ``workload`` (``lowered``: its ``tasks.lower_workload``) with ``schedules`` (none:
-    TVM's default schedules) into ``artifact``."""
+@dataclass(frozen=True)
+class Program:
+    """What a build worker compiles a workload from: its module (a model's: lowered, its weights detached
+    by ``codegen.weights``) and the file holding a model's weights (pickled inside the module, BERT-base's
+    took 18 s to reach the worker)."""
+
+    kind: str
+    mod: tvm.IRModule
+    weights: Path | None = None
+
+
+@contextmanager
+def program_of(workload: Workload, lowered: tvm.IRModule, scratch: Path) -> Iterator[Program]:
+    """The program ``compile_workload`` compiles ``workload`` from (``lowered``: its ``tasks.lower_workload``),
+    a model's weights written into ``scratch`` once, for every compile while it is open."""
+    if workload.kind != "relax":
+        yield Program(workload.kind, workload.mod)
+        return
+    mod, weights = detach_weights(lowered)
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".weights-", dir=scratch) as held:
+        path = Path(held) / "lowered.params"
+        save_weights(path, weights)
+        yield Program(workload.kind, mod, path)
+
+
+def compile_workload(engine: Engine, program: Program, schedules: list, artifact: Path) -> Path:
+    """Compile ``program`` with ``schedules`` (none: TVM's default schedules) into ``artifact`` (a model's
+    weights beside it: ``common.model_weights``)."""
     artifact.parent.mkdir(parents=True, exist_ok=True)
-    mod = lowered if workload.kind == "relax" else workload.mod
-    return engine.compile_program(artifact, mod=mod, kind=workload.kind, schedules=schedules)
+    weights = {"weights": str(program.weights)} if program.weights is not None else {}
+    return engine.compile_program(artifact, mod=program.mod, kind=program.kind, schedules=schedules, **weights)
 
 
 def time_workload(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import tvm
 
+from common.model_weights import remove_model
 from measure import Engine
 from measure.workers.worker import WorkerError, WorkerTimeout
 from tuner.database.database import TuningDatabase
@@ -28,6 +29,7 @@ from .compile import (
     KernelChoice,
     choose_schedules,
     compile_workload,
+    program_of,
     time_workload,
 )
 from .figures import KernelFigures, kernel_figures
@@ -94,11 +96,12 @@ def compile_and_time(
         if choice.fell_back:
             kept = "its analytic schedule" if choice.configured else "TVM's default schedule"
             report.line(f"{choice.task.name}: built with {kept}: no usable candidate ({choice.fell_back})")
-    work_dir.untuned.unlink(missing_ok=True)  # an earlier run's, of the same lowering or not
-    if time_untuned:
-        compile_workload(engine, workload, lowered, [], work_dir.untuned)
-    build = CheckedBuild(engine, workload, lowered, choices, target, work_dir.untuned, report.line)
-    check = build.build(work_dir.artifact, check=verify)
+    remove_model(work_dir.untuned)  # an earlier run's, of the same lowering or not
+    with program_of(workload, lowered, work_dir.path) as program:
+        if time_untuned:
+            compile_workload(engine, program, [], work_dir.untuned)
+        build = CheckedBuild(engine, workload, program, choices, target, work_dir.untuned, report.line)
+        check = build.build(work_dir.artifact, check=verify)
     _mark_wrong_in_model(db, choices, check)
     latency_after = _tuned_latency(engine, workload, work_dir.artifact, report)
     latency_before = _untuned_latency(engine, workload, work_dir.untuned, report) if time_untuned else None

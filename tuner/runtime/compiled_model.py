@@ -5,8 +5,9 @@ passed without a copy through DLPack; others are copied into input buffers the m
 come back without a copy: numpy views or torch tensors over the memory the model wrote (on a GPU,
 numpy outputs are copied to the host).
 
-A compiled model is a shared library plus a small JSON description beside it (``MODEL.json`` for
-``MODEL.so``: its inputs and target), which ``tuner.load`` reads to run it in another process
+A compiled model is a shared library (its kernels and the program that calls them), its weights
+beside it (``MODEL.params`` for ``MODEL.so``, ``common.model_weights``) and a small JSON description
+(``MODEL.json``: its inputs and target), which ``tuner.load`` reads to run it in another process
 without tuning again.
 """
 
@@ -22,6 +23,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
+from common.model_weights import load_weights
 from common.target_kind import is_cuda
 from measure.timing.in_model import kernel_seconds
 from tuner.errors import TunerError
@@ -93,6 +95,7 @@ class CompiledModel:
         executable = tvm.runtime.load_module(str(self.library))
         self._vm = tvm.runtime.vm.VirtualMachine(executable, self.device)
         self._main = self._vm["main"]
+        self._weights = load_weights(self.library, self.device)  # main's arguments after the inputs
         self._buffers = [tvm.runtime.empty(spec.shape, spec.dtype, self.device) for spec in description.inputs]
 
     @property
@@ -104,7 +107,7 @@ class CompiledModel:
             names = ", ".join(spec.name for spec in self.inputs)
             raise TunerError(f"{self.description.name} takes {len(self.inputs)} input(s) ({names}), got {len(inputs)}")
         as_torch = any(_is_torch(x) for x in inputs)
-        out = self._main(*[self._argument(i, x) for i, x in enumerate(inputs)])
+        out = self._main(*[self._argument(i, x) for i, x in enumerate(inputs)], *self._weights)
         if isinstance(out, tvm.runtime.Tensor):
             return self._result(out, as_torch)
         return [self._result(o, as_torch) for o in out]
@@ -112,7 +115,7 @@ class CompiledModel:
     def kernel_times(self, *inputs: Any, runs: int = 10) -> dict[str, float]:
         """Median seconds of each kernel (summed over its calls in one inference) as it runs inside
         the model, over ``runs`` inferences on ``inputs`` (``measure.timing.in_model.kernel_seconds``)."""
-        arguments = [self._argument(i, x) for i, x in enumerate(inputs)]
+        arguments = [*(self._argument(i, x) for i, x in enumerate(inputs)), *self._weights]
         return kernel_seconds(self._vm, self._main, arguments, self.device, runs)
 
     def _argument(self, index: int, value: Any) -> tvm.runtime.Tensor:

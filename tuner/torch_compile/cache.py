@@ -1,6 +1,6 @@
 """The torch.compile door's cache on disk: one directory per compiled graph (or piece of one), named by
-its key, holding the compiled library (``model.so`` with ``model.json``), the tuning database and
-``entry.json``; or ``entry.json`` alone for a graph TVM cannot take, so that the next process does
+its key, holding the compiled model (``model.so`` with ``model.params`` and ``model.json``), the tuning
+database and ``entry.json``; or ``entry.json`` alone for a graph TVM cannot take, so that the next process does
 not try again.
 
 An entry is tuned into a temporary directory beside its place and renamed into it in one step: a
@@ -28,8 +28,9 @@ from .graph import RunsInPyTorch
 __all__ = ["ENTRY_FILE", "LIBRARY_FILE", "annotate", "compile_into", "key_of", "load_library", "read_entry"]
 
 ENTRY_FILE = "entry.json"
-LIBRARY_FILE = "model.so"  # tune()'s artifact (tuner.database.workdir.ARTIFACT_FILE), with model.json beside it
-_LEFTOVERS = ("untuned.so", "logs", ".tuner.lock")  # what a work dir holds that the cache does not keep
+LIBRARY_FILE = "model.so"  # tune()'s artifact (tuner.database.workdir.ARTIFACT_FILE): .params, .json beside it
+# what a work dir holds that the cache does not keep
+_LEFTOVERS = ("untuned.so", "untuned.params", "logs", ".tuner.lock")
 
 
 def key_of(described: dict[str, Any], tensors: Sequence[Any]) -> str:
