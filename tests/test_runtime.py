@@ -129,6 +129,9 @@ def test_a_compiled_models_weights_live_beside_its_library_and_it_loads_with_the
     # the output comes from those weights: zeroed, the model computes relu(x @ 0) @ 0
     save_weights(weights_path(library), [np.zeros(w.shape, w.dtype) for w in weights])
     assert not np.any(tuner.load(library)(x))
+    weights_path(library).unlink()  # copied without its weights: said in one line, not TVM's argument count
+    with pytest.raises(TunerError, match="no weights beside it"):
+        tuner.load(library)
 
 
 def test_a_library_that_holds_its_own_weights_still_loads(tmp_path, llvm_target):

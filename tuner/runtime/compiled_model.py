@@ -23,7 +23,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from common.model_weights import load_weights
+from common.model_weights import load_weights, weights_path
 from common.target_kind import is_cuda
 from measure.timing.in_model import kernel_seconds
 from tuner.errors import TunerError
@@ -41,6 +41,7 @@ class ModelDescription:
     kind: str  # "relax" (a model) or "tir" (a single kernel)
     target: str
     inputs: list[TensorSpec]
+    weights: bool = False  # kept beside the library (MODEL.params), not in it
 
     @classmethod
     def of(cls, workload: Workload, target: tvm.target.Target) -> ModelDescription:
@@ -54,6 +55,7 @@ class ModelDescription:
             "kind": self.kind,
             "target": self.target,
             "inputs": [[s.name, list(s.shape), s.dtype] for s in self.inputs],
+            "weights": weights_path(library).exists(),
         }
         path.write_text(json.dumps(data, indent=1) + "\n")
         return path
@@ -69,7 +71,7 @@ class ModelDescription:
         try:
             data = json.loads(path.read_text())
             inputs = [TensorSpec(name, tuple(shape), dtype) for name, shape, dtype in data["inputs"]]
-            return cls(data["name"], data["kind"], data["target"], inputs)
+            return cls(data["name"], data["kind"], data["target"], inputs, bool(data.get("weights", False)))
         except (ValueError, KeyError, TypeError) as err:
             raise TunerError(f"{path} is not a model description ({err}): export the model again") from None
 
@@ -91,6 +93,11 @@ class CompiledModel:
         self.description = description
         self.device = device or (tvm.cuda(0) if is_cuda(description.target) else tvm.cpu(0))
         self._on_host = self.device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
+        if description.weights and not weights_path(self.library).exists():
+            raise TunerError(
+                f"{self.library} has no weights beside it ({weights_path(self.library).name}): copy them with the "
+                "library, or export the model with TuneResult.export, which writes both"
+            )
         _set_threads(description.target)
         executable = tvm.runtime.load_module(str(self.library))
         self._vm = tvm.runtime.vm.VirtualMachine(executable, self.device)
