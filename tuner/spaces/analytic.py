@@ -43,7 +43,7 @@ from tvm.s_tir.schedule import ScheduleError, Trace
 
 from . import metaschedule as msc
 from .machine import MachineFacts
-from .register_tiles import divisors, tile_roles
+from .register_tiles import TILING_ANNOTATION, divisors, tile_roles
 
 FLOAT_BYTES = 4
 TASKS_PER_CORE = 4  # parallel tasks per core where the loops allow: a slow core costs a quarter of a task
@@ -260,18 +260,17 @@ class AnalyticDraw:
         if self.roles[index] == "unroll":
             limits = [int(limit) for limit in attrs[0]]
             return max(range(len(limits)), key=lambda i: (limits[i] <= UNROLL_STEPS, limits[i]))
-        if inst.kind.name == "SampleComputeLocation" and self.factors and self._feeds_a_product(inputs[0]):
+        if inst.kind.name == "SampleComputeLocation" and self._feeds_a_tiled_product(inputs[0]):
             return ROOT
         return None
 
-    def _feeds_a_product(self, block_rv) -> bool:
-        """Whether a block is read by a block with a reduction. Such a producer (a convolution's pad) is
+    def _feeds_a_tiled_product(self, block_rv) -> bool:
+        """Whether a block is read by a product this schedule tiles. Such a producer (a convolution's pad) is
         computed once at the root: inlined, its bounds test runs in the product's innermost loop (ResNet-18's
-        7x7 3x3 convolutions 1.6x slower); inside the tiles, it is computed again for each tile's halo."""
-        return any(
-            any(v.iter_type == tvm.tirx.IterVar.CommReduce for v in self.sch.get(consumer).iter_vars)
-            for consumer in self.sch.get_consumers(block_rv)
-        )
+        7x7 3x3 convolutions 1.6x slower); inside the tiles, it is computed again for each tile's halo. Not a
+        Winograd transform's input gather: at the root it is a 1.8 MB pass of its own (ResNet-18's first
+        Winograd kernels 2x slower there than where the seeded draw computes it)."""
+        return any(TILING_ANNOTATION in self.sch.get(c).annotations for c in self.sch.get_consumers(block_rv))
 
 
 @dataclass(frozen=True)
