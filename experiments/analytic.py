@@ -41,7 +41,9 @@ _COLUMNS = [
     "tuned (ms)",
     "trials=0 / tuned (via ONNX Runtime)",
     "tuning (min)",
+    "trials=0 / best fp32 runtime",
 ]
+FP32_RUNTIMES = ("PyTorch eager", "torch.compile", "ONNX Runtime", "OpenVINO fp32")
 PREDICTION_WITHIN = 0.25  # the issue's bar: predicted within 25% of measured
 
 
@@ -144,6 +146,7 @@ def main() -> None:
     parser.add_argument(
         "--target", default="llvm", help="what to compile for, e.g. 'llvm -mcpu=haswell' for an AVX2 machine's code"
     )
+    parser.add_argument("--tables", action="store_true", help="rewrite the tables from OUT/analytic.json only")
     parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step:
@@ -158,29 +161,41 @@ def main() -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     kept = args.out / "analytic.json"
+    records = json.loads(kept.read_text()) if kept.exists() else []
+    if args.tables:  # the tables again from the records, nothing measured
+        return _write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
     labels = [_label(model, args.target) for model in args.models]
-    records = [r for r in (json.loads(kept.read_text()) if kept.exists() else []) if r["model"] not in labels]
-    earlier = f" (rows of {', '.join(r['model'] for r in records)}: an earlier command's)" if records else ""
+    records = [r for r in records if r["model"] not in labels]
+    command = " ".join(["experiments/analytic.py", *sys.argv[1:]])
     for model in args.models:  # a rerun of some models keeps the others' records
-        records.append({**_measure_model(model, args), "model": _label(model, args.target)})
-        row = _table_row(records[-1], args.tuned_per_task)
+        records.append({**_measure_model(model, args), "model": _label(model, args.target), "command": command})
+        row = _table_row(records[-1])
         print(markdown_table([row], list(row)), flush=True)
     kept.write_text(json.dumps(records, indent=1, default=str))
-    rows = [_table_row(record, args.tuned_per_task) for record in records]
+    _write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
+
+
+def _write_tables(out: Path, records: list[dict], timing: str) -> None:
+    """analytic.md and kernels.md, from every model's record, with the commands that measured them."""
+    commands = "; ".join(
+        f"`{command}`" for command in dict.fromkeys(r.get("command", "an earlier command") for r in records)
+    )
+    rows = [_table_row(record) for record in records]
     columns = list(dict.fromkeys(c for row in rows for c in row))  # as the rows name them: _COLUMNS first
+    rows = [{column: row.get(column, "-") for column in columns} for row in rows]  # a runtime that failed: "-"
     kernel_rows, accuracy_rows = [], []
     for record in records:
         searched = [run for run in (*record["few_shot"].values(), record["tuned"]) if run]  # measured them alone
         kernel_rows.extend(_kernel_rows(record["model"], record["zero"], searched))
         accuracy_rows.append(_accuracy(record["model"], record["zero"], searched))
-    (args.out / "analytic.md").write_text(
-        f"# No trials against tuned and against other runtimes\n\n{cpu_model()}, {args.threads} threads, "
-        f"{args.rounds} interleaved rounds; `{' '.join(sys.argv)}`{earlier}\n\n{markdown_table(rows, columns)}\n\n"
+    (out / "analytic.md").write_text(
+        f"# No trials against tuned and against other runtimes\n\n{cpu_model()}, {timing}; measured by "
+        f"{commands}\n\n{markdown_table(rows, columns)}\n\n"
         f"## The analytic model's predictions (products: predicted within {PREDICTION_WITHIN:.0%})\n\n"
         f"{markdown_table(accuracy_rows, list(accuracy_rows[0]))}\n"
     )
-    (args.out / "kernels.md").write_text(
-        f"# Per kernel: predicted, measured, fraction of peak\n\n{cpu_model()}; `{' '.join(sys.argv)}`\n\n"
+    (out / "kernels.md").write_text(
+        f"# Per kernel: predicted, measured, fraction of peak\n\n{cpu_model()}; measured by {commands}\n\n"
         f"{markdown_table(kernel_rows, list(kernel_rows[0]))}\n"
     )
 
@@ -195,7 +210,7 @@ def _measure_model(model: str, args: argparse.Namespace) -> dict:
     runtimes."""
     runs, script = args.out / "runs", Path(__file__)
     if args.target != "llvm":  # its own work dirs and logs
-        runs = runs / args.target.replace(" ", "").replace("-", "_")
+        runs = runs / "".join(c if c.isalnum() else "_" for c in args.target)  # no "=": it splits a build
     target = ["--target", args.target]
     zero = run_step(script, [*target, "--step", "zero", model, str(runs / f"{model}-0")], args.out / f"{model}-0.log")
     builds = [f"trials=0={zero['artifact']}"]
@@ -228,8 +243,10 @@ def _measure_model(model: str, args: argparse.Namespace) -> dict:
     return {"model": model, "zero": zero, "few_shot": few, "tuned": tuned, "side_by_side": timed}
 
 
-def _table_row(record: dict, per_task: int | None) -> dict:
+def _table_row(record: dict) -> dict:
     model, zero, tuned, timed = record["model"], record["zero"], record["tuned"], record["side_by_side"]
+    label = next((name for name in timed if name.startswith("tuned ")), "")  # "tuned N/kernel"
+    per_task = int(label.split()[1].split("/")[0]) if label else None
     few = {int(k): v for k, v in record["few_shot"].items()}
     return {**_row(model, zero, tuned, timed, per_task), **_few_columns(few, timed, zero, tuned)}
 
@@ -243,6 +260,7 @@ def _row(model: str, zero: dict, tuned: dict | None, timed: dict, per_task: int 
         "tuned (ms)": f"{timed[f'tuned {per_task}/kernel']['ms']:.3f}" if tuned else "-",
         "trials=0 / tuned (via ONNX Runtime)": _through_onnx_runtime(timed, per_task) if tuned else "-",
         "tuning (min)": f"{tuned['tuning_min']:.1f}" if tuned else "-",
+        "trials=0 / best fp32 runtime": _against_best_fp32(timed),
     }
     for name, value in timed.items():
         if value["ms"] is not None and not name.startswith("tuned"):
@@ -319,6 +337,15 @@ def _accuracy(model: str, zero: dict, searched: list[dict]) -> dict:
         "within, alone": within(alone),
         "products at trials=0, of peak": f"{flops / seconds / 1e9 / timed[0]['peak_gflops']:.0%}" if timed else "-",
     }
+
+
+def _against_best_fp32(timed: dict) -> str:
+    """trials=0's latency over the fastest fp32 runtime's, timed in the same process, and which it is."""
+    runtimes = [(timed[name]["ms"], name) for name in FP32_RUNTIMES if (timed.get(name) or {}).get("ms")]
+    if not runtimes:
+        return "-"
+    ms, name = min(runtimes)
+    return f"{timed['trials=0']['ms'] / ms:.2f} ({name})"
 
 
 def _us(seconds: float | None) -> str:
