@@ -23,8 +23,9 @@ nested S0 S1 R0 S2 R1 S3. The configuration sets every factor, BLIS's way (Low e
   weights (R1 steps x its columns) fit in half of L2, then rows while its inputs and its outputs (kept
   across the runs by MetaSchedule's write cache) fit in a quarter of L2; S1 takes the rest.
 - **Unroll**: ``UNROLL_STEPS`` (the register tile unrolled, the reduction run kept a loop).
-- **A product's input producers** (a convolution's pad) are computed at the root: inlined, their bounds
-  test sits in the innermost loop; inside the tiles, each tile recomputes its halo.
+- **A tiled product's input producers** (a convolution's pad) are computed at the root: inlined, their
+  bounds test sits in the innermost loop (ResNet-18's 7x7 3x3 convolutions 1.6x slower); inside the tiles,
+  each tile recomputes its halo.
 
 A kernel of another design space (element-wise, reductions, our own rules) takes its design space's
 decisions as MetaSchedule draws them with a fixed seed: the same schedule every time. Where the design
@@ -265,11 +266,8 @@ class AnalyticDraw:
         return None
 
     def _feeds_a_tiled_product(self, block_rv) -> bool:
-        """Whether a block is read by a product this schedule tiles. Such a producer (a convolution's pad) is
-        computed once at the root: inlined, its bounds test runs in the product's innermost loop (ResNet-18's
-        7x7 3x3 convolutions 1.6x slower); inside the tiles, it is computed again for each tile's halo. Not a
-        Winograd transform's input gather: at the root it is a 1.8 MB pass of its own (ResNet-18's first
-        Winograd kernels 2x slower there than where the seeded draw computes it)."""
+        """Whether a block is read by a product this schedule tiles (a convolution's pad: see the module's
+        docstring). Not a Winograd transform's input gather: at the root, a pass of its own (2x slower)."""
         return any(TILING_ANNOTATION in self.sch.get(c).annotations for c in self.sch.get_consumers(block_rv))
 
 
