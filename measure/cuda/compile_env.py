@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.host import user_cache_dir
+from common.tvm_libraries import tvm_library_dir
 
 # Driver entry points libtvm_runtime_cuda.so links against (TVM 0.27); extended from `nm` when present.
 _KNOWN_DRIVER_SYMBOLS = (
@@ -181,11 +182,10 @@ def stand_in_driver(cache_dir: Path | None = None) -> Path:
 
 
 def _driver_symbols_from_nm() -> set[str]:
-    spec = importlib.util.find_spec("tvm")
-    nm = shutil.which("nm")
-    if spec is None or not spec.submodule_search_locations or nm is None:
+    lib_dir, nm = tvm_library_dir(), shutil.which("nm")
+    if lib_dir is None or nm is None:
         return set()
-    runtime = Path(list(spec.submodule_search_locations)[0], "lib", "libtvm_runtime_cuda.so")
+    runtime = lib_dir / "libtvm_runtime_cuda.so"
     if not runtime.exists():
         return set()
     out = subprocess.run([nm, "-D", "--undefined-only", str(runtime)], capture_output=True, text=True).stdout

@@ -13,11 +13,12 @@ so the tuner's own process can ask without holding GPU memory.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from common.tvm_libraries import tvm_library_dir
 
 # TVM 0.27's libtvm_runtime_cuda.so links against the CUDA 13 runtime; CUDA 13 needs a driver of
 # release 580 or later (the driver reports the newest CUDA it supports: 13000 for 13.0).
@@ -42,13 +43,6 @@ def _driver() -> ctypes.CDLL | None:
         return ctypes.CDLL("libcuda.so.1")
     except OSError:
         return None
-
-
-def _tvm_lib_dir() -> Path | None:
-    spec = importlib.util.find_spec("tvm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]) / "lib"
 
 
 def wheel_cudart() -> Path | None:
@@ -126,7 +120,7 @@ def runtime_problem() -> str | None:
             f"TVM's CUDA runtime needs {CUDART_SONAME} (CUDA 13), and {missing}: pip install '{CUDART_WHEEL}', or "
             "install the CUDA 13 toolkit"
         )
-    lib_dir = _tvm_lib_dir()
+    lib_dir = tvm_library_dir()
     library = lib_dir / "libtvm_runtime_cuda.so" if lib_dir else None
     if library is None or not library.exists():
         return (

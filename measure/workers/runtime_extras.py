@@ -12,8 +12,8 @@ first call fails with "Cannot find function tvm.contrib.sort.topk". Loading the 
 from __future__ import annotations
 
 import ctypes
-import importlib.util
-from pathlib import Path
+
+from common.tvm_libraries import tvm_library_dir
 
 EXTRA_LIBRARY = "libtvm_runtime_extra.so"
 _loaded: list[ctypes.CDLL] = []  # kept referenced: its functions stay registered for the process's life
@@ -24,10 +24,10 @@ def load_runtime_extras() -> str | None:
     install without the library: a model calling one then fails with TVM's own line)."""
     if _loaded:
         return None
-    spec = importlib.util.find_spec("tvm")
-    if spec is None or not spec.submodule_search_locations:
+    lib_dir = tvm_library_dir()
+    if lib_dir is None:
         return "TVM is not installed"
-    library = Path(list(spec.submodule_search_locations)[0]) / "lib" / EXTRA_LIBRARY
+    library = lib_dir / EXTRA_LIBRARY
     if not library.is_file():
         return f"{library} is not installed"
     try:
