@@ -11,8 +11,9 @@ from tuner import tune
 from tuner.cli.report import write_report
 from tuner.search.first_candidates import ANALYTIC_SEEDS
 from tuner.spaces import metaschedule as msc
-from tuner.spaces.analytic import ANALYTIC_SEED, analytic_candidates, neighbour_plans, plan_block
+from tuner.spaces.analytic import ANALYTIC_SEED, plan_block
 from tuner.spaces.machine import MachineFacts
+from tuner.spaces.neighbours import analytic_candidates, neighbour_plans
 from tuner.targets import resolve_target
 from workloads import load_workload
 

@@ -1,5 +1,5 @@
 """A task's first candidates, queued before its first batch: its analytic schedule and the schedules one
-step around it (``tuner.spaces.analytic.analytic_candidates``), then its siblings' best (``siblings``).
+step around it (``tuner.spaces.neighbours.analytic_candidates``), then its siblings' best (``siblings``).
 The analytic schedule's predicted latency is kept in the database beside its candidate's key, so that the
 report can set the prediction against the measurement.
 """
@@ -11,8 +11,8 @@ import tvm
 from tuner.database.database import TuningDatabase
 from tuner.database.workdir import ANALYTIC_SEEDS_KEY
 from tuner.spaces import metaschedule as msc
-from tuner.spaces.analytic import analytic_candidates
 from tuner.spaces.machine import MachineFacts
+from tuner.spaces.neighbours import analytic_candidates
 from tuner.spaces.prediction import predict_kernel
 from tuner.spaces.retile import adapt_tile
 

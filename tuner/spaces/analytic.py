@@ -283,49 +283,23 @@ def analytic_schedule(
     """The kernel's analytic schedule in the first of its design spaces that takes it, postprocessed;
     None where none does. Spaces whose epilogue (or write cache) is computed deepest inside the tiles come
     first: written while its block is still in cache, not in a pass of its own over the whole output."""
-    for space in _by_fusion(mod, spaces):
-        configured = _configure_in(mod, space, postprocs, facts)
+    for space in by_fusion(mod, spaces):
+        configured = configure_in(mod, space, postprocs, facts)
         if configured is not None:
             return configured
     return None
 
 
-def analytic_candidates(
-    mod: tvm.IRModule, spaces: Sequence[Schedule], postprocs: Sequence, facts: MachineFacts | None, count: int
-) -> list[AnalyticSchedule]:
-    """Up to ``count`` schedules around the analytic point, the analytic schedule first (AutoConfig's
-    "dynamic measurement" as a few-shot search): the next design space's analytic schedule (the
-    epilogue fused elsewhere), then the plan one step each way (``neighbour_plans``)."""
-    found: list[tuple[Schedule, AnalyticSchedule]] = []
-    for space in _by_fusion(mod, spaces):
-        configured = _configure_in(mod, space, postprocs, facts)
-        if configured is not None:
-            found.append((space, configured))
-        if len(found) == 2:
-            break
-    if not found:
-        return []
-    chosen: list[AnalyticSchedule] = [configured for _, configured in found]
-    space, first = found[0]
-    for plans in neighbour_plans(first.plans, facts):
-        if len(chosen) >= count:
-            break
-        sch = _replay_plans(mod, space, plans, postprocs)
-        if sch is not None:
-            chosen.append(AnalyticSchedule(sch, plans))
-    return chosen[:count]
-
-
-def _configure_in(
+def configure_in(
     mod: tvm.IRModule, space: Schedule, postprocs: Sequence, facts: MachineFacts | None
 ) -> AnalyticSchedule | None:
     """The analytic schedule of ``mod`` in one design space; None where the space does not take it."""
     plans = tuple(plan_block(block, facts) for block in tiled_blocks(mod, space)) if facts is not None else ()
-    sch = _replay_plans(mod, space, plans, postprocs)
+    sch = replay_plans(mod, space, plans, postprocs)
     return AnalyticSchedule(sch, plans) if sch is not None else None
 
 
-def _replay_plans(
+def replay_plans(
     mod: tvm.IRModule, space: Schedule, plans: Sequence[BlockPlan], postprocs: Sequence
 ) -> Schedule | None:
     """``space`` replayed on ``mod`` with the plans' factors (``AnalyticDraw``), postprocessed."""
@@ -338,62 +312,7 @@ def _replay_plans(
     return msc.replay(mod, Trace(insts, {}), ANALYTIC_SEED, postprocs, decide=draw)
 
 
-# One step each way from the analytic plan, most promising first: (loop's role, from level, to level),
-# levels counted from the outermost (S0 S1 S2 S3; R0 R1). A step moves the smallest prime factor.
-_STEPS = (
-    ("row", 3, 2),  # one register row fewer
-    ("vector", 1, 2),  # a cache block twice as wide
-    ("reduction", 1, 0),  # half the reduction run
-    ("vector", 2, 1),  # a cache block half as wide
-    ("row", 2, 3),  # one register row more
-    ("reduction", 0, 1),  # twice the reduction run
-    ("row", 1, 2),  # a cache block twice as tall
-    ("row", 2, 1),  # and half as tall
-)
-
-
-def neighbour_plans(plans: Sequence[BlockPlan], facts: MachineFacts | None) -> list[tuple[BlockPlan, ...]]:
-    """The plans one step from ``plans`` in each of ``_STEPS`` that the loops allow (the register tile
-    within the registers, the innermost factors within MetaSchedule's limits), each step applied to
-    every block; the order of ``_STEPS``."""
-    neighbours = []
-    for step in _STEPS:
-        moved = tuple(_step(plan, step, facts) for plan in plans)
-        if any(new is not None for new in moved):
-            neighbours.append(tuple(new or old for new, old in zip(moved, plans, strict=True)))
-    return neighbours
-
-
-def _step(plan: BlockPlan, step: tuple[str, int, int], facts: MachineFacts | None) -> BlockPlan | None:
-    role, source, destination = step
-    spatial = [loop for loop in plan.loops if loop.role != "reduction"]
-    rows = [loop for loop in spatial[:-1] if loop.extent > 1]
-    reductions = [loop for loop in plan.loops if loop.role == "reduction"]
-    loop = {"row": rows[-1] if rows else None, "vector": spatial[-1] if spatial else None}.get(
-        role, reductions[-1] if reductions else None
-    )
-    if loop is None or loop.levels != len(plan.factors[loop.index]) or max(source, destination) >= loop.levels:
-        return None
-    factors = list(plan.factors[loop.index])
-    primes = [d for d in divisors(factors[source]) if d > 1]
-    if not primes:
-        return None
-    prime = primes[0]
-    factors[source] //= prime
-    factors[destination] *= prime
-    if factors[-1] > loop.max_innermost:
-        return None
-    accumulators, run = plan.accumulators, plan.reduction_run
-    if role == "reduction":
-        run = run // plan.factors[loop.index][-1] * factors[-1]
-    if role == "row":
-        accumulators = plan.accumulators // plan.factors[loop.index][-1] * factors[-1]
-        if facts is not None and accumulators > facts.registers.max_accumulators:
-            return None
-    return BlockPlan({**plan.factors, loop.index: factors}, accumulators, run, plan.tasks, plan.loops)
-
-
-def _by_fusion(mod: tvm.IRModule, spaces: Sequence[Schedule]) -> list[Schedule]:
+def by_fusion(mod: tvm.IRModule, spaces: Sequence[Schedule]) -> list[Schedule]:
     """The design spaces, the one whose epilogue is computed deepest inside the tiles first; the shallowest
     first where an epilogue writes more than the product computes (a pad after a convolution): TVM 0.27
     computes such an epilogue at the product's tiles over the product's region only, leaving the rest of
