@@ -15,7 +15,9 @@ from common.host import CacheLevel, data_caches
 from tuner import tune
 from tuner.spaces import metaschedule as msc
 from tuner.spaces.analytic import TiledLoop, configure_kernel, plan_block
+from tuner.spaces.calibration import Calibration
 from tuner.spaces.machine import MachineFacts
+from tuner.spaces.prediction import predicted_seconds
 from tuner.spaces.register_tiles import RegisterFile
 from tuner.targets import resolve_target
 from workloads import load_workload
@@ -51,6 +53,19 @@ def test_a_matmuls_register_tile_fills_the_registers_and_its_reduction_run_fits_
     assert plan.accumulators == 16  # 512's divisors allow no 24: 4 rows x 4 vectors, the fewest loads
     assert run == plan.reduction_run == 64 and run * columns * 4 <= AVX512.l1_bytes // 2
     assert plan.tasks % AVX512.cores == 0 and plan.tasks >= AVX512.cores
+
+
+def test_a_products_prediction_counts_its_memory_on_top_of_its_arithmetic():
+    """In a model a product's operands come from memory while it computes: the two are added, not
+    overlapped, and a task count the cores do not divide leaves a core idle for part of the time."""
+    loops = _loops([512, 512], [512])
+    plan = plan_block(loops, AVX512)
+    measured = Calibration(product_gflops=200.0, bandwidth_gbs=20.0, launch_seconds=1e-6)
+    flops, moved = 2 * 512**3, 3 * 512 * 512 * 4
+    balance = plan.tasks / (math.ceil(plan.tasks / AVX512.cores) * AVX512.cores)
+    expected = flops / 200e9 / balance + moved / 20e9 + 1e-6
+    assert predicted_seconds(flops, moved, [plan], AVX512, measured) == pytest.approx(expected)
+    assert predicted_seconds(0, moved, [], AVX512, measured) == pytest.approx(moved / 20e9 + 1e-6)
 
 
 def test_fewer_registers_make_a_smaller_tile():

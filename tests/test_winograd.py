@@ -89,3 +89,17 @@ def test_a_work_dir_tuned_before_winograd_existed_is_applied_without_it():
     before = {k: v for k, v in LoweringOptions().as_dict().items() if k != "winograd"}
     assert LoweringOptions.from_record(before).winograd is False
     assert LoweringOptions.from_record(LoweringOptions().as_dict()) == LoweringOptions()
+
+
+def test_a_winograd_kernels_prediction_counts_its_transformed_tensors_as_memory_passes(llvm_target):
+    """The transformed input and the batched product's output are each written and read once; the
+    convolution's own output, which its epilogue reads inside the tiles, is not counted."""
+    from tuner.spaces.prediction import handed_between_reductions
+
+    workload = load_workload(torch.nn.Conv2d(64, 64, 3, padding=1).eval(), [(1, 64, 56, 56)])
+    tasks = extract_tasks(workload, llvm_target)
+    (winograd,) = [t for t in tasks if "winograd" in t.name]
+    tiles, channels, alpha = 14 * 14, 64, 6
+    assert handed_between_reductions(winograd.mod) == 2 * alpha**2 * tiles * channels * 4
+    direct = load_workload(torch.nn.Conv2d(64, 64, 3, stride=2, padding=1).eval(), [(1, 64, 56, 56)])
+    assert all(handed_between_reductions(t.mod) == 0 for t in extract_tasks(direct, llvm_target))
