@@ -3,6 +3,8 @@ analytic schedule, nothing measured), from the call to a checked model, beside t
 the runtimes a user would run instead, timed side by side in one process.
 
     .venv/bin/python experiments/analytic.py resnet18 bert-base mobilenetv2 --few-shot 2 4 --tuned-per-task 32
+    .venv/bin/python experiments/analytic.py resnet18 hf-bert --dtype bfloat16      # bf16 builds, beside OpenVINO's
+    .venv/bin/python experiments/analytic.py resnet18 --target "llvm -mcpu=haswell" --tuned-per-task 32   # AVX2 code
 
 Per model: ``tune(model, trials=0)`` in a fresh process, its wall time counted from before ``import
 tuner``; with ``--few-shot N ...``, the model after N trials per kernel around the analytic point (the
@@ -30,21 +32,8 @@ STARTED = time.monotonic()  # before anything of the tuner is imported: the wall
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.host import cpu_model  # noqa: E402
+from experiments.analytic_tables import table_row, write_tables  # noqa: E402
 from experiments.harness import markdown_table, run_step  # noqa: E402
-
-_COLUMNS = [
-    "model",
-    "trials=0 wall (s)",
-    "trials=0 (ms)",
-    "predicted (ms)",
-    "tuned (ms)",
-    "trials=0 / tuned (via ONNX Runtime)",
-    "tuning (min)",
-    "trials=0 / best fp32 runtime",
-]
-FP32_RUNTIMES = ("PyTorch eager", "torch.compile", "ONNX Runtime", "OpenVINO fp32")
-PREDICTION_WITHIN = 0.25  # the issue's bar: predicted within 25% of measured
 
 
 def _kernels(result) -> list[dict]:
@@ -76,11 +65,11 @@ def _model(name: str) -> tuple[object, dict, float]:
     return module, {"example_inputs": inputs}, time.monotonic()
 
 
-def step_zero(model: str, work_dir: Path, target: str) -> dict:
+def step_zero(model: str, work_dir: Path, target: str, dtype: str) -> dict:
     subject, keywords, started = _model(model)
     from tuner import tune
 
-    result = tune(subject, target=target, trials=0, work_dir=work_dir, progress=False, **keywords)
+    result = tune(subject, target=target, dtype=dtype, trials=0, work_dir=work_dir, progress=False, **keywords)
     return {
         "wall_s": time.monotonic() - started,
         "latency_ms": result.latency_after * 1e3,
@@ -92,11 +81,13 @@ def step_zero(model: str, work_dir: Path, target: str) -> dict:
     }
 
 
-def step_tuned(model: str, work_dir: Path, target: str, per_task: int) -> dict:
+def step_tuned(model: str, work_dir: Path, target: str, dtype: str, per_task: int) -> dict:
     subject, keywords, _ = _model(model)
     from tuner import tune
 
-    result = tune(subject, target=target, trials_per_task=per_task, work_dir=work_dir, progress=False, **keywords)
+    result = tune(
+        subject, target=target, dtype=dtype, trials_per_task=per_task, work_dir=work_dir, progress=False, **keywords
+    )
     return {
         "latency_ms": result.latency_after * 1e3,
         "tuning_min": sum(v for k, v in result.seconds.items() if k not in ("start-up",)) / 60,
@@ -146,15 +137,16 @@ def main() -> None:
     parser.add_argument(
         "--target", default="llvm", help="what to compile for, e.g. 'llvm -mcpu=haswell' for an AVX2 machine's code"
     )
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="tune(dtype=...)")
     parser.add_argument("--tables", action="store_true", help="rewrite the tables from OUT/analytic.json only")
     parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step:
         kind, model, *rest = args.step
         if kind == "zero":
-            out = step_zero(model, Path(rest[0]), args.target)
+            out = step_zero(model, Path(rest[0]), args.target, args.dtype)
         elif kind == "tuned":
-            out = step_tuned(model, Path(rest[0]), args.target, int(rest[1]))
+            out = step_tuned(model, Path(rest[0]), args.target, args.dtype, int(rest[1]))
         else:
             out = step_side_by_side(model, rest, args.threads, args.rounds)
         print(json.dumps(out, default=str))
@@ -163,63 +155,46 @@ def main() -> None:
     kept = args.out / "analytic.json"
     records = json.loads(kept.read_text()) if kept.exists() else []
     if args.tables:  # the tables again from the records, nothing measured
-        return _write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
-    labels = [_label(model, args.target) for model in args.models]
+        return write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
+    labels = [_label(model, args) for model in args.models]
     records = [r for r in records if r["model"] not in labels]
     command = " ".join(["experiments/analytic.py", *sys.argv[1:]])
     for model in args.models:  # a rerun of some models keeps the others' records
-        records.append({**_measure_model(model, args), "model": _label(model, args.target), "command": command})
-        row = _table_row(records[-1])
+        records.append({**_measure_model(model, args), "model": _label(model, args), "command": command})
+        row = table_row(records[-1])
         print(markdown_table([row], list(row)), flush=True)
     kept.write_text(json.dumps(records, indent=1, default=str))
-    _write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
+    write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
 
 
-def _write_tables(out: Path, records: list[dict], timing: str) -> None:
-    """analytic.md and kernels.md, from every model's record, with the commands that measured them."""
-    commands = "; ".join(
-        f"`{command}`" for command in dict.fromkeys(r.get("command", "an earlier command") for r in records)
-    )
-    rows = [_table_row(record) for record in records]
-    columns = list(dict.fromkeys(c for row in rows for c in row))  # as the rows name them: _COLUMNS first
-    rows = [{column: row.get(column, "-") for column in columns} for row in rows]  # a runtime that failed: "-"
-    kernel_rows, accuracy_rows = [], []
-    for record in records:
-        searched = [run for run in (*record["few_shot"].values(), record["tuned"]) if run]  # measured them alone
-        kernel_rows.extend(_kernel_rows(record["model"], record["zero"], searched))
-        accuracy_rows.append(_accuracy(record["model"], record["zero"], searched))
-    (out / "analytic.md").write_text(
-        f"# No trials against tuned and against other runtimes\n\n{cpu_model()}, {timing}; measured by "
-        f"{commands}\n\n{markdown_table(rows, columns)}\n\n"
-        f"## The analytic model's predictions (products: predicted within {PREDICTION_WITHIN:.0%})\n\n"
-        f"{markdown_table(accuracy_rows, list(accuracy_rows[0]))}\n"
-    )
-    (out / "kernels.md").write_text(
-        f"# Per kernel: predicted, measured, fraction of peak\n\n{cpu_model()}; measured by {commands}\n\n"
-        f"{markdown_table(kernel_rows, list(kernel_rows[0]))}\n"
-    )
+def _label(model: str, args: argparse.Namespace) -> str:
+    """A model's row: its name, its precision where not fp32, and the target where it is not this CPU's own."""
+    label = model if args.dtype == "float32" else f"{model} {args.dtype}"
+    return label if args.target == "llvm" else f"{label} @ {args.target}"
 
 
-def _label(model: str, target: str) -> str:
-    """A model's row: its name, and the target where it is not this CPU's own."""
-    return model if target == "llvm" else f"{model} @ {target}"
+def _variant(args: argparse.Namespace) -> str:
+    """Where a model's work dirs and logs go beside the fp32 ones for this CPU's own target: "" for those."""
+    parts = [args.dtype] if args.dtype != "float32" else []
+    text = "_".join(parts + ([args.target] if args.target != "llvm" else []))
+    return "".join(c if c.isalnum() else "_" for c in text)  # no "=": it splits a build
 
 
 def _measure_model(model: str, args: argparse.Namespace) -> dict:
     """One model's builds (trials=0, few-shot, tuned), each timed in a process of its own beside the other
     runtimes."""
-    runs, script = args.out / "runs", Path(__file__)
-    if args.target != "llvm":  # its own work dirs and logs
-        runs = runs / "".join(c if c.isalnum() else "_" for c in args.target)  # no "=": it splits a build
-    target = ["--target", args.target]
-    zero = run_step(script, [*target, "--step", "zero", model, str(runs / f"{model}-0")], args.out / f"{model}-0.log")
+    runs, script, variant = args.out / "runs", Path(__file__), _variant(args)
+    runs, logs = (runs / variant, args.out / variant) if variant else (runs, args.out)
+    logs.mkdir(parents=True, exist_ok=True)
+    target = ["--target", args.target, "--dtype", args.dtype]
+    zero = run_step(script, [*target, "--step", "zero", model, str(runs / f"{model}-0")], logs / f"{model}-0.log")
     builds = [f"trials=0={zero['artifact']}"]
     few = {}
     for per_task in args.few_shot:
         few[per_task] = run_step(
             script,
             [*target, "--step", "tuned", model, str(runs / f"{model}-few{per_task}"), str(per_task)],
-            args.out / f"{model}-few{per_task}.log",
+            logs / f"{model}-few{per_task}.log",
         )
         builds.append(f"{per_task}/kernel={few[per_task]['artifact']}")
     tuned = None
@@ -228,12 +203,12 @@ def _measure_model(model: str, args: argparse.Namespace) -> dict:
         tuned = run_step(
             script,
             [*target, "--step", "tuned", model, str(tuned_dir), str(args.tuned_per_task)],
-            args.out / f"{model}.log",
+            logs / f"{model}.log",
         )
         builds.append(f"tuned {args.tuned_per_task}/kernel={tuned['artifact']}")
     timed = {}
     for index, build in enumerate(builds):
-        beside = run_step(script, ["--step", "side", model, build], args.out / f"{model}-side{index}.log")
+        beside = run_step(script, ["--step", "side", model, build], logs / f"{model}-side{index}.log")
         label = build.rpartition("=")[0]
         anchor = beside["ONNX Runtime"]["ms"] if beside.get("ONNX Runtime", {}).get("ms") else None
         timed[label] = {**beside[label], "onnx_runtime_ratio": beside[label]["ms"] / anchor if anchor else None}
@@ -241,123 +216,6 @@ def _measure_model(model: str, args: argparse.Namespace) -> dict:
             if index == 0 and name != label and isinstance(value, dict):
                 timed[name] = value
     return {"model": model, "zero": zero, "few_shot": few, "tuned": tuned, "side_by_side": timed}
-
-
-def _table_row(record: dict) -> dict:
-    model, zero, tuned, timed = record["model"], record["zero"], record["tuned"], record["side_by_side"]
-    label = next((name for name in timed if name.startswith("tuned ")), "")  # "tuned N/kernel"
-    per_task = int(label.split()[1].split("/")[0]) if label else None
-    few = {int(k): v for k, v in record["few_shot"].items()}
-    return {**_row(model, zero, tuned, timed, per_task), **_few_columns(few, timed, zero, tuned)}
-
-
-def _row(model: str, zero: dict, tuned: dict | None, timed: dict, per_task: int | None) -> dict:
-    row = {
-        "model": model,
-        "trials=0 wall (s)": f"{zero['wall_s']:.0f}",
-        "trials=0 (ms)": f"{timed['trials=0']['ms']:.3f}",
-        "predicted (ms)": f"{zero['predicted_ms']:.3f}" if zero["predicted_ms"] else "-",
-        "tuned (ms)": f"{timed[f'tuned {per_task}/kernel']['ms']:.3f}" if tuned else "-",
-        "trials=0 / tuned (via ONNX Runtime)": _through_onnx_runtime(timed, per_task) if tuned else "-",
-        "tuning (min)": f"{tuned['tuning_min']:.1f}" if tuned else "-",
-        "trials=0 / best fp32 runtime": _against_best_fp32(timed),
-    }
-    for name, value in timed.items():
-        if value["ms"] is not None and not name.startswith("tuned"):
-            row[f"{name} / trials=0"] = f"{value['ms'] / timed['trials=0']['ms']:.2f}"
-            row[f"{name} error"] = f"{value['error']:.1e}" if value["error"] is not None else "-"
-    return row
-
-
-def _few_columns(few: dict, timed: dict, zero: dict, tuned: dict | None) -> dict:
-    """Per few-shot budget: its latency against trials=0's and the tuned one's (through ONNX Runtime), and
-    its wall time."""
-    row = {}
-    reference = timed["trials=0"].get("onnx_runtime_ratio")
-    tuned_ratio = next((v.get("onnx_runtime_ratio") for k, v in timed.items() if k.startswith("tuned")), None)
-    for per_task, outcome in few.items():
-        ratio = timed[f"{per_task}/kernel"].get("onnx_runtime_ratio")
-        row[f"{per_task}/kernel (ms)"] = f"{timed[f'{per_task}/kernel']['ms']:.3f}"
-        row[f"{per_task}/kernel wall (s)"] = f"{outcome['wall_s']:.0f}"
-        row[f"{per_task}/kernel / trials=0"] = f"{ratio / reference:.2f}" if ratio and reference else "-"
-        row[f"{per_task}/kernel / tuned"] = f"{ratio / tuned_ratio:.2f}" if ratio and tuned_ratio else "-"
-    return row
-
-
-def _alone(searched: list[dict]) -> dict[str, float]:
-    """Each kernel's analytic schedule measured alone, from the first search that measured it."""
-    alone: dict[str, float] = {}
-    for run in searched:
-        for kernel in run.get("kernels", []):
-            if kernel["alone"]:
-                alone.setdefault(kernel["name"], kernel["alone"])
-    return alone
-
-
-def _kernel_rows(model: str, zero: dict, searched: list[dict]) -> list[dict]:
-    alone = _alone(searched)
-    best = {k["name"]: k["best"] for k in (searched[-1]["kernels"] if searched else [])}
-    rows = []
-    for kernel in zero["kernels"]:
-        in_model, predicted, peak = kernel["in_model"], kernel["predicted"], kernel["peak_gflops"]
-        rows.append(
-            {
-                "model": model,
-                "kernel": kernel["name"],
-                "x": kernel["weight"],
-                "product": "yes" if kernel["tiled"] else "",
-                "predicted (us)": _us(predicted),
-                "in the model (us)": _us(in_model),
-                "alone (us)": _us(alone.get(kernel["name"])),
-                "searched alone (us)": _us(best.get(kernel["name"])),
-                "trials=0 of peak": f"{kernel['flops'] / in_model / 1e9 / peak:.0%}" if in_model and peak else "-",
-            }
-        )
-    return rows
-
-
-def _accuracy(model: str, zero: dict, searched: list[dict]) -> dict:
-    """How many products the analytic model predicted within PREDICTION_WITHIN, against each measurement,
-    and the products' FLOP-weighted fraction of peak at trials=0."""
-    products = [k for k in zero["kernels"] if k["tiled"] and k["predicted"]]
-    alone = _alone(searched)
-
-    def within(measured: dict) -> str:
-        pairs = [(k["predicted"], measured[k["name"]]) for k in products if measured.get(k["name"])]
-        good = sum(abs(p - m) <= PREDICTION_WITHIN * m for p, m in pairs)
-        return f"{good} of {len(pairs)}" if pairs else "-"
-
-    timed = [k for k in products if k["in_model"] and k["peak_gflops"]]
-    flops = sum(k["flops"] * k["weight"] for k in timed)
-    seconds = sum(k["in_model"] * k["weight"] for k in timed)
-    return {
-        "model": model,
-        "products": len(products),
-        "within, in the model": within({k["name"]: k["in_model"] for k in products}),
-        "within, alone": within(alone),
-        "products at trials=0, of peak": f"{flops / seconds / 1e9 / timed[0]['peak_gflops']:.0%}" if timed else "-",
-    }
-
-
-def _against_best_fp32(timed: dict) -> str:
-    """trials=0's latency over the fastest fp32 runtime's, timed in the same process, and which it is."""
-    runtimes = [(timed[name]["ms"], name) for name in FP32_RUNTIMES if (timed.get(name) or {}).get("ms")]
-    if not runtimes:
-        return "-"
-    ms, name = min(runtimes)
-    return f"{timed['trials=0']['ms'] / ms:.2f} ({name})"
-
-
-def _us(seconds: float | None) -> str:
-    return f"{seconds * 1e6:.1f}" if seconds else "-"
-
-
-def _through_onnx_runtime(timed: dict, per_task: int | None) -> str:
-    zero, tuned = (
-        timed["trials=0"].get("onnx_runtime_ratio"),
-        timed[f"tuned {per_task}/kernel"].get("onnx_runtime_ratio"),
-    )
-    return f"{zero / tuned:.2f}" if zero and tuned else "-"
 
 
 if __name__ == "__main__":
