@@ -138,6 +138,9 @@ def main() -> None:
         "--target", default="llvm", help="what to compile for, e.g. 'llvm -mcpu=haswell' for an AVX2 machine's code"
     )
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="tune(dtype=...)")
+    parser.add_argument(
+        "--repredict", action="store_true", help="the recorded fp32 models' kernels predicted again by today's model"
+    )
     parser.add_argument("--tables", action="store_true", help="rewrite the tables from OUT/analytic.json only")
     parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -145,6 +148,8 @@ def main() -> None:
         kind, model, *rest = args.step
         if kind == "zero":
             out = step_zero(model, Path(rest[0]), args.target, args.dtype)
+        elif kind == "predict":
+            out = step_predict(model, args.target)
         elif kind == "tuned":
             out = step_tuned(model, Path(rest[0]), args.target, args.dtype, int(rest[1]))
         else:
@@ -154,7 +159,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     kept = args.out / "analytic.json"
     records = json.loads(kept.read_text()) if kept.exists() else []
-    if args.tables:  # the tables again from the records, nothing measured
+    if args.repredict:  # nothing measured: the kernels are lowered again and predicted
+        for record in records:
+            if " " not in record["model"]:  # fp32 for this CPU: no precision or target in its name
+                _repredict(record, args.out)
+        kept.write_text(json.dumps(records, indent=1, default=str))
+    if args.tables or args.repredict:  # the tables again from the records, nothing measured
         return write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
     labels = [_label(model, args) for model in args.models]
     records = [r for r in records if r["model"] not in labels]
@@ -165,6 +175,40 @@ def main() -> None:
         print(markdown_table([row], list(row)), flush=True)
     kept.write_text(json.dumps(records, indent=1, default=str))
     write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
+
+
+def _repredict(record: dict, out: Path) -> None:
+    """``record``'s kernels predicted again by the analytic model as it is now (their measurements kept),
+    said in the record with the commit that predicted them."""
+    import subprocess
+
+    model = record["model"]
+    predicted = run_step(Path(__file__), ["--step", "predict", model], out / f"{model}-predict.log")
+    for kernel in record["zero"]["kernels"]:
+        kernel["predicted"] = predicted.get(kernel["name"], kernel["predicted"])
+    kernels = record["zero"]["kernels"]
+    if all(k["predicted"] for k in kernels):
+        record["zero"]["predicted_ms"] = sum(k["predicted"] * k["weight"] for k in kernels) * 1e3
+    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    record["predicted_by"] = f"the analytic model at {revision}"
+
+
+def step_predict(model: str, target_text: str) -> dict[str, float]:
+    """Each kernel of ``model`` (lowered as tune() lowers it) predicted by the analytic model, by name."""
+    subject, keywords, _ = _model(model)
+    from tuner.spaces.analytic import configure_kernel
+    from tuner.spaces.prediction import predict_kernel
+    from tuner.targets import resolve_target
+    from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
+
+    target = resolve_target(target_text)
+    workload = load_model(subject, keywords.get("example_inputs"))
+    predicted = {}
+    for task in extract_tasks(workload, target, lower_workload(workload, target)):
+        configured = configure_kernel(task.mod, target)
+        if configured is not None:
+            predicted[task.name] = predict_kernel(task.mod, task.flops, configured, target)
+    return predicted
 
 
 def _label(model: str, args: argparse.Namespace) -> str:

@@ -18,6 +18,9 @@ def write_tables(out: Path, records: list[dict], timing: str) -> None:
     commands = "; ".join(
         f"`{command}`" for command in dict.fromkeys(r.get("command", "an earlier command") for r in records)
     )
+    repredicted = sorted({r["predicted_by"] for r in records if r.get("predicted_by")})
+    if repredicted:  # measured earlier, predicted again (``--repredict``)
+        commands += f"; predictions of the models measured earlier: {', '.join(repredicted)}"
     rows = [table_row(record) for record in records]
     columns = list(dict.fromkeys(c for row in rows for c in row))  # in the order _row names them
     rows = [{column: row.get(column, "-") for column in columns} for row in rows]  # a runtime that failed: "-"
