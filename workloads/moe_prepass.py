@@ -98,7 +98,8 @@ def _replace(graph: torch.fx.Graph, node: torch.fx.Node, fn: Callable[..., torch
     if any(not isinstance(v, torch.Tensor) for v in values):
         return False
     # traced at the inputs' shapes and dtypes; torch.empty's memory is never read
-    traced = make_fx(fn, tracing_mode="fake")(*[torch.empty(v.shape, dtype=v.dtype) for v in values])
+    empties = [torch.empty(v.shape, dtype=v.dtype, device=v.device) for v in values]
+    traced = make_fx(fn, tracing_mode="fake")(*empties)
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     mapping = dict(zip(placeholders, inputs, strict=True))
     with graph.inserting_before(node):
