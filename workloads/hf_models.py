@@ -173,6 +173,9 @@ _SMALL_DECODER = {
     "num_attention_heads": 8,
     "num_key_value_heads": 4,
 }
+# mixture-of-experts decoders: four experts, two per token; transformers' default experts (a grouped matrix
+# product over the rows sorted by expert) are rewritten for the importer by workloads/moe_prepass.py
+_SMALL_MOE = {**_SMALL_DECODER, "intermediate_size": 1024, "num_experts_per_tok": 2}
 _SMALL_SEQ2SEQ = {
     "d_model": 256,
     "encoder_layers": 2,
@@ -276,6 +279,18 @@ HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
     "hf-gemma2": text(
         "Gemma2Model", "Gemma2Config", **_SMALL_DECODER, head_dim=64, vocab_size=32000, sliding_window=64
     ),
+    "hf-mixtral": text("MixtralModel", "MixtralConfig", **_SMALL_MOE, num_local_experts=4),
+    # Qwen2-MoE: a shared expert beside the routed ones, every layer sparse
+    "hf-qwen2-moe": text(
+        "Qwen2MoeModel",
+        "Qwen2MoeConfig",
+        **_SMALL_MOE,
+        num_experts=4,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=1024,
+        vocab_size=32000,
+    ),
+    "hf-olmoe": text("OlmoeModel", "OlmoeConfig", **_SMALL_MOE, num_experts=4),
     # encoder-decoders: the decoder's last hidden state, from 32 decoder tokens
     "hf-t5": text("T5Model", "T5Config", num_layers=2, num_decoder_layers=2, decoder_tokens=32),
     "hf-bart": text("BartModel", "BartConfig", **_SMALL_SEQ2SEQ, decoder_tokens=32),

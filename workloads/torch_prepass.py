@@ -31,10 +31,14 @@ from typing import Any
 
 import torch
 
+from .moe_prepass import rewrite_experts
+
 _CATS = (torch.ops.aten.cat.default, torch.ops.aten.concat.default)
 _PATCH_OPS = (torch.ops.aten.im2col.default, torch.ops.aten.col2im.default)
 _RESHAPE, _PERMUTE = torch.ops.aten.reshape.default, torch.ops.aten.permute.default
 _TO_COPY = torch.ops.aten._to_copy.default
+_DIVISIONS = (torch.ops.aten.floor_divide.default, torch.ops.aten.div.Tensor_mode)
+_INTEGERS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 # producers of a dropped empty input that nothing else reads (a lifted constant's copy and detach)
 _REMOVABLE = (
     torch.ops.aten.lift_fresh_copy.default,
@@ -74,12 +78,14 @@ def prepare_exported_program(exported: Any) -> Any:
     """``exported`` rewritten for TVM's importer (the same object); the rewrites keep its outputs."""
     graph = exported.graph_module.graph
     dropped: list[Any] = []
-    changed = False
+    changed = rewrite_experts(graph)
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target in _CATS:
             dropped += _drop_empty_cat_inputs(graph, node)
         elif node.op == "call_function" and node.target in _PATCH_OPS:
             changed |= _patches_as_layout(graph, node)
+        elif node.op == "call_function" and node.target in _DIVISIONS:
+            changed |= _typed_divisor(graph, node)
     if dropped:
         _remove_unused(graph, dropped)
     if dropped or changed:
@@ -144,6 +150,21 @@ def _patches_as_layout(graph: Any, node: Any) -> bool:
             value = _call(graph, target, value, list(step))
     node.replace_all_uses_with(value)
     graph.erase_node(node)
+    return True
+
+
+def _typed_divisor(graph: Any, node: Any) -> bool:
+    """The Python integer divisor of an integer tensor's floor division at ``node`` as a 0-d tensor of its
+    dtype; whether it was one."""
+    dividend, divisor = _value(node.args[0]), node.args[1]
+    if not isinstance(dividend, torch.Tensor) or dividend.dtype not in _INTEGERS or type(divisor) is not int:
+        return False
+    if node.target == torch.ops.aten.div.Tensor_mode and node.kwargs.get("rounding_mode") != "floor":
+        return False  # a true division's result is float: left to the importer
+    with graph.inserting_before(node):
+        typed = graph.call_function(torch.ops.aten.scalar_tensor.default, (divisor,), {"dtype": dividend.dtype})
+    typed.meta["val"] = dividend.new_full((), divisor)  # in the program's fake mode
+    node.args = (node.args[0], typed, *node.args[2:])
     return True
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tvm
 from tvm.ir.module import IRModule
-from tvm.s_tir import Schedule
+from tvm.s_tir import SBlockRealize, Schedule
 
 _ATTR = "layout_free_buffers"
 
@@ -12,8 +12,11 @@ _ATTR = "layout_free_buffers"
 def _reduction_reads(func: tvm.tirx.PrimFunc) -> set[int]:
     """Indices of the arguments some reduction block (a matmul's, a convolution's) reads."""
     sch = Schedule(IRModule({"main": func}))
+    # the root block is "root" but in kernels written in TVMScript with a block of their own on top
+    # (topi's index_put: "index_put_generic")
+    root = func.body.block.name_hint if isinstance(func.body, SBlockRealize) else "root"
     indices = set()
-    for rv in sch.get_child_blocks(sch.get_sblock("root", func_name="main")):
+    for rv in sch.get_child_blocks(sch.get_sblock(root, func_name="main")):
         block = sch.get(rv)
         if not any(int(iv.iter_type) == tvm.tirx.IterVar.CommReduce for iv in block.iter_vars):
             continue
