@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tuner.tasks", "tuner.runtime"),  # kernels to tune; a compiled model run
     ("tuner.search", "tuner.compile"),  # tuning; compiling what it found
     ("tuner.options", "tuner.result"),  # what a run takes and gives
+    ("tuner.partition",),  # a torch model in pieces around what TVM's importer refuses
     ("tuner.run",),  # a run in phases
     ("tuner.api",),  # tune()
     ("tuner", "tuner.cli", "tuner.torch_compile"),  # the doors

@@ -48,6 +48,7 @@ def tune(
     verbose: bool = False,
     analytic_start: bool = True,
     time_untuned: bool = False,
+    partition: bool = True,
 ) -> TuneResult:
     """Tune every kernel of ``model`` for ``target`` and return the compiled result.
 

@@ -2,6 +2,9 @@
 
 from workloads import WorkloadError
 
+# ends the refusal of a torch module with operators TVM's importer does not take, under partition=False
+PARTITION_HINT = "; or let tune() run them in PyTorch: drop partition=False (--no-partition)"
+
 
 class TunerError(Exception):
     """A user-facing error: the message names the problem and the fix, in one line."""
@@ -24,4 +27,12 @@ class DatabaseError(TunerError):
     """The work dir's database is unreadable or belongs to something else."""
 
 
-__all__ = ["DatabaseError", "ModelError", "NoDeviceError", "TargetError", "TunerError", "WorkloadError"]
+__all__ = [
+    "PARTITION_HINT",
+    "DatabaseError",
+    "ModelError",
+    "NoDeviceError",
+    "TargetError",
+    "TunerError",
+    "WorkloadError",
+]

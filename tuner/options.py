@@ -114,6 +114,12 @@ class TuneOptions:
         "also compile and time the model with TVM's default schedules, for the summary's before and after "
         "(minutes on a large model, whose untuned products run 26-680x slower than tuned)",
     )
+    partition: bool = _setting(
+        True,
+        "a torch module with operators TVM's importer refuses is cut around them: its pieces that hold a matmul "
+        "or convolution are tuned and compiled, the refused operators run in PyTorch between them (docs/"
+        "partition.md); False refuses the module instead",
+    )
 
     @property
     def filter_settings(self) -> FilterSettings:

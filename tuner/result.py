@@ -172,12 +172,12 @@ class TuneResult:
                 + (" for the analytic schedules (what trials=0 gives)" if searched else "")
             )
         for task in self.tasks:
-            lines.append(f"  {task.name} x{task.weight}: {_task_line(task)}")
+            lines.append(f"  {task.name} x{task.weight}: {task_line(task)}")
         lines.append(f"artifact {self.artifact_path}  database {self.database_path}")
         return "\n".join(lines)
 
 
-def _task_line(task: TaskResult) -> str:
+def task_line(task: TaskResult) -> str:
     """A kernel's latency, speed and schedule, then the analytic model's prediction and its time inside
     the model where known: "1.20 ms 96.1 GFLOP/s (43% of peak), 32 trials, verified; predicted 1.05 ms"."""
     speed = f" {task.gflops:.1f} GFLOP/s" if task.gflops else ""

@@ -37,6 +37,7 @@ from tuner.database.workdir import (
 )
 from tuner.lowering import LoweringOptions
 from tuner.lowering.bf16.precision import check_bf16
+from tuner.partition.pieces import tune_in_pieces
 from tuner.search.budget import Budget, choose_budget, describe_budget
 from tuner.search.kernel_costs import KernelCosts, probe
 from tuner.search.loop import LoopConfig, TuningLoop
@@ -47,7 +48,7 @@ from tuner.search.transfer import TransferSource, read_model_sources, read_sourc
 from tuner.tasks.extraction import Task, extract_tasks, load_model, lower_workload
 from workloads import Workload
 
-from .errors import NoDeviceError, TunerError
+from .errors import PARTITION_HINT, ModelError, NoDeviceError, TunerError
 from .options import TuneOptions
 from .progress import Progress
 from .quiet import native_logs_quiet
@@ -79,11 +80,20 @@ class Tasks:
 
 
 def run_tuning(model: Any, options: TuneOptions) -> TuneResult:
+    started = time.monotonic()
     with native_logs_quiet(options.verbose) as native_log:  # TVM's C++ lines go to logs/libraries.log
-        started = time.monotonic()
-        plan = check(model, options)
-        native_log.keep_in(plan.work_dir.logs)
-        return _run(plan, options, started)
+        try:
+            plan = check(model, options)
+        except ModelError as err:
+            if err.source is None:
+                raise
+            if not options.partition:
+                raise ModelError(f"{err}{PARTITION_HINT}", err.unsupported) from None
+            refusal = err  # tuned in pieces below, each piece a run of its own
+        else:
+            native_log.keep_in(plan.work_dir.logs)
+            return _run(plan, options, started)
+    return tune_in_pieces(refusal, options, started, run_tuning)
 
 
 def _run(plan: Plan, options: TuneOptions, started: float) -> TuneResult:

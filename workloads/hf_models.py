@@ -235,6 +235,7 @@ HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
         num_attention_heads=6,
     ),
     "hf-swin-t": vision("SwinModel", "SwinConfig", 224, depths=[1, 1, 2, 1]),
+    "hf-hiera": vision("HieraModel", "HieraConfig", 224),
     "hf-segformer-b0": vision(
         "SegformerForSemanticSegmentation",
         "SegformerConfig",

@@ -19,7 +19,7 @@ from tvm import relax
 
 from common.error_text import error_line
 
-from .errors import WorkloadError
+from .errors import TorchSource, WorkloadError
 from .precision import in_precision
 from .registry import get_workload
 from .workload import TensorSpec, Workload, prim_func_inputs
@@ -150,7 +150,7 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
         # importer) is not kept as this one's context: the importer's BlockBuilder is freed now, and says
         # "BlockBuilder destroyed with remaining blocks!" while tune()'s descriptor 2 still goes to its log
         gc.collect()
-        raise WorkloadError(failure, unsupported)
+        raise WorkloadError(failure, unsupported, TorchSource(name, module, examples) if unsupported else None)
     workload = from_ir_module(mod, name)
     workload.reference, workload.reference_name = torch_reference(module), "PyTorch"
     workload.examples = [x.detach().cpu().numpy() for x in examples]

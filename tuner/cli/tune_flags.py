@@ -150,6 +150,7 @@ TUNE_FLAGS: dict[str, tuple[str, ...]] = {
     "verbose": ("--verbose",),
     "analytic_start": ("--no-analytic-start",),
     "time_untuned": ("--time-untuned",),
+    "partition": ("--no-partition",),
 }
 
 
@@ -181,6 +182,7 @@ def options_from_args(args: argparse.Namespace) -> TuneOptions:
         verbose=args.verbose,
         analytic_start=not args.no_analytic_start,
         time_untuned=args.time_untuned,
+        partition=not args.no_partition,
     )
 
 
@@ -307,6 +309,12 @@ def add_tune_command(commands) -> None:
         "--time-untuned",
         action="store_true",
         help="also compile and time the model with TVM's default schedules, for the summary's before and after",
+    )
+    tune.add_argument(
+        "--no-partition",
+        action="store_true",
+        help="refuse a model with operators TVM's importer does not take, instead of running them in PyTorch "
+        "between compiled pieces",
     )
     add_verbose(tune)
 

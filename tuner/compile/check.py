@@ -85,7 +85,12 @@ class ModelCheck:
 
 
 def tolerance_for(workload: Workload) -> float:
-    return TOLERANCE.get(workload.precision, FP32_TOLERANCE)
+    return precision_tolerance(workload.precision)
+
+
+def precision_tolerance(precision: str | None) -> float:
+    """The end-to-end check's tolerance for a model computed in ``precision`` (None: fp32)."""
+    return TOLERANCE.get(precision or "float32", FP32_TOLERANCE)
 
 
 def check_inputs(workload: Workload, seed: int = 0) -> list[np.ndarray]:

@@ -32,7 +32,7 @@ def load_model(model, example_inputs=None, *, batch: int | None = None, dtype: s
     except ModelError:
         raise
     except WorkloadError as err:
-        raise ModelError(str(err), err.unsupported) from None
+        raise ModelError(str(err), err.unsupported, err.source) from None
 
 
 def lower_workload(

@@ -208,7 +208,7 @@ class TunedGraph:
     def _split(self, plan: GraphPlan, refused: list[str], entry: Path) -> Any:
         """The graph in pieces: those TVM takes tuned (or loaded) one by one, the rest in PyTorch; None
         where no piece is worth it (remembered in the graph's ``entry``), or splitting fails."""
-        from .partition import split_graph
+        from tuner.partition.split import split_graph
 
         try:
             split = split_graph(self._module(plan), _examples(plan), refused)

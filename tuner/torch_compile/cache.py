@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from common.error_text import error_line
-from tuner.errors import ModelError, TunerError
+from tuner.errors import PARTITION_HINT, ModelError, TunerError
 
 from .graph import RunsInPyTorch
 
@@ -85,9 +85,10 @@ def compile_into(entry: Path, module: Any, examples: Sequence[Any], tune_kwargs:
         ) from None
     try:
         try:
-            result = tune(module, work_dir=work, example_inputs=list(examples), **tune_kwargs)
+            # partition=False: the door splits a graph itself, each piece cached on its own
+            result = tune(module, work_dir=work, example_inputs=list(examples), partition=False, **tune_kwargs)
         except ModelError as err:  # the model itself cannot be imported: remembered, never tried again
-            reason = f"TVM cannot take it: {error_line(err)}"
+            reason = f"TVM cannot take it: {error_line(err).removesuffix(PARTITION_HINT)}"
             unsupported = err.unsupported
             shutil.rmtree(work)
             work.mkdir()

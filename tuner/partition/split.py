@@ -10,6 +10,7 @@ the functions.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,7 +72,8 @@ def split_graph(module: Any, examples: Sequence[Any], refused: Collection[str]) 
                 return True
             return node.op == "call_function" and _op_name(node) not in refused
 
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation notices
         graph = torch.export.export(module, tuple(examples)).run_decompositions().module()
     partitioner = CapabilityBasedPartitioner(graph, TvmTakes(), allows_single_node_partition=True)
     partitions = [
