@@ -40,3 +40,13 @@ def test_a_quiet_calibration_is_kept_whatever_the_load(tmp_path, monkeypatch):
     cache, _ = _cache_with(tmp_path, cal.Calibration(**{**asdict(SLOW), "load_per_core": 0.1}))
     monkeypatch.setattr(cal.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert cal.calibration(TARGET, cache).product_gflops == 1.0
+
+
+def test_a_calibration_of_unknown_load_is_measured_again_once_it_is_quiet(tmp_path, monkeypatch):
+    cache, _ = _cache_with(tmp_path, SLOW)  # an older cache: no load recorded
+    monkeypatch.setattr(cal.os, "getloadavg", lambda: (8.0, 8.0, 8.0))
+    assert cal.calibration(TARGET, cache).product_gflops == 1.0  # busy now: kept as it is
+    monkeypatch.setattr(cal.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    again = cal.calibration(TARGET, cache)
+    assert again.product_gflops > 1.0 and again.taken_quiet
+    assert cal.calibration(TARGET, cache) == again

@@ -47,6 +47,11 @@ class Calibration:
     def taken_busy(self) -> bool:
         return self.load_per_core is not None and self.load_per_core > BUSY_LOAD_PER_CORE
 
+    @property
+    def taken_quiet(self) -> bool:
+        """Known to be measured on a quiet machine (an older cache did not record the load: not known)."""
+        return self.load_per_core is not None and not self.taken_busy
+
     def describe(self) -> str:
         peaks = f", FMA peak {self.fma_peak_gflops:.0f} GFLOP/s" if self.fma_peak_gflops else ""
         if self.bf16_peak_gflops:
@@ -86,7 +91,9 @@ class Calibration:
 def calibration(target: tvm.target.Target, cache: Path | None = None) -> Calibration:
     """This machine's calibration for ``target`` (an llvm target whose CPU is this host's): read from the
     user cache, or measured (a few seconds) and kept there. One taken while the machine was busy reads low:
-    the first call that finds the machine quiet measures again and keeps the better of each figure."""
+    the first call that finds the machine quiet measures again and keeps the better of each figure; so does
+    one whose load was not recorded (an older cache: one kept for an AVX2 target read the FMA peak at half
+    of what the same micro-kernel measures quiet, and its products ran at "100%" of it)."""
     cache = cache or user_cache_dir() / CALIBRATION_FILE
     key = f"{cpu_model()} | {target} | TVM {tvm.__version__} | {_threads(target)} threads | {_METHOD}"
     try:
@@ -95,7 +102,7 @@ def calibration(target: tvm.target.Target, cache: Path | None = None) -> Calibra
         kept = {}
     load = os.getloadavg()[0] / (os.cpu_count() or 1)
     earlier = Calibration(**kept[key]) if key in kept else None
-    if earlier is not None and (not earlier.taken_busy or load > BUSY_LOAD_PER_CORE):
+    if earlier is not None and (earlier.taken_quiet or load > BUSY_LOAD_PER_CORE):
         return earlier
     measured = replace(_measure(target), load_per_core=load)
     if earlier is not None:
