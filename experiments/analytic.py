@@ -256,6 +256,9 @@ def _measure_model(model: str, args: argparse.Namespace) -> dict:
         label = build.rpartition("=")[0]
         anchor = beside["ONNX Runtime"]["ms"] if beside.get("ONNX Runtime", {}).get("ms") else None
         timed[label] = {**beside[label], "onnx_runtime_ratio": beside[label]["ms"] / anchor if anchor else None}
+        timed[label]["beside"] = {  # the runtimes timed in this build's own process
+            name: value for name, value in beside.items() if name != label and isinstance(value, dict)
+        }
         for name, value in beside.items():  # the other runtimes, from the trials=0 build's process
             if index == 0 and name != label and isinstance(value, dict):
                 timed[name] = value

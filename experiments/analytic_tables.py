@@ -59,6 +59,7 @@ def _row(model: str, zero: dict, tuned: dict | None, timed: dict, per_task: int 
         "trials=0 / tuned (via ONNX Runtime)": _through_onnx_runtime(timed, per_task) if tuned else "-",
         "tuning (min)": f"{tuned['tuning_min']:.1f}" if tuned else "-",
         "trials=0 / best fp32 runtime": _against_best_fp32(timed),
+        "tuned / best fp32 runtime": _against_best_fp32(timed, f"tuned {per_task}/kernel") if tuned else "-",
     }
     for name, value in timed.items():
         if value["ms"] is not None and not name.startswith("tuned"):
@@ -137,13 +138,15 @@ def _accuracy(model: str, zero: dict, searched: list[dict]) -> dict:
     }
 
 
-def _against_best_fp32(timed: dict) -> str:
-    """trials=0's latency over the fastest fp32 runtime's, timed in the same process, and which it is."""
-    runtimes = [(timed[name]["ms"], name) for name in FP32_RUNTIMES if (timed.get(name) or {}).get("ms")]
+def _against_best_fp32(timed: dict, build: str = "trials=0") -> str:
+    """A build's latency over the fastest fp32 runtime's, timed in the same process, and which it is (the
+    other runtimes of an older record: from trials=0's process only)."""
+    beside = timed[build].get("beside", timed if build == "trials=0" else {})
+    runtimes = [(beside[name]["ms"], name) for name in FP32_RUNTIMES if (beside.get(name) or {}).get("ms")]
     if not runtimes:
         return "-"
     ms, name = min(runtimes)
-    return f"{timed['trials=0']['ms'] / ms:.2f} ({name})"
+    return f"{timed[build]['ms'] / ms:.2f} ({name})"
 
 
 def _us(seconds: float | None) -> str:
