@@ -139,7 +139,7 @@ def main() -> None:
     )
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="tune(dtype=...)")
     parser.add_argument(
-        "--repredict", action="store_true", help="the recorded fp32 models' kernels predicted again by today's model"
+        "--repredict", action="store_true", help="the recorded models' kernels predicted again by today's model"
     )
     parser.add_argument("--tables", action="store_true", help="rewrite the tables from OUT/analytic.json only")
     parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)
@@ -149,7 +149,7 @@ def main() -> None:
         if kind == "zero":
             out = step_zero(model, Path(rest[0]), args.target, args.dtype)
         elif kind == "predict":
-            out = step_predict(model, args.target)
+            out = step_predict(model, args.target, args.dtype)
         elif kind == "tuned":
             out = step_tuned(model, Path(rest[0]), args.target, args.dtype, int(rest[1]))
         else:
@@ -161,7 +161,7 @@ def main() -> None:
     records = json.loads(kept.read_text()) if kept.exists() else []
     if args.repredict:  # nothing measured: the kernels are lowered again and predicted
         for record in records:
-            if " " not in record["model"]:  # fp32 for this CPU: no precision or target in its name
+            if "@" not in record["model"]:  # for this CPU: no other target in its name
                 _repredict(record, args.out)
         kept.write_text(json.dumps(records, indent=1, default=str))
     if args.tables or args.repredict:  # the tables again from the records, nothing measured
@@ -182,8 +182,9 @@ def _repredict(record: dict, out: Path) -> None:
     said in the record with the commit that predicted them."""
     import subprocess
 
-    model = record["model"]
-    predicted = run_step(Path(__file__), ["--step", "predict", model], out / f"{model}-predict.log")
+    model, _, dtype = record["model"].partition(" ")  # "resnet18", "resnet18 bfloat16"
+    step = ["--dtype", dtype or "float32", "--step", "predict", model]
+    predicted = run_step(Path(__file__), step, out / f"{model}{dtype and '-' + dtype}-predict.log")
     for kernel in record["zero"]["kernels"]:
         kernel["predicted"] = predicted.get(kernel["name"], kernel["predicted"])
     kernels = record["zero"]["kernels"]
@@ -193,7 +194,7 @@ def _repredict(record: dict, out: Path) -> None:
     record["predicted_by"] = f"the analytic model at {revision}"
 
 
-def step_predict(model: str, target_text: str) -> dict[str, float]:
+def step_predict(model: str, target_text: str, dtype: str) -> dict[str, float]:
     """Each kernel of ``model`` (lowered as tune() lowers it) predicted by the analytic model, by name."""
     subject, keywords, _ = _model(model)
     from tuner.spaces.analytic import configure_kernel
@@ -202,7 +203,7 @@ def step_predict(model: str, target_text: str) -> dict[str, float]:
     from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
 
     target = resolve_target(target_text)
-    workload = load_model(subject, keywords.get("example_inputs"))
+    workload = load_model(subject, keywords.get("example_inputs"), dtype=dtype)
     predicted = {}
     for task in extract_tasks(workload, target, lower_workload(workload, target)):
         configured = configure_kernel(task.mod, target)

@@ -66,6 +66,9 @@ def test_a_products_prediction_counts_its_memory_on_top_of_its_arithmetic():
     expected = flops / 200e9 / balance + moved / 20e9 + 1e-6
     assert predicted_seconds(flops, moved, [plan], AVX512, measured) == pytest.approx(expected)
     assert predicted_seconds(0, moved, [], AVX512, measured) == pytest.approx(moved / 20e9 + 1e-6)
+    with_peaks = Calibration(200.0, 20.0, 1e-6, fma_peak_gflops=250.0, bf16_peak_gflops=500.0)
+    untiled = predicted_seconds(1e9, moved, [], AVX512, with_peaks, "bfloat16")  # at its precision's peak
+    assert untiled == pytest.approx(1e9 / 500e9 + moved / 20e9 + 1e-6)
 
 
 def test_fewer_registers_make_a_smaller_tile():

@@ -4,9 +4,11 @@
 
 for a product (a block ``analytic`` tiled), where the product rate is the calibrated rate of a product
 running from the caches on every core and ``balance`` the share of the cores its parallel tasks keep
-busy (7 tasks on 2 cores: 7/8); a kernel with no tiled block is counted by its bytes alone. The bytes
-are its arguments, and the intermediates one reduction hands another (a Winograd kernel's transformed
-input and its batched product's output, each written and read once).
+busy (7 tasks on 2 cores: 7/8). A kernel with no tiled block (element-wise, reductions, depthwise
+convolutions, the bf16 products of their own rule, whose tiles reach 93-97% of the bf16 unit) takes its
+FLOPs at its precision's measured peak instead. The bytes are its arguments, and the intermediates one
+reduction hands another (a Winograd kernel's transformed input and its batched product's output, each
+written and read once).
 
 Memory is added to compute, not overlapped with it: inside a model a kernel's weights and inputs come
 from memory, not from the caches the calibration's product ran in, and the loops TVM makes do not
@@ -33,14 +35,21 @@ from .machine import MachineFacts
 
 
 def predicted_seconds(
-    flops: float, bytes_moved: int, plans: Sequence[BlockPlan], facts: MachineFacts, measured: Calibration
+    flops: float,
+    bytes_moved: int,
+    plans: Sequence[BlockPlan],
+    facts: MachineFacts,
+    measured: Calibration,
+    dtype: str = "float32",
 ) -> float:
     memory = bytes_moved / (measured.bandwidth_gbs * 1e9)
-    compute = 0.0
     if plans:
         tasks = min(plan.tasks for plan in plans)
         balance = tasks / (math.ceil(tasks / facts.cores) * facts.cores)
         compute = flops / (measured.product_gflops * 1e9 * balance)
+    else:
+        peak = measured.peak_gflops(dtype)
+        compute = flops / (peak * 1e9) if peak else 0.0
     return compute + memory + measured.launch_seconds
 
 
@@ -52,7 +61,7 @@ def predict_kernel(
     if facts is None:
         return None
     moved = msc.kernel_bytes(mod) + 2 * handed_between_reductions(mod)
-    return predicted_seconds(flops, moved, configured.plans, facts, calibration(target))
+    return predicted_seconds(flops, moved, configured.plans, facts, calibration(target), precision(mod))
 
 
 def handed_between_reductions(mod: tvm.IRModule) -> int:
