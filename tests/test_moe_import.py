@@ -172,3 +172,24 @@ def test_a_tiny_mixtral_as_users_build_it_compiles_and_matches_pytorch(tmp_path)
         assert _relative_error(got, expected) < 1e-5
         outputs.append(expected)
     assert not np.allclose(*outputs)  # the output follows the input
+
+
+def test_transformers_experts_export_every_token_through_every_expert_and_come_back_as_they_were():
+    """Exported through the dense experts, a Mixtral layer has no sort, histogram or grouped product: each
+    token meets each expert once (top-k times fewer products than the grouped form's dense rewrite)."""
+    pytest.importorskip("transformers", reason="the Hugging Face models need transformers: pip install '.[hf]'")
+    from workloads.moe_experts import dense_experts
+    from workloads.torch_prepass import FlatOutputs
+
+    torch.manual_seed(0)
+    model = _mixtral().eval()
+    ids = torch.randint(0, VOCAB, (1, TOKENS), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = model(ids).last_hidden_state
+        with dense_experts(model):
+            dense = model(ids).last_hidden_state
+            exported = torch.export.export(FlatOutputs(model), (ids,))
+    assert model.config._experts_implementation == "grouped_mm"
+    assert _relative_error(dense.numpy(), expected.numpy()) < 1e-6
+    targets = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+    assert not any(op in name for name in targets for op in ("sort", "histc", "grouped_mm"))

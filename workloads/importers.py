@@ -118,7 +118,8 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
     examples = tuple(_as_example_tensor(torch, x) for x in _as_sequence(example_inputs))
     from tvm.relax.frontend.torch import from_exported_program
 
-    from .torch_prepass import FlatOutputs, plain_output, prepare_exported_program  # torch's: imported with it
+    from .moe_experts import dense_experts  # torch's: imported with it
+    from .torch_prepass import FlatOutputs, plain_output, prepare_exported_program
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation notices
@@ -126,7 +127,8 @@ def from_torch(module: Any, example_inputs: Sequence[Any] | None, name: str) -> 
             with torch.no_grad():
                 out = module.eval()(*examples)  # torch.export traces with fake tensors and lets a wrong dtype through
             # a dict or a transformers ModelOutput: its tensors as a tuple (torch_prepass.py)
-            exported = torch.export.export(module if plain_output(out) else FlatOutputs(module), examples)
+            with dense_experts(module):  # transformers' experts, every token through every expert (moe_experts.py)
+                exported = torch.export.export(module if plain_output(out) else FlatOutputs(module), examples)
         except Exception as err:  # torch raises many types here; they all mean the inputs do not fit the module
             raise WorkloadError(
                 f"example inputs {[(*x.shape, str(x.dtype).removeprefix('torch.')) for x in examples]} do not fit "
