@@ -190,13 +190,15 @@ def _repredict(record: dict, out: Path) -> None:
     kernels = record["zero"]["kernels"]
     if all(k["predicted"] for k in kernels):
         record["zero"]["predicted_ms"] = sum(k["predicted"] * k["weight"] for k in kernels) * 1e3
-    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    record["predicted_by"] = f"the analytic model at {revision}"
+    last_change = ["git", "log", "-1", "--format=%h", "--", "tuner/spaces"]  # of the model: its code's last commit
+    revision = subprocess.run(last_change, capture_output=True, text=True).stdout.strip()
+    record["predicted_by"] = f"the analytic model of {revision}"
 
 
 def step_predict(model: str, target_text: str, dtype: str) -> dict[str, float]:
     """Each kernel of ``model`` (lowered as tune() lowers it) predicted by the analytic model, by name."""
     subject, keywords, _ = _model(model)
+    from tuner.lowering import LoweringOptions
     from tuner.spaces.analytic import configure_kernel
     from tuner.spaces.prediction import predict_kernel
     from tuner.targets import resolve_target
@@ -204,8 +206,9 @@ def step_predict(model: str, target_text: str, dtype: str) -> dict[str, float]:
 
     target = resolve_target(target_text)
     workload = load_model(subject, keywords.get("example_inputs"), dtype=dtype)
+    lowering = LoweringOptions(bfloat16=workload.precision == "bfloat16")  # as tune() lowers it
     predicted = {}
-    for task in extract_tasks(workload, target, lower_workload(workload, target)):
+    for task in extract_tasks(workload, target, lower_workload(workload, target, lowering)):
         configured = configure_kernel(task.mod, target)
         if configured is not None:
             predicted[task.name] = predict_kernel(task.mod, task.flops, configured, target)
