@@ -3,6 +3,7 @@ where one stops, the stage and the one-line reason.
 
     .venv/bin/python experiments/model_coverage.py --out /tmp/coverage                     # every HF model
     .venv/bin/python experiments/model_coverage.py --models hf-gpt2 hf-llama --trials-per-task 2
+    .venv/bin/python experiments/model_coverage.py --table --out experiments/results/model_coverage   # the table again
     python3 experiments/model_coverage.py --models hf-llama --target cuda --out /tmp/coverage-gpu    # on a GPU
 
 The models are built from Hugging Face transformers' own definitions (workloads/hf_models.py: default
@@ -14,7 +15,8 @@ random ones against PyTorch: max|out - ref| / max|ref|; "wrong" above ``--tolera
 where the reference cannot tell: all zeros, constant, or blind to its input). The step's stderr is
 what a user's terminal would show: lines of TVM's own logging found there are counted
 (``leaked_log_lines``). Results go to OUT/coverage.jsonl as each model finishes (a rerun skips
-those already there) and OUT/coverage.md.
+those already there) and OUT/coverage.md (``--table`` writes it again from coverage.jsonl: rows merged from
+another run, in HF_MODELS' order).
 """
 
 from __future__ import annotations
@@ -158,6 +160,9 @@ def main() -> None:
     parser.add_argument("--target", default="llvm", help="'llvm' (this CPU, the default) or 'cuda'")
     parser.add_argument("--out", default="experiments/results/model_coverage")
     parser.add_argument("--keep-work", action="store_true", help="keep each model's work dir (its library, database)")
+    parser.add_argument(
+        "--table", action="store_true", help="rewrite OUT/coverage.md from OUT/coverage.jsonl, run nothing"
+    )
     parser.add_argument("--step", help=argparse.SUPPRESS)  # internal: one model, in its own process
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -177,14 +182,14 @@ def main() -> None:
     earlier = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
     done = {record["name"]: record for record in earlier}
     for name in names:
-        if name in done:
+        if name in done or args.table:
             continue
         record = run_model(name, args, out)
         with open(results, "a") as f:
             f.write(json.dumps(record) + "\n")
         done[name] = record
         print(f"{name}: {record['status']} ({record.get('stage')}) {record.get('error_line', '')}".rstrip(), flush=True)
-    text = table([done[n] for n in names])
+    text = table([done[n] for n in names if n in done])  # --table: the models with a row
     (out / "coverage.md").write_text(text + "\n")
     print(text)
 

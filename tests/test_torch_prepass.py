@@ -41,3 +41,67 @@ def test_overlapping_patches_are_left_to_the_importer():
     exported = prepare_exported_program(torch.export.export(Overlapping(), (torch.zeros(1, 2, 5, 5),)))
     targets = [node.target for node in exported.graph.nodes]
     assert torch.ops.aten.im2col.default in targets
+
+
+class GroupRouting(torch.nn.Module):
+    """DeepSeek-V3's routing in small: the best 2 of 4 groups by an unsorted top-k, a mask scattered from
+    them, then each row's best 3 scores in those groups (unsorted too) summed by weight."""
+
+    def forward(self, scores):
+        groups = scores.view(8, 4, 4).sum(dim=-1)
+        chosen = torch.topk(groups, k=2, dim=-1, sorted=False)[1]
+        mask = torch.zeros_like(groups).scatter_(1, chosen, 1.0).repeat_interleave(4, dim=1)
+        values, indices = torch.topk(scores.masked_fill(mask == 0, -1e9), 3, -1, True, False)
+        return (values * indices.float()).sum(dim=-1)
+
+
+def test_unsorted_topk_is_asked_sorted_and_matches():
+    from workloads.torch_prepass import prepare_exported_program
+
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype("float32")
+    exported = prepare_exported_program(torch.export.export(GroupRouting(), (torch.from_numpy(x),)))
+    topks = [node for node in exported.graph.nodes if node.target == torch.ops.aten.topk.default]
+    assert len(topks) == 2 and all(node.args[4] is True and not node.kwargs for node in topks)
+    workload = load_workload(GroupRouting().eval(), example_inputs=[torch.from_numpy(x)])
+    vm = relax.VirtualMachine(tvm.compile(workload.mod, target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    with torch.no_grad():
+        expected = GroupRouting()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+class SplitHeads(torch.nn.Module):
+    """Falcon's multi-query split: the last two heads picked by negative index lists, a third list mixed."""
+
+    def forward(self, x):
+        heads = x.view(1, 6, 5, 4)
+        return heads[..., :-2, :] * heads[..., [-2], :] + heads[..., [-1], :] + heads[:, [0, -6], [-3]].sum()
+
+
+def test_negative_constant_indices_count_from_the_end():
+    x = np.random.default_rng(0).standard_normal((1, 6, 20)).astype("float32")
+    workload = load_workload(SplitHeads().eval(), example_inputs=[torch.from_numpy(x)])
+    vm = relax.VirtualMachine(tvm.compile(workload.mod, target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    with torch.no_grad():
+        expected = SplitHeads()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+class Descending(torch.nn.Module):
+    """Funnel's relative positions: integer ranges counted down, by 1 and by 2, gathering rows."""
+
+    def forward(self, table):
+        down = torch.arange(8, -1, -1, dtype=torch.long)
+        by_two = torch.arange(8, -1, -2, dtype=torch.long)
+        return table[down] * 2.0 + table[by_two].sum(dim=0)
+
+
+def test_descending_integer_arange_keeps_its_length_and_values():
+    x = np.random.default_rng(0).standard_normal((9, 3)).astype("float32")
+    workload = load_workload(Descending().eval(), example_inputs=[torch.from_numpy(x)])
+    vm = relax.VirtualMachine(tvm.compile(workload.mod, target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    with torch.no_grad():
+        expected = Descending()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)

@@ -249,6 +249,12 @@ HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
     "hf-clip-vision": vision(
         "CLIPVisionModel", "CLIPVisionConfig", 224, ("last_hidden_state", "pooler_output"), num_hidden_layers=4
     ),
+    "hf-swinv2": vision("Swinv2Model", "Swinv2Config", 224, depths=[1, 1, 2, 1]),
+    "hf-pvt-v2": vision("PvtV2Model", "PvtV2Config", 224),  # the config's default is PVTv2-b0
+    "hf-focalnet": vision("FocalNetModel", "FocalNetConfig", 224, depths=[1, 1, 2, 1]),
+    "hf-dinov2-registers": vision(
+        "Dinov2WithRegistersModel", "Dinov2WithRegistersConfig", 224, image_size=224, **_SMALL_VIT
+    ),
     # text
     "hf-bert": text("BertModel", "BertConfig", ("last_hidden_state", "pooler_output"), num_hidden_layers=2),
     "hf-roberta": text("RobertaModel", "RobertaConfig", num_hidden_layers=2),
@@ -267,6 +273,12 @@ HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
     "hf-deberta-v2": text("DebertaV2Model", "DebertaV2Config", num_hidden_layers=2),
     "hf-mpnet": text("MPNetModel", "MPNetConfig", num_hidden_layers=2),
     "hf-t5-encoder": text("T5EncoderModel", "T5Config", num_layers=2),
+    "hf-xlm-roberta": text("XLMRobertaModel", "XLMRobertaConfig", num_hidden_layers=2),
+    "hf-ernie": text("ErnieModel", "ErnieConfig", num_hidden_layers=2),
+    "hf-nystromformer": text("NystromformerModel", "NystromformerConfig", num_hidden_layers=2),
+    # Canine reads Unicode code points (hashed into buckets), not a vocabulary: ids below 1000
+    "hf-canine": text("CanineModel", "CanineConfig", num_hidden_layers=2, vocab_size=1000),
+    "hf-funnel": text("FunnelBaseModel", "FunnelConfig", block_sizes=[1, 1, 1]),
     # decoder language models, causal masks built by transformers' masking utilities; their caches are on
     # (use_cache's default) as users build them: each layer's keys and values are concatenated to an empty
     # (0,) cache, which workloads/torch_prepass.py takes out of the exported graph. Mistral's and Gemma 2's sliding
@@ -292,6 +304,57 @@ HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
         vocab_size=32000,
     ),
     "hf-olmoe": text("OlmoeModel", "OlmoeConfig", **_SMALL_MOE, num_experts=4),
+    "hf-qwen3": text("Qwen3Model", "Qwen3Config", **_SMALL_DECODER, head_dim=64, vocab_size=32000),
+    "hf-olmo2": text("Olmo2Model", "Olmo2Config", **_SMALL_DECODER),
+    "hf-gpt-neox": text(
+        "GPTNeoXModel",
+        "GPTNeoXConfig",
+        num_hidden_layers=2,
+        hidden_size=512,
+        num_attention_heads=8,
+        intermediate_size=2048,
+    ),
+    "hf-falcon": text("FalconModel", "FalconConfig", num_hidden_layers=2, hidden_size=512, num_attention_heads=8),
+    "hf-cohere": text("CohereModel", "CohereConfig", **_SMALL_DECODER, vocab_size=32000),
+    "hf-qwen3-moe": text(
+        "Qwen3MoeModel",
+        "Qwen3MoeConfig",
+        **_SMALL_MOE,
+        num_experts=4,
+        moe_intermediate_size=512,
+        head_dim=64,
+        vocab_size=32000,
+    ),
+    "hf-granitemoe": text("GraniteMoeModel", "GraniteMoeConfig", **_SMALL_MOE, num_local_experts=4),
+    # gpt-oss: attention sinks, every other layer a 64-token sliding window, clamped SwiGLU experts with biases
+    "hf-gpt-oss": text(
+        "GptOssModel",
+        "GptOssConfig",
+        **_SMALL_MOE,
+        num_local_experts=4,
+        head_dim=64,
+        vocab_size=32000,
+        sliding_window=64,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
+    # DeepSeek-V3: multi-head latent attention (low-rank queries, keys and values, a rotary part apart), the first
+    # layer dense, then routed experts chosen within the best groups, beside a shared one
+    "hf-deepseek-v3": text(
+        "DeepseekV3Model",
+        "DeepseekV3Config",
+        **{**_SMALL_MOE, "num_key_value_heads": 8},  # latent attention: as many key/value heads as query heads
+        moe_intermediate_size=256,
+        first_k_dense_replace=1,
+        n_routed_experts=4,
+        n_group=2,
+        topk_group=1,
+        q_lora_rank=128,
+        kv_lora_rank=64,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        vocab_size=32000,
+    ),
     # encoder-decoders: the decoder's last hidden state, from 32 decoder tokens
     "hf-t5": text("T5Model", "T5Config", num_layers=2, num_decoder_layers=2, decoder_tokens=32),
     "hf-bart": text("BartModel", "BartConfig", **_SMALL_SEQ2SEQ, decoder_tokens=32),
@@ -299,6 +362,12 @@ HF_MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {
     # speech: one second of 16 kHz audio; Whisper's log-mel features cut to 200 frames (the encoder's positions
     # set to match), and its decoder from 16 tokens
     "hf-wav2vec2": speech("Wav2Vec2Model", "Wav2Vec2Config", "input_values", (1, 16000), num_hidden_layers=2),
+    "hf-hubert": speech("HubertModel", "HubertConfig", "input_values", (1, 16000), num_hidden_layers=2),
+    "hf-wavlm": speech("WavLMModel", "WavLMConfig", "input_values", (1, 16000), num_hidden_layers=2),
+    "hf-data2vec-audio": speech(
+        "Data2VecAudioModel", "Data2VecAudioConfig", "input_values", (1, 16000), num_hidden_layers=2
+    ),
+    "hf-sew": speech("SEWModel", "SEWConfig", "input_values", (1, 16000), num_hidden_layers=2),
     "hf-whisper": speech(
         "WhisperModel",
         "WhisperConfig",

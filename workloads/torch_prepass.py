@@ -14,6 +14,18 @@ for what PyTorch accepts and the importer does not.
   patches do not overlap (kernel = stride, no padding or dilation) are a reshape, a permute and a
   reshape: each patch's pixels are a block of the image.
 
+* ``aten.topk`` with ``sorted=False``, which the importer refuses ("Currently supports only sorted
+  output for topk operator": DeepSeek-V3's choice of expert groups and of experts), is asked for its
+  values sorted: an unsorted top-k promises no order, so the sorted one is one of its results.
+
+* ``aten.index.Tensor`` by a constant index list with negative entries (Falcon's ``qkv[..., [-2], :]``),
+  which the importer takes as Relax's ``take`` in its "fast" mode: no wrapping, a read before the
+  data. The constant's negative entries are counted from the end, as PyTorch counts them.
+
+* ``aten.arange`` of integers with a negative step (Funnel's relative positions), whose length Relax's
+  ``arange`` gets wrong (``arange(127, -129, -1)``: 258 values, not 256), is the same values counted up
+  with a positive step, then flipped.
+
 The program is changed in place; the graph's nodes that only fed a dropped input are removed too
 (its lifted constants stay in the signature: the importer binds them, and nothing uses them).
 
@@ -31,12 +43,16 @@ from typing import Any
 
 import torch
 
-from .moe_prepass import rewrite_experts
+from .moe_prepass import _arguments, rewrite_experts
 
 _CATS = (torch.ops.aten.cat.default, torch.ops.aten.concat.default)
 _PATCH_OPS = (torch.ops.aten.im2col.default, torch.ops.aten.col2im.default)
 _RESHAPE, _PERMUTE = torch.ops.aten.reshape.default, torch.ops.aten.permute.default
 _TO_COPY = torch.ops.aten._to_copy.default
+_TOPK = torch.ops.aten.topk.default
+_INDEX = torch.ops.aten.index.Tensor
+_ARANGE, _FLIP = torch.ops.aten.arange.start_step, torch.ops.aten.flip.default
+_TOPK_ARGUMENTS = ("self", "k", "dim", "largest", "sorted")
 _DIVISIONS = (torch.ops.aten.floor_divide.default, torch.ops.aten.div.Tensor_mode)
 _INTEGERS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 # producers of a dropped empty input that nothing else reads (a lifted constant's copy and detach)
@@ -86,6 +102,12 @@ def prepare_exported_program(exported: Any) -> Any:
             changed |= _patches_as_layout(graph, node)
         elif node.op == "call_function" and node.target in _DIVISIONS:
             changed |= _typed_divisor(graph, node)
+        elif node.op == "call_function" and node.target == _TOPK:
+            changed |= _sorted_topk(node)
+        elif node.op == "call_function" and node.target == _ARANGE:
+            changed |= _ascending_arange(graph, node)
+        elif node.op == "call_function" and node.target == _INDEX:
+            _wrap_negative_indices(exported, node)  # changes constants, not the graph
     if dropped:
         _remove_unused(graph, dropped)
     if dropped or changed:
@@ -166,6 +188,49 @@ def _typed_divisor(graph: Any, node: Any) -> bool:
     typed.meta["val"] = dividend.new_full((), divisor)  # in the program's fake mode
     node.args = (node.args[0], typed, *node.args[2:])
     return True
+
+
+def _sorted_topk(node: Any) -> bool:
+    """The top-k at ``node`` asked for its values in order where it was not; whether it was not."""
+    args = {"dim": -1, "largest": True, "sorted": True, **_arguments(node, _TOPK_ARGUMENTS)}
+    if args["sorted"]:
+        return False
+    node.args, node.kwargs = (*(args[name] for name in _TOPK_ARGUMENTS[:-1]), True), {}  # all positional
+    return True
+
+
+def _ascending_arange(graph: Any, node: Any) -> bool:
+    """The integer ``arange`` at ``node`` with a negative step as an ascending one, flipped; whether it was."""
+    start, end, step = (*node.args, 1)[:3]
+    if not all(type(v) is int for v in (start, end, step)) or step >= 0 or not range(start, end, step):
+        return False
+    values = range(start, end, step)
+    with graph.inserting_before(node):
+        ascending = graph.call_function(_ARANGE, (values[-1], start + 1, -step), dict(node.kwargs))
+        ascending.meta["val"] = _value(node)  # the same shape and dtype
+        flipped = graph.call_function(_FLIP, (ascending, [0]))
+        flipped.meta["val"] = _value(node)
+    node.replace_all_uses_with(flipped)
+    graph.erase_node(node)
+    return True
+
+
+def _wrap_negative_indices(exported: Any, node: Any) -> None:
+    """The lifted constant indices of the ``aten.index.Tensor`` at ``node`` that are negative counted from
+    the end of their dimension (a new tensor in the program's constants; the module's own is kept)."""
+    data, indices = _value(node.args[0]), node.args[1]
+    if not isinstance(data, torch.Tensor):
+        return
+    constants = exported.graph_signature.inputs_to_lifted_tensor_constants
+    for dim, index in enumerate(indices):
+        source = index
+        while source is not None and source.op == "call_function" and source.target in _REMOVABLE:
+            source = source.args[0] if len(source.users) == 1 else None  # a copy only this index reads
+        if source is None or source.op != "placeholder" or len(source.users) != 1 or source.name not in constants:
+            continue
+        value = exported.constants.get(constants[source.name])
+        if isinstance(value, torch.Tensor) and value.dtype in _INTEGERS and bool((value < 0).any()):
+            exported.constants[constants[source.name]] = torch.remainder(value, data.shape[dim])
 
 
 def _call(graph: Any, target: Any, node: Any, *args: Any, **kwargs: Any) -> Any:
