@@ -23,12 +23,7 @@ class Patches(torch.nn.Module):
 
 def test_non_overlapping_unfold_and_fold_import_and_match():
     x = np.random.default_rng(0).standard_normal((1, 3, 8, 6)).astype("float32")
-    workload = load_workload(Patches().eval(), example_inputs=[torch.from_numpy(x)])
-    vm = relax.VirtualMachine(tvm.compile(workload.mod, target="llvm"), tvm.cpu())
-    got = vm["main"](tvm.runtime.tensor(x)).numpy()
-    with torch.no_grad():
-        expected = Patches()(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    _assert_compiled_matches_torch(Patches, x, 1e-6)
 
 
 def test_overlapping_patches_are_left_to_the_importer():
@@ -62,12 +57,7 @@ def test_unsorted_topk_is_asked_sorted_and_matches():
     exported = prepare_exported_program(torch.export.export(GroupRouting(), (torch.from_numpy(x),)))
     topks = [node for node in exported.graph.nodes if node.target == torch.ops.aten.topk.default]
     assert len(topks) == 2 and all(node.args[4] is True and not node.kwargs for node in topks)
-    workload = load_workload(GroupRouting().eval(), example_inputs=[torch.from_numpy(x)])
-    vm = relax.VirtualMachine(tvm.compile(workload.mod, target="llvm"), tvm.cpu())
-    got = vm["main"](tvm.runtime.tensor(x)).numpy()
-    with torch.no_grad():
-        expected = GroupRouting()(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    _assert_compiled_matches_torch(GroupRouting, x, 1e-5)
 
 
 class SplitHeads(torch.nn.Module):
@@ -80,12 +70,7 @@ class SplitHeads(torch.nn.Module):
 
 def test_negative_constant_indices_count_from_the_end():
     x = np.random.default_rng(0).standard_normal((1, 6, 20)).astype("float32")
-    workload = load_workload(SplitHeads().eval(), example_inputs=[torch.from_numpy(x)])
-    vm = relax.VirtualMachine(tvm.compile(workload.mod, target="llvm"), tvm.cpu())
-    got = vm["main"](tvm.runtime.tensor(x)).numpy()
-    with torch.no_grad():
-        expected = SplitHeads()(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    _assert_compiled_matches_torch(SplitHeads, x, 1e-5)
 
 
 class Descending(torch.nn.Module):
@@ -99,9 +84,14 @@ class Descending(torch.nn.Module):
 
 def test_descending_integer_arange_keeps_its_length_and_values():
     x = np.random.default_rng(0).standard_normal((9, 3)).astype("float32")
-    workload = load_workload(Descending().eval(), example_inputs=[torch.from_numpy(x)])
+    _assert_compiled_matches_torch(Descending, x, 1e-6)
+
+
+def _assert_compiled_matches_torch(module_class: type, x: np.ndarray, tolerance: float) -> None:
+    """``module_class()`` imported (the pre-pass included), compiled unscheduled and run on ``x``, against PyTorch."""
+    workload = load_workload(module_class().eval(), example_inputs=[torch.from_numpy(x)])
     vm = relax.VirtualMachine(tvm.compile(workload.mod, target="llvm"), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x)).numpy()
     with torch.no_grad():
-        expected = Descending()(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+        expected = module_class()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
