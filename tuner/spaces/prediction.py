@@ -13,10 +13,10 @@ written and read once).
 Memory is added to compute, not overlapped with it: inside a model a kernel's weights and inputs come
 from memory, not from the caches the calibration's product ran in, and the loops TVM makes do not
 prefetch them. Counted so, the prediction came within 25% of the kernel's time in the model for 161 of
-212 products of 15 models (the roofline's maximum of the two: 102), the rest being where the schedule is
-what is slow (``experiments/analytic.py``'s kernels table). The kernel is otherwise taken to run at its precision's
-ceiling: where the measured latency is far above the prediction, the schedule is what is wrong, and that
-is where tuning pays.
+212 products of 15 models (the roofline's maximum of the two: 102) and for 83 of 144 of five models
+measured afterwards, the rest being where the schedule is what is slow (``experiments/analytic.py``'s
+kernels table). The kernel is otherwise taken to run at its precision's ceiling: where the measured
+latency is far above the prediction, the schedule is what is wrong, and that is where tuning pays.
 """
 
 from __future__ import annotations
