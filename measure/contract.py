@@ -27,7 +27,7 @@ class EngineConfig:
     build_workers: int | None = None  # default: one per core, fewer if memory is short; 0: measure only
     timing: TimingConfig = field(default_factory=TimingConfig)
     runtime_only_runner: bool = True  # measure with the TVM runtime alone, as a GPU host would
-    max_dop: int | None = None  # most candidates timed at once; default: physical cores / num-cores (CPU), 1 (GPU)
+    max_dop: int | None = None  # CPU: queues timed at once (cores / num-cores); GPU: 1 + libraries loaded ahead (3)
     dop_error_threshold: float = 0.05  # a parallel measurement this far off the serial one is a loss
     dop_check_fraction: float = 0.2  # share of each parallel window re-measured serially
     remember_dop: bool = True  # start the DOP controller where the last run on this machine left it

@@ -12,7 +12,7 @@ import pytest
 
 from measure import EngineConfig, MeasureEngine, MeasureInput, Status, TimeoutPolicy
 from measure.cuda.errors import cuda_error_line, poisons_the_context
-from measure.workers.main import describe_error
+from measure.workers.error_report import describe_error
 from measure.workers.worker import _last_meaningful_line
 
 # CUDAWrappedFunc's launch failure (src/backend/cuda/runtime/cuda_module.cc): the error's name on

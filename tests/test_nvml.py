@@ -257,4 +257,4 @@ def test_a_measuring_worker_holding_more_than_its_share_of_the_gpus_memory_is_re
         beyond = list(engine.measure_built(builds[2:], serial=True))
         restarts_beyond = engine.worker_restarts
     assert all(r.ok for r in within + beyond)
-    assert restarts_within == 0 and restarts_beyond == 2
+    assert restarts_within == 0 and restarts_beyond == 1  # checked when the worker's queue is done

@@ -14,9 +14,15 @@ def format_seconds(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def format_phases(seconds: dict[str, float]) -> str:
-    """Where a run's wall time went: "search 5.1 s, measure 21.4 s, ..."."""
-    return ", ".join(f"{phase} {sec:.1f} s" for phase, sec in seconds.items())
+def format_phases(seconds: dict[str, float], device_seconds: float = 0.0) -> str:
+    """Where a run's wall time went: "search 5.1 s, measure 21.4 s (the device timing 38%), ..."; the
+    share is of the measure phase that ``device_seconds`` spent in candidates' timed regions."""
+
+    def phase(name: str, sec: float) -> str:
+        timing = name == "measure" and device_seconds and sec
+        return f"{name} {sec:.1f} s" + (f" (the device timing {device_seconds / sec:.0%})" if timing else "")
+
+    return ", ".join(phase(name, sec) for name, sec in seconds.items())
 
 
 def filter_summary(ledger: dict) -> str:

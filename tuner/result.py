@@ -74,6 +74,7 @@ class TuneResult:
     trials: int
     wall_seconds: float
     seconds: dict[str, float] = field(default_factory=dict)  # where the wall time went, by phase
+    device_seconds: float = 0.0  # of the measure phase, the device in candidates' timed regions
     stop_reason: str | None = None  # the objective that ended the tuning
     filtered: dict = field(
         default_factory=dict
@@ -150,7 +151,7 @@ class TuneResult:
         if fallen:
             lines.append(f"{fallen} kernel(s) built with TVM's default schedule (fell back: see below)")
         if self.seconds:
-            lines.append("time: " + format_phases(self.seconds))
+            lines.append("time: " + format_phases(self.seconds, self.device_seconds))
         if self.stop_reason:
             lines.append(f"stopped by {self.stop_reason}")
         if self.filtered.get("dropped"):

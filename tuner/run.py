@@ -142,7 +142,7 @@ def _run(plan: Plan, options: TuneOptions, started: float) -> TuneResult:
                 **loop.phase_seconds,
                 **_compile_seconds(built, compiling),
             }
-            outcome = _outcome(built, loop.trials_done, seconds, stop_reason, options.scheduler)
+            outcome = _outcome(built, loop.trials_done, seconds, stop_reason, options.scheduler, loop.device_seconds)
             write_meta(db, outcome)
             task_results = [task_result(run, built, outcome.fell_back.get(run.task.name)) for run in loop.runs]
             result = make_result(
@@ -191,7 +191,14 @@ def _compile_seconds(built: BuiltModel, compiling: float) -> dict[str, float]:
     }
 
 
-def _outcome(built: BuiltModel, trials: int, seconds: dict, stop_reason: str | None, scheduler: str) -> ResultRecord:
+def _outcome(
+    built: BuiltModel,
+    trials: int,
+    seconds: dict,
+    stop_reason: str | None,
+    scheduler: str,
+    device_seconds: float = 0.0,
+) -> ResultRecord:
     return ResultRecord(
         built.latency_before,
         built.latency_after,
@@ -199,6 +206,7 @@ def _outcome(built: BuiltModel, trials: int, seconds: dict, stop_reason: str | N
         seconds,
         stop_reason,
         scheduler,
+        device_seconds,
         built.check.as_dict(),
         built.fell_back,
         {name: figures.as_dict() for name, figures in built.figures.items()},
@@ -413,6 +421,7 @@ def make_result(
         trials=outcome.trials,
         wall_seconds=wall_seconds,
         seconds=outcome.seconds,
+        device_seconds=outcome.device_seconds,
         stop_reason=outcome.stop_reason,
         filtered=filtered,
         check=ModelCheck(**outcome.check) if outcome.check else None,

@@ -66,12 +66,12 @@ class DopState:
     loss_streak: int
 
 
-# Candidates timed at once on one GPU unless the user asks for more. Timing with CUDA events from
-# several processes counts the other processes' kernels time-sliced in between: on one H200 and one
-# H100 (experiments/gpu_validation.py, step 4) parallel timing measured 3.2 and 4.6 candidates/s
-# against serial's 7.2 and 7.6, and on the H100 one candidate came out 3.2x its serial time unnoticed
-# by the sampled checks. Parallel timing on a GPU would need per-kernel device timestamps (CUPTI).
-GPU_DEFAULT_MAX_DOP = 1
+# On a GPU the DOP is not candidates timed at once: timing with CUDA events from several processes counts
+# the other processes' kernels time-sliced in between (on one H200 and one H100, experiments/gpu_validation.py
+# step 4, parallel timing measured 3.2 and 4.6 candidates/s against serial's 7.2 and 7.6, and one candidate
+# came out 3.2x its serial time unnoticed by the sampled checks). One worker owns the GPU and at DOP d loads
+# the next d - 1 candidates' libraries while it times one (measure.engine.engine, ``_slots_and_ahead``).
+GPU_DEFAULT_MAX_DOP = 3
 
 
 @dataclass

@@ -89,8 +89,7 @@ class MeasureEngine(WorkerPrograms, Engine):
             cpu_sets = runner_cpu_sets(max_dop, kernel_threads)
         else:
             max_dop = self.config.max_dop or GPU_DEFAULT_MAX_DOP
-            # one more worker than the DOP prepares the next candidate during timed regions
-            cpu_sets = [None] * (max_dop + 1)
+            cpu_sets = [None]  # one owner of the GPU (``_slots_and_ahead``)
         runners = [
             WorkerProcess("run", f"runner-{i}", log_dir / f"runner-{i}.log", run_env | pinned_env(cpus))
             for i, cpus in enumerate(cpu_sets)
@@ -154,7 +153,8 @@ class MeasureEngine(WorkerPrograms, Engine):
         serially, and that serial result is the one handed back. ``serial=True`` times every
         candidate alone (for final choices) and leaves the controller as it is. ``group`` names the
         candidates' comparison (a task): engines with devices of several models measure one group
-        on one model; here there is one device.
+        on one model; here there is one device. Read the results to the end before calling the
+        engine again: a measuring worker is streaming them.
         """
         reused, to_build = self._kept.take(group, inputs)
         built = self.build(to_build, group=group) if to_build else ()
@@ -199,54 +199,66 @@ class MeasureEngine(WorkerPrograms, Engine):
         parallel window is held until its serial checks are done: if they find a loss, the whole
         window is re-measured serially, so distorted numbers never reach the caller."""
         dop = 1 if serial else self.dop.dop
-        self._runners.gate.set_limit(dop)
-        results: dict[int, MeasureResult] = {}
-        threads = dop + (self.device != "cpu")  # on a GPU, one more prepares while others are timed
-        before = self.monitor.sample() if self.monitor is not None and dop > 1 else None
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            futures = {
-                pool.submit(self._runners.measure, built, timing, serial): index for index, built in enumerate(window)
-            }
-            for future in as_completed(futures):
-                index, result = futures[future], future.result()
-                result.dop = dop
-                if dop > 1:
-                    results[index] = result
-                    continue
+        slots, ahead = self._slots_and_ahead(dop)
+        self._runners.gate.set_limit(slots)
+        if dop == 1:
+            for index, result in enumerate(self._runners.measure_queue(window, timing, serial, ahead)):
                 self._kept.offer(group, window[index], result)
                 yield result
-        if serial:
+            if not serial:
+                self._log_decision(self.dop.update([], 0))
+                self._remember_dop()
             return
-        if dop > 1:
-            if self.monitor is not None:  # the candidates' timed regions overlapped: share the window's energy
-                split_energy(self.monitor.energy_between(before, self.monitor.sample()), list(results.values()))
-            checks = set(self.dop.to_check(len(window), self._rng))
-            checks |= {i for i, r in results.items() if r.status in _RUN_FAILURES}
-            errors, parallel_only_failures = [], 0
-            for index in sorted(checks):
-                parallel = results[index]
-                results[index] = alone = self._alone(window[index], parallel, timing)
-                if alone.ok and parallel.ok:
-                    errors.append(relative_error(parallel.latency, alone.latency))
-                elif alone.ok:
-                    parallel_only_failures += 1
-            decision = self.dop.update(errors, parallel_only_failures)
-            if decision.loss:
-                for index in sorted(set(results) - checks):
-                    results[index] = self._alone(window[index], results[index], timing)
-            for index, result in sorted(results.items()):
-                self._kept.offer(group, window[index], result)
-                yield result
-        else:
-            decision = self.dop.update([], 0)
+        before = self.monitor.sample() if self.monitor is not None and slots > 1 else None
+        results = self._in_slots(window, timing, slots, ahead)
+        for result in results.values():
+            result.dop = dop
+        if before is not None:  # the candidates' timed regions overlapped: share the window's energy
+            split_energy(self.monitor.energy_between(before, self.monitor.sample()), list(results.values()))
+        checks = set(self.dop.to_check(len(window), self._rng))
+        checks |= {i for i, r in results.items() if r.status in _RUN_FAILURES}
+        errors, parallel_only_failures = [], 0
+        for index in sorted(checks):
+            parallel = results[index]
+            results[index] = alone = self._alone(window[index], parallel, timing)
+            if alone.ok and parallel.ok:
+                errors.append(relative_error(parallel.latency, alone.latency))
+            elif alone.ok:
+                parallel_only_failures += 1
+        decision = self.dop.update(errors, parallel_only_failures)
+        if decision.loss:
+            for index in sorted(set(results) - checks):
+                results[index] = self._alone(window[index], results[index], timing)
+        for index, result in sorted(results.items()):
+            self._kept.offer(group, window[index], result)
+            yield result
         self._log_decision(decision)
         self._remember_dop()
         self._runners.gate.set_limit(self.dop.dop)
 
+    def _slots_and_ahead(self, dop: int) -> tuple[int, int]:
+        """What a DOP means on this device: on a CPU, queues timed at once on disjoint cores; on a GPU,
+        one queue (kernels of separate processes only time-slice, and their events count each other's
+        kernels) whose owner loads ``dop - 1`` libraries ahead of the one it times."""
+        return (dop, 0) if self.device == "cpu" else (1, dop - 1)
+
+    def _in_slots(
+        self, window: list[BuildResult], timing: TimingConfig, slots: int, ahead: int
+    ) -> dict[int, MeasureResult]:
+        """The window timed as ``slots`` queues at once (every ``slots``-th candidate in one), by index."""
+        queues = [list(range(slot, len(window), slots)) for slot in range(slots)]
+
+        def run(indices: list[int]) -> list[tuple[int, MeasureResult]]:
+            measured = self._runners.measure_queue([window[i] for i in indices], timing, False, ahead)
+            return list(zip(indices, measured, strict=True))
+
+        with ThreadPoolExecutor(max_workers=slots) as pool:
+            return dict(pair for pairs in pool.map(run, queues) for pair in pairs)
+
     def _alone(self, built: BuildResult, parallel: MeasureResult, timing: TimingConfig) -> MeasureResult:
         """Re-measure a candidate with nothing else being timed, keeping its parallel samples and
         counting the energy of both measurements."""
-        alone = self._runners.measure(built, timing, serial=True)
+        (alone,) = self._runners.measure_queue([built], timing, serial=True)
         if alone.ok:
             alone.parallel_samples = parallel.samples or None
         if parallel.energy_j is not None:

@@ -83,11 +83,23 @@ def _exhaust_memory() -> None:
 _PROCESS_FAULTS = {"build-crash": _crash, "segfault": _crash, "hang": _hang, "oom": _exhaust_memory}
 
 
-def _before(plan: FaultPlan, kinds: tuple[str, ...], handler: Callable) -> Callable:
-    def faulty(*args, artifact: str = "", **kwargs):
+def process_fault(plan: FaultPlan, kinds: tuple[str, ...]) -> Callable[[str], None]:
+    """What happens to the process handling a candidate's ``artifact`` before it starts: one of
+    ``kinds``' process faults where the plan gives the candidate one, else nothing."""
+
+    def suffer(artifact: str) -> None:
         fault = plan.fault_for(artifact)
         if fault in kinds and fault in _PROCESS_FAULTS:
             _PROCESS_FAULTS[fault]()
+
+    return suffer
+
+
+def _before(plan: FaultPlan, kinds: tuple[str, ...], handler: Callable) -> Callable:
+    suffer = process_fault(plan, kinds)
+
+    def faulty(*args, artifact: str = "", **kwargs):
+        suffer(artifact)
         return handler(*args, artifact=artifact, **kwargs)
 
     return faulty
@@ -111,11 +123,10 @@ def inject(role: str, handlers: dict[str, Callable], plan: FaultPlan) -> dict[st
     if role == "build":
         return {**handlers, "build_kernel": _before(plan, BUILD_FAULTS, handlers["build_kernel"])}
     if role == "run":
-        from . import run_job
+        from . import owner_job, run_job
 
         run_job.corrupt_outputs = corrupt_outputs(plan)
-        wrapped = {
-            op: _before(plan, RUN_FAULTS, handlers[op]) for op in ("prepare_kernel", "time_kernel", "run_kernel")
-        }
+        owner_job.before_candidate = process_fault(plan, RUN_FAULTS)  # the queue's candidates, one by one
+        wrapped = {op: _before(plan, RUN_FAULTS, handlers[op]) for op in ("time_kernel", "run_kernel")}
         return {**handlers, **wrapped}
     return handlers

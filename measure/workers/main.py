@@ -8,6 +8,7 @@ Imports happen once, before the worker reports ready.
 from __future__ import annotations
 
 import faulthandler
+import inspect
 import os
 import signal
 import sys
@@ -15,37 +16,10 @@ import threading
 import time
 import traceback
 
-from common.error_text import error_line
-from measure.cuda.errors import cuda_error_line
-
 from .env import CUDA_BUILD_ENV, RUN_DEVICE_ENV
+from .error_report import describe_error
 from .faults import FAULTS_ENV, inject, plan_from_env
 from .worker import receive_message, send_message
-
-_STORAGE_ERRORS = ("No space left on device", "Read-only file system", "Disk quota exceeded")
-
-
-def _storage_line(lines: list[str]) -> str | None:
-    """The line saying the disk is full or read-only (a linker's, say): the tuner must see that it
-    was the work dir, not the candidate, that failed."""
-    return next((line for line in lines if any(e in line for e in _STORAGE_ERRORS)), None)
-
-
-def describe_error(err: BaseException) -> str:
-    """One readable line for the database: the error's type and the line naming it, which is the
-    line naming a CUDA error (``measure.cuda.errors``) or a full or read-only disk wherever it is,
-    else the message's last line (a candidate's build failure comes after the IR or the kernel's
-    source). Terse messages ("not implemented") get the TVM function they came from."""
-    text = str(err).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    message = cuda_error_line(text) or _storage_line(lines) or error_line(text, last=True)
-    frames = traceback.extract_tb(err.__traceback__)
-    if frames and frames[-1].filename.endswith((".cc", ".h")):
-        function = frames[-1].name.split("(")[0].split()[-1]
-        message += f" (in {function})"
-    if isinstance(err, MemoryError) or "bad_alloc" in message:
-        message = f"out of memory ({message or 'MemoryError'})"
-    return f"{type(err).__name__}: {message}"[:500]
 
 
 def _load_handlers(role: str) -> dict:
@@ -63,14 +37,14 @@ def _load_handlers(role: str) -> dict:
         build_job.warm_up()
         return build_job.HANDLERS
     if role == "run":
-        from . import run_job
+        from . import owner_job, run_job
         from .runtime_extras import load_runtime_extras
 
         missing = load_runtime_extras()  # the sort, top-k and random functions models call by name
         if missing:
             print(f"TVM's extern functions (sort, top-k) are not loaded: {missing}", flush=True)
         run_job.warm_up(os.environ.get(RUN_DEVICE_ENV, "cpu"))
-        return run_job.HANDLERS
+        return run_job.HANDLERS | owner_job.HANDLERS
     if role == "cluster":
         from measure.cluster import driver as cluster_driver
 
@@ -126,6 +100,10 @@ def main(argv: list[str]) -> int:
             return 0
         try:
             result = handlers[op](**kwargs)
+            if inspect.isgenerator(result):  # a stream (WorkerProcess.stream): each item as it comes
+                for item in result:
+                    _reply(reply_fd, ("item", item))
+                result = None
         except Exception as err:  # a failing candidate is a result, not a reason to stop serving
             traceback.print_exc()
             # Answer while the failed request's objects are still alive: after a CUDA fault, freeing

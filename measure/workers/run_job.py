@@ -11,7 +11,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import ml_dtypes
@@ -95,44 +95,16 @@ def _time(evaluator: Evaluator, config: TimingConfig) -> dict:
     return {"samples": samples, "number": number, "seconds": time.perf_counter() - start}
 
 
-@dataclass
-class _Prepared:
-    """A kernel loaded with its arguments allocated and filled, ready for its timed region."""
-
-    mod: Any
-    dev: tvm.runtime.Device
-    tensors: list
-    kind: str
-    artifact: str
-
-
-_prepared: _Prepared | None = None  # a measuring worker serves one request at a time
 # Set only when faults are injected on purpose (measure.workers.faults): spoils a kernel's outputs after it ran.
 corrupt_outputs: Callable[[str, list], None] | None = None
 
 
-def prepare_kernel(artifact: str, args: Sequence[ArgSpec], device_kind: str) -> dict:
-    """Everything before the timed region: load the library, allocate and fill the arguments.
-    The engine runs this while other candidates are being timed."""
-    global _prepared
-    start = time.perf_counter()
-    dev = device(device_kind)
-    mod = tvm.runtime.load_module(artifact)
-    _prepared = _Prepared(mod, dev, _to_device(random_arrays(args), dev), device_kind, artifact)
-    dev.sync()
-    return {"seconds": time.perf_counter() - start}
-
-
-def time_prepared(timing: dict) -> dict:
-    """The timed region of the prepared kernel, then a check that its outputs are finite."""
-    global _prepared
-    if _prepared is None:
-        raise RuntimeError("time_prepared called before prepare_kernel")
-    prepared, _prepared = _prepared, None
-    mod, dev = prepared.mod, prepared.dev
-    config = TimingConfig(**timing).for_device(prepared.kind)
-    if prepared.kind == "cuda" and config.flush_cache:
-        outcome = _time_cold_on_gpu(mod, dev, prepared.tensors, config)
+def time_loaded(mod: Any, kind: str, tensors: list, timing: dict, artifact: str) -> dict:
+    """The timed region of a loaded kernel on its filled arguments on the device of ``kind``, then a
+    check that its outputs are finite: {"samples", "number", "seconds", "nonfinite"}."""
+    dev, config = device(kind), TimingConfig(**timing).for_device(kind)
+    if kind == "cuda" and config.flush_cache:
+        outcome = _time_cold_on_gpu(mod, dev, tensors, config)
     else:
         # On a CPU, TVM flushes the arguments' cache lines (all but the first, in TVM's convention;
         # the first is usually the output). On a GPU without flushing, ``number`` calls per sample
@@ -144,19 +116,19 @@ def time_prepared(timing: dict) -> dict:
                 mod.entry_name, dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms, **flush
             )
 
-        outcome = _time(_with_tvm_evaluator(make_evaluator, prepared.tensors), config)
+        outcome = _time(_with_tvm_evaluator(make_evaluator, tensors), config)
     if corrupt_outputs is not None:
-        corrupt_outputs(prepared.artifact, prepared.tensors)
-    outcome["nonfinite"] = [
-        i for i, t in enumerate(prepared.tensors) if not np.all(np.isfinite(t.numpy().astype(np.float64)))
-    ]
+        corrupt_outputs(artifact, tensors)
+    outcome["nonfinite"] = [i for i, t in enumerate(tensors) if not np.all(np.isfinite(t.numpy().astype(np.float64)))]
     return outcome
 
 
 def time_kernel(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing: dict) -> dict:
-    """Time the entry function of a kernel library on random inputs (prepare, then time)."""
-    prepare_kernel(artifact, args, device_kind)
-    return time_prepared(timing)
+    """Time the entry function of a kernel library on random inputs."""
+    dev = device(device_kind)
+    mod = tvm.runtime.load_module(artifact)
+    tensors = _to_device(random_arrays(args), dev)
+    return time_loaded(mod, device_kind, tensors, timing, artifact)
 
 
 def _time_cold_on_gpu(mod: Any, dev: tvm.runtime.Device, tensors: list, config: TimingConfig) -> dict:
@@ -172,12 +144,22 @@ def _time_cold_on_gpu(mod: Any, dev: tvm.runtime.Device, tensors: list, config: 
 def _queued_cold_timer(mod: Any, dev: tvm.runtime.Device, tensors: list) -> Iterator:
     from measure.timing.cuda_cold import QueuedColdTimer
 
-    source, scratch = (tvm.runtime.empty((_flush_words(dev),), "int32", dev) for _ in range(2))
+    source, scratch = _flush_buffers(dev)
     timer = QueuedColdTimer(mod[mod.entry_name], tensors, lambda: scratch.copyfrom(source))
     try:
         yield timer
     finally:
         timer.close()
+
+
+_flush_buffers_of: dict[str, tuple] = {}
+
+
+def _flush_buffers(dev: tvm.runtime.Device) -> tuple:
+    """The two buffers a cold sample copies between to evict the L2, allocated once per process."""
+    if str(dev) not in _flush_buffers_of:
+        _flush_buffers_of[str(dev)] = tuple(tvm.runtime.empty((_flush_words(dev),), "int32", dev) for _ in range(2))
+    return _flush_buffers_of[str(dev)]
 
 
 def _flush_words(dev: tvm.runtime.Device) -> int:
@@ -318,8 +300,6 @@ def compare_outputs(
 
 
 HANDLERS = {
-    "prepare_kernel": prepare_kernel,
-    "time_prepared": time_prepared,
     "time_kernel": time_kernel,
     "time_model": time_model,
     "kernel_times": kernel_times,

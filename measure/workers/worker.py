@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,13 +156,43 @@ class WorkerProcess:
             self.kill()
             raise WorkerTimeout(f"timed out after {timeout:.1f} s") from None
         except (EOFError, BrokenPipeError):
-            reason = self._death_reason()
-            self._cleanup()
-            self.restarts += 1
-            raise WorkerCrashed(reason) from None
+            raise WorkerCrashed(self._crashed()) from None
         if kind == "error":
             raise WorkerError(payload)
         return payload
+
+    def stream(self, op: str, item_timeout: float | None, /, **kwargs: Any) -> Iterator[Any]:
+        """Run ``op``, a generator in the child, yielding each item it sends as it comes; each item
+        has ``item_timeout`` seconds from the one before. Failures raise as in ``call``, after the
+        items that came before them were yielded."""
+        self.wait_ready()
+        self._log_mark = _size(self.log_path)
+        try:
+            send_message(self._to_child, (op, kwargs))
+        except BrokenPipeError:
+            raise WorkerCrashed(self._crashed()) from None
+        while True:
+            deadline = None if item_timeout is None else time.monotonic() + item_timeout
+            try:
+                kind, payload = receive_message(self._from_child, deadline)
+            except TimeoutError:
+                self.kill()
+                raise WorkerTimeout(f"timed out after {item_timeout:.1f} s") from None
+            except EOFError:
+                raise WorkerCrashed(self._crashed()) from None
+            if kind == "item":
+                self._log_mark = _size(self.log_path)  # a crash's reason is in what the next item wrote
+                yield payload
+            elif kind == "error":
+                raise WorkerError(payload)
+            else:
+                return
+
+    def _crashed(self) -> str:
+        reason = self._death_reason()
+        self._cleanup()
+        self.restarts += 1
+        return reason
 
     def kill(self) -> None:
         """End the child (if it has not ended by itself); the next call starts a fresh one."""

@@ -103,7 +103,7 @@ def _markdown(
     elif result.latency_after:
         lines.append(f"- latency: {format_latency(result.latency_after)} tuned (TVM's default schedules not timed)")
     if result.seconds:
-        lines.append("- time of the last run: " + format_phases(result.seconds))
+        lines.append("- time of the last run: " + format_phases(result.seconds, result.device_seconds))
     if result.stop_reason:
         lines.append(f"- stopped by {result.stop_reason} (task scheduler: {result.scheduler})")
     if filtered.get("dropped"):

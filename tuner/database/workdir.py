@@ -158,6 +158,7 @@ class ResultRecord(_MetaRecord):
     seconds: dict[str, float] = field(default_factory=dict)  # per phase
     stop_reason: str | None = None
     scheduler: str = "gradient"
+    device_seconds: float = 0.0  # of the measure phase, the device in candidates' timed regions
     check: dict | None = None  # the compiled model against the model's own framework (tuner.compile.check.ModelCheck)
     fell_back: dict[str, str] = field(default_factory=dict)  # kernel name: why it keeps TVM's default schedule
     kernels: dict[str, dict] = field(default_factory=dict)  # kernel name: tuner.compile.figures.KernelFigures

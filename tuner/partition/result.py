@@ -90,6 +90,7 @@ class PartitionedResult(TuneResult):
             trials=sum(piece.trials for piece in pieces.values()),
             wall_seconds=wall_seconds,
             seconds=dict(seconds),
+            device_seconds=sum(piece.device_seconds for piece in pieces.values()),
             stop_reason="; ".join(reasons) or None,
             check=check,
             pieces=pieces,
@@ -134,7 +135,7 @@ class PartitionedResult(TuneResult):
             lines.append(self.check.line())
         lines.append(f"latency {format_latency(self.latency_after)} (the whole: compiled pieces and PyTorch)")
         if self.seconds:
-            lines.append("time (the pieces'): " + format_phases(self.seconds))
+            lines.append("time (the pieces'): " + format_phases(self.seconds, self.device_seconds))
         if self.stop_reason:
             lines.append(f"stopped by {self.stop_reason}")
         for name, piece in self.pieces.items():

@@ -115,6 +115,7 @@ class TuningLoop:
         self._measured = 0
         self._batch_overhead = 0.0
         self.phase_seconds: dict[str, float] = {"search": 0.0, "measure": 0.0, "cost model": 0.0, "final choice": 0.0}
+        self.device_seconds = 0.0  # of the measure phase, the device in candidates' timed regions
         self._rng = np.random.default_rng(seed)
         self._successes = 0
         self._failures: Counter[str] = Counter()
@@ -401,6 +402,7 @@ class TuningLoop:
             if result.ok:
                 self.costs.observe(run.task.name, result.build_seconds, result.run_seconds)
             latencies[candidate.key] = result.latency
+            self.device_seconds += result.timed_seconds
             if result.energy_j is not None:
                 joules = (joules or 0.0) + result.energy_j
             if result.ok:
