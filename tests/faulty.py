@@ -137,11 +137,11 @@ def gpu_out_of_bounds() -> tvm.IRModule:
     return _module(main)
 
 
-def gpu_copy(n: int = 32) -> tvm.IRModule:
+def gpu_copy(n: int = 32, dtype: str = "float32") -> tvm.IRModule:
     """b = a on the GPU, correctly."""
 
     @T.prim_func(s_tir=True)
-    def main(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")):
+    def main(a: T.Buffer((n,), dtype), b: T.Buffer((n,), dtype)):
         for i in T.thread_binding(n, thread="threadIdx.x"):
             with T.sblock("b"):
                 vi = T.axis.spatial(n, i)

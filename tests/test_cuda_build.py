@@ -8,11 +8,24 @@ import subprocess
 
 import pytest
 import tvm
+from cuda_compilers import COMPILE_MODES
 
 from costmodel import CandidateFeatures, CostModel
 from measure import DeviceUnavailable, EngineConfig, MeasureEngine, MeasureInput
+from measure.cuda import compile_env
 from measure.cuda.artifact import gpu_binaries
-from measure.cuda.compile_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode, nvrtc_available
+from measure.cuda.compile_env import (
+    COMPILE_MODE_ENV,
+    NVRTC_INSTALL,
+    NVRTC_OPTIONS_ENV,
+    WHEEL_CUDA_HEADERS,
+    CudaBuildEnvError,
+    choose_compile_mode,
+    nvrtc_available,
+    nvrtc_env,
+    nvrtc_version,
+)
+from measure.cuda.runtime import nvidia_wheel_file
 from tuner.search.task_search import TaskSearch
 from tuner.spaces import metaschedule as msc
 from tuner.targets import resolve_target
@@ -22,15 +35,6 @@ from workloads.operators import matmul
 pytestmark = pytest.mark.skipif(
     shutil.which("nvcc") is None and not nvrtc_available() and not tvm.cuda(0).exist, reason="needs the CUDA toolkit"
 )
-COMPILE_MODES = [
-    pytest.param("nvcc", marks=pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")),
-    pytest.param(
-        "nvrtc",
-        marks=pytest.mark.skipif(
-            not nvrtc_available(), reason="no NVRTC here (pip install cuda-bindings nvidia-cuda-nvrtc)"
-        ),
-    ),
-]
 
 
 def assert_loads_as_sm90(engine: MeasureEngine, artifact, kernels=("main_kernel",)) -> None:
@@ -92,8 +96,41 @@ def test_the_compile_path_is_chosen_on_purpose(monkeypatch):
         choose_compile_mode()
     if not nvrtc_available():
         monkeypatch.setenv(COMPILE_MODE_ENV, "nvrtc")
-        with pytest.raises(CudaBuildEnvError, match="pip install cuda-bindings nvidia-cuda-nvrtc"):
+        with pytest.raises(CudaBuildEnvError, match=re.escape(NVRTC_INSTALL)):
             choose_compile_mode()
+
+
+needs_wheel_headers = pytest.mark.skipif(
+    nvrtc_version() is None or nvidia_wheel_file(f"{WHEEL_CUDA_HEADERS}/cuda_runtime.h") is None,
+    reason=f"needs NVRTC and the CUDA headers' wheels ({NVRTC_INSTALL})",
+)
+
+
+@needs_wheel_headers
+def test_without_a_toolkit_nvrtc_is_chosen_and_pointed_at_the_wheels_headers(monkeypatch):
+    """TVM looks for libcu++ only in a toolkit's layout: the wheels' CCCL folder is handed over as a flag."""
+    monkeypatch.setattr(compile_env, "cuda_home", lambda: None)
+    monkeypatch.setattr(compile_env, "nvcc_path", lambda: None)
+    monkeypatch.delenv(COMPILE_MODE_ENV, raising=False)
+    monkeypatch.setenv(NVRTC_OPTIONS_ENV, "--ftz=false")
+    assert choose_compile_mode().mode == "nvrtc"
+    root = nvidia_wheel_file(f"{WHEEL_CUDA_HEADERS}/cuda_runtime.h").parents[1]
+    assert nvrtc_env() == {"CUDA_PATH": str(root), NVRTC_OPTIONS_ENV: f"--ftz=false -I{root / 'include' / 'cccl'}"}
+
+
+@needs_wheel_headers
+def test_nvrtc_builds_against_the_wheels_headers_alone(tmp_path, monkeypatch):
+    """With $CUDA_PATH at the wheels' headers (as where no toolkit is installed), half-precision code builds."""
+    import faulty
+
+    root = nvidia_wheel_file(f"{WHEEL_CUDA_HEADERS}/cuda_runtime.h").parents[1]
+    monkeypatch.setenv("CUDA_PATH", str(root))
+    monkeypatch.setenv(COMPILE_MODE_ENV, "nvrtc")
+    with MeasureEngine(resolve_target("cuda -arch=sm_90"), tmp_path, EngineConfig(build_workers=1)) as engine:
+        (built,) = engine.build([MeasureInput("copy", faulty.gpu_copy(dtype="float16"))])
+        assert built.ok, built.error
+        assert_loads_as_sm90(engine, built.artifact)
+    assert f"headers of {root}" in (tmp_path / "logs" / "builder-0.log").read_text()
 
 
 @pytest.mark.slow  # over a minute and a half on 2 cores: out of CI (`pytest -m slow`)

@@ -6,6 +6,11 @@ TVM compiles CUDA C with NVRTC (through the ``cuda-bindings`` package) unless
 nvcc is preferred wherever it is installed (CPU build hosts have it, so a kernel is compiled alike
 wherever it is built) and NVRTC is the fallback; an explicit ``TVM_CUDA_COMPILE_MODE`` wins.
 
+TVM's NVRTC path compiles against the CUDA headers of ``$CUDA_PATH`` (or of the nvcc it finds) and
+looks for libcu++ (CCCL) only in a toolkit's ``targets/<triple>/include/cccl``. Where no toolkit is
+installed, ``pip install 'tensor-tuner[nvrtc]'`` brings the headers as NVIDIA's wheels lay them out
+(``nvidia/cu13/include``, CCCL in its ``cccl`` folder): a build worker points TVM at them.
+
 TVM registers its CUDA codegen only if ``libtvm_runtime_cuda.so`` loads, and that library links
 against the driver (``libcuda.so.1``). On a build host with the CUDA toolkit but no driver we load
 a stand-in driver whose entry points all answer "no device"; nothing here ever runs a kernel.
@@ -19,6 +24,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -26,6 +32,7 @@ from pathlib import Path
 
 from common.host import user_cache_dir
 from common.tvm_libraries import tvm_library_dir
+from measure.cuda.runtime import nvidia_wheel_file
 
 # Driver entry points libtvm_runtime_cuda.so links against (TVM 0.27); extended from `nm` when present.
 _KNOWN_DRIVER_SYMBOLS = (
@@ -41,7 +48,9 @@ _KNOWN_DRIVER_SYMBOLS = (
 )
 _CUDA_ERROR_NO_DEVICE = 100
 COMPILE_MODE_ENV = "TVM_CUDA_COMPILE_MODE"  # read by TVM's tvm_callback_cuda_compile: "nvcc" or "nvrtc"
-NVRTC_PACKAGES = "cuda-bindings nvidia-cuda-nvrtc"
+NVRTC_OPTIONS_ENV = "TVM_CUDA_NVRTC_EXTRA_OPTS"  # read by TVM's NVRTC path: flags after its own
+NVRTC_INSTALL = "pip install 'tensor-tuner[nvrtc]'"
+WHEEL_CUDA_HEADERS = "nvidia/cu13/include"  # where nvidia-cuda-runtime, -crt and -cccl put them
 
 
 class CudaBuildEnvError(RuntimeError):
@@ -55,6 +64,14 @@ class CompileMode:
 
     def describe(self) -> str:
         return f"{self.mode} ({self.why})"
+
+
+@dataclass(frozen=True)
+class CudaHeaders:
+    """The CUDA headers NVRTC compiles against."""
+
+    root: Path  # TVM's CUDA root ($CUDA_PATH): include/cuda_runtime.h, or targets/<triple>/include/...
+    cccl: Path  # libcu++: cuda/std/cstdint, which TVM's NVRTC preamble includes
 
 
 def driver_available() -> bool:
@@ -94,17 +111,63 @@ def nvcc_version(nvcc: str) -> str:
     return found.group(1) if found else "unknown version"
 
 
-def nvrtc_available() -> bool:
-    """Whether TVM can compile with NVRTC here: its Python bindings (``cuda.bindings.nvrtc``, which
-    TVM imports) import, and find the NVRTC library when asked its version."""
+def nvrtc_version() -> str | None:
+    """ "13.5": the version of the NVRTC library that ``cuda.bindings.nvrtc`` (which TVM imports) loads;
+    None where the bindings or the library are missing."""
     try:
         if importlib.util.find_spec("cuda.bindings.nvrtc") is None:
-            return False
+            return None
         from cuda.bindings import nvrtc
 
-        return nvrtc.nvrtcVersion()[0] == nvrtc.nvrtcResult.NVRTC_SUCCESS
+        result, major, minor = nvrtc.nvrtcVersion()
     except Exception:  # noqa: BLE001 - no ``cuda`` package, or a library it cannot find: no NVRTC either way
-        return False
+        return None
+    return f"{major}.{minor}" if result == nvrtc.nvrtcResult.NVRTC_SUCCESS else None
+
+
+def cuda_headers() -> CudaHeaders | None:
+    """The CUDA headers for NVRTC: the toolkit's where one is installed, else those of NVIDIA's wheels."""
+    home = cuda_home()
+    found = _headers_under(Path(home)) if home else None
+    if found is None:
+        wheel = nvidia_wheel_file(f"{WHEEL_CUDA_HEADERS}/cuda_runtime.h")
+        found = _headers_under(wheel.parent.parent) if wheel else None
+    return found
+
+
+def _headers_under(root: Path) -> CudaHeaders | None:
+    includes = [root / "include", *sorted(root.glob("targets/*/include"))]
+    if not any((folder / "cuda_runtime.h").is_file() for folder in includes):
+        return None
+    cccl = next((f / "cccl" for f in includes if (f / "cccl" / "cuda" / "std" / "cstdint").is_file()), None)
+    return CudaHeaders(root, cccl) if cccl else None
+
+
+def nvrtc_missing() -> str | None:
+    """What TVM's NVRTC path lacks here, or None when it can compile."""
+    if nvrtc_version() is None:
+        return "NVRTC (cuda-bindings and nvidia-cuda-nvrtc) is not installed"
+    if cuda_headers() is None:
+        return "NVRTC has no CUDA headers (a CUDA toolkit, or nvidia-cuda-runtime, nvidia-cuda-crt, nvidia-cuda-cccl)"
+    return None
+
+
+def nvrtc_available() -> bool:
+    """Whether TVM can compile with NVRTC here: the bindings, the library and the headers."""
+    return nvrtc_missing() is None
+
+
+def nvrtc_env() -> dict[str, str]:
+    """The environment that points TVM's NVRTC path at :func:`cuda_headers`: $CUDA_PATH at their root,
+    and their CCCL folder among NVRTC's extra flags (TVM finds it only in a toolkit's targets/ layout)."""
+    headers = cuda_headers()
+    if headers is None:
+        return {}
+    include = f"-I{headers.cccl}"
+    flags = os.environ.get(NVRTC_OPTIONS_ENV, "")
+    if include not in shlex.split(flags):
+        flags = f"{flags} {shlex.quote(include)}".strip()
+    return {"CUDA_PATH": str(headers.root), NVRTC_OPTIONS_ENV: flags}
 
 
 def choose_compile_mode() -> CompileMode:
@@ -120,12 +183,12 @@ def choose_compile_mode() -> CompileMode:
             )
         return CompileMode("nvcc", f"{COMPILE_MODE_ENV}=nvcc; nvcc {nvcc_version(nvcc)} at {nvcc}")
     if requested == "nvrtc":
-        if not nvrtc_available():
+        missing = nvrtc_missing()
+        if missing is not None:
             raise CudaBuildEnvError(
-                f"{COMPILE_MODE_ENV}=nvrtc but NVRTC's Python bindings are missing: pip install {NVRTC_PACKAGES}, or "
-                f"unset {COMPILE_MODE_ENV}"
+                f"{COMPILE_MODE_ENV}=nvrtc but {missing}: {NVRTC_INSTALL}, or unset {COMPILE_MODE_ENV}"
             )
-        return CompileMode("nvrtc", f"{COMPILE_MODE_ENV}=nvrtc; cuda-bindings")
+        return CompileMode("nvrtc", f"{COMPILE_MODE_ENV}=nvrtc; {_describe_nvrtc()}")
     if requested:
         raise CudaBuildEnvError(
             f"{COMPILE_MODE_ENV}={requested!r} is not a compile mode: set it to nvcc or nvrtc, or unset it"
@@ -133,16 +196,23 @@ def choose_compile_mode() -> CompileMode:
     if nvcc is not None:
         return CompileMode("nvcc", f"nvcc {nvcc_version(nvcc)} at {nvcc}, preferred where installed")
     if nvrtc_available():
-        return CompileMode("nvrtc", "cuda-bindings; no nvcc installed")
+        return CompileMode("nvrtc", f"{_describe_nvrtc()}; no nvcc installed")
     raise CudaBuildEnvError(
-        f"building for CUDA needs nvcc (the CUDA toolkit; or set CUDA_PATH) or NVRTC (pip install {NVRTC_PACKAGES})"
+        f"building for CUDA needs nvcc (the CUDA toolkit; or set CUDA_PATH) or NVRTC ({NVRTC_INSTALL})"
     )
+
+
+def _describe_nvrtc() -> str:
+    headers = cuda_headers()  # there: nvrtc_missing() said so
+    return f"NVRTC {nvrtc_version()} through cuda-bindings, headers of {headers.root}"
 
 
 def prepare_cuda_build_env(cache_dir: Path | None = None) -> CompileMode:
     """Set this process up to compile CUDA (call before ``import tvm``); returns the compile path."""
     mode = choose_compile_mode()
     os.environ[COMPILE_MODE_ENV] = mode.mode
+    if mode.mode == "nvrtc":
+        os.environ.update(nvrtc_env())
     home = cuda_home()
     if home is not None:
         os.environ.setdefault("CUDA_PATH", home)

@@ -45,14 +45,21 @@ def _driver() -> ctypes.CDLL | None:
         return None
 
 
-def wheel_cudart() -> Path | None:
-    """``libcudart.so.13`` as the nvidia-cuda-runtime wheel installs it, if it is on sys.path."""
+def nvidia_wheel_file(*layouts: str) -> Path | None:
+    """The first of ``layouts`` (paths as NVIDIA's CUDA wheels install them, "nvidia/cu13/...") that
+    exists under an entry of sys.path."""
     for entry in sys.path:
-        for layout in ("nvidia/cu13/lib", "nvidia/cuda_runtime/lib"):
-            candidate = Path(entry or ".") / layout / CUDART_SONAME
-            if candidate.is_file():
+        for layout in layouts:
+            candidate = Path(entry or ".") / layout
+            if candidate.exists():
                 return candidate
     return None
+
+
+def wheel_cudart() -> Path | None:
+    """``libcudart.so.13`` as the nvidia-cuda-runtime wheel installs it, if it is on sys.path."""
+    found = nvidia_wheel_file(f"nvidia/cu13/lib/{CUDART_SONAME}", f"nvidia/cuda_runtime/lib/{CUDART_SONAME}")
+    return found if found is not None and found.is_file() else None
 
 
 def load_cudart() -> str | None:
