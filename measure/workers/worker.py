@@ -146,17 +146,8 @@ class WorkerProcess:
 
     def call(self, op: str, timeout: float | None, /, **kwargs: Any) -> Any:
         """Run ``op`` in the child; raise WorkerError, WorkerTimeout or WorkerCrashed on failure."""
-        self.wait_ready()
-        self._log_mark = _size(self.log_path)
-        try:
-            send_message(self._to_child, (op, kwargs))
-            deadline = None if timeout is None else time.monotonic() + timeout
-            kind, payload = receive_message(self._from_child, deadline)
-        except TimeoutError:
-            self.kill()
-            raise WorkerTimeout(f"timed out after {timeout:.1f} s") from None
-        except (EOFError, BrokenPipeError):
-            raise WorkerCrashed(self._crashed()) from None
+        self._send(op, kwargs)
+        kind, payload = self._receive(timeout)
         if kind == "error":
             raise WorkerError(payload)
         return payload
@@ -165,21 +156,9 @@ class WorkerProcess:
         """Run ``op``, a generator in the child, yielding each item it sends as it comes; each item
         has ``item_timeout`` seconds from the one before. Failures raise as in ``call``, after the
         items that came before them were yielded."""
-        self.wait_ready()
-        self._log_mark = _size(self.log_path)
-        try:
-            send_message(self._to_child, (op, kwargs))
-        except BrokenPipeError:
-            raise WorkerCrashed(self._crashed()) from None
+        self._send(op, kwargs)
         while True:
-            deadline = None if item_timeout is None else time.monotonic() + item_timeout
-            try:
-                kind, payload = receive_message(self._from_child, deadline)
-            except TimeoutError:
-                self.kill()
-                raise WorkerTimeout(f"timed out after {item_timeout:.1f} s") from None
-            except EOFError:
-                raise WorkerCrashed(self._crashed()) from None
+            kind, payload = self._receive(item_timeout)
             if kind == "item":
                 self._log_mark = _size(self.log_path)  # a crash's reason is in what the next item wrote
                 yield payload
@@ -187,6 +166,25 @@ class WorkerProcess:
                 raise WorkerError(payload)
             else:
                 return
+
+    def _send(self, op: str, kwargs: dict) -> None:
+        self.wait_ready()
+        self._log_mark = _size(self.log_path)
+        try:
+            send_message(self._to_child, (op, kwargs))
+        except BrokenPipeError:
+            raise WorkerCrashed(self._crashed()) from None
+
+    def _receive(self, timeout: float | None) -> tuple[str, Any]:
+        """The child's next message, within ``timeout`` seconds (the child is killed past it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            return receive_message(self._from_child, deadline)
+        except TimeoutError:
+            self.kill()
+            raise WorkerTimeout(f"timed out after {timeout:.1f} s") from None
+        except EOFError:
+            raise WorkerCrashed(self._crashed()) from None
 
     def _crashed(self) -> str:
         reason = self._death_reason()
