@@ -79,6 +79,12 @@ def time_artifacts_interleaved(
     from common.model_weights import load_weights
     from measure.workers.run_job import random_arrays
 
+    if device == "cuda":
+        from measure.cuda.runtime import runtime_problem
+
+        problem = runtime_problem()  # `import tvm` alone may miss the CUDA runtime: loaded on purpose
+        if problem:
+            raise RuntimeError(problem)
     dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
     tensors = [tvm.runtime.tensor(a, dev) for a in random_arrays(args)]
     evaluators = {}
