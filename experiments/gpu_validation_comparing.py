@@ -5,7 +5,6 @@ vs_metaschedule.md and vs_pytorch.md."""
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ def step_vs_metaschedule(ctx: Context) -> StepResult:
                 target=ctx.target,
                 out=out,
                 timing_processes=plan.timing_processes,
-                timeout=_timeout(ctx),
+                deadline=_deadline(ctx),
             )
         except TunerFailed as err:
             failures[name] = {"side": err.tuner, "error": error_line(err, last=True)[:300], "log": _tail(err.log)}
@@ -191,10 +190,9 @@ def _why_no_torch(device: str) -> str | None:
     return None
 
 
-def _timeout(ctx: Context) -> float | None:
-    """How long one tuner's process may run: the run's time left, and a minute (None: no budget)."""
-    left = ctx.seconds_left()
-    return None if math.isinf(left) else max(left, 60.0) + 60.0
+def _deadline(ctx: Context) -> float | None:
+    """When step 9's processes are killed: a minute past the run's budget (None: no budget)."""
+    return None if ctx.deadline is None else ctx.deadline + 60.0
 
 
 def _tail(log: Path, lines: int = 15) -> list[str]:

@@ -173,10 +173,11 @@ def compare_one(
     target,
     out: Path,
     timing_processes: int = 3,
-    timeout: float | None = None,
+    deadline: float | None = None,
 ) -> tuple[dict, dict[str, dict[str, float]]]:
-    """Tune ``workload`` with stock MetaSchedule and with ours (each in a fresh process of at most
-    ``timeout`` seconds), then time both artifacts side by side in ``timing_processes`` processes.
+    """Tune ``workload`` with stock MetaSchedule and with ours (each in a fresh process), then time
+    both artifacts side by side in ``timing_processes`` processes; a process still running at
+    ``deadline`` (time.monotonic()) is killed.
     Returns the table's row and each tuner's seconds by phase, which add up to its process's wall time
     ("process and set-up": what no phase of the tuner's covers, the interpreter, imports, the target);
     raises TunerFailed naming the side that failed."""
@@ -193,7 +194,7 @@ def compare_one(
         print(f"[{name} seed {seed}] {tuner_name}: tuning {num_tasks} task(s), {trials} trials ...", flush=True)
         log = out / f"{name}-{tuner_name}-seed{seed}.log"
         try:
-            results[tuner_name] = run_step(Path(__file__), step, log, timeout=timeout)
+            results[tuner_name] = run_step(Path(__file__), step, log, timeout=_until(deadline))
         except (RuntimeError, subprocess.TimeoutExpired, ValueError, IndexError) as err:  # a failed or silent process
             raise TunerFailed(tuner_name, log, err) from err
         process = results[tuner_name]["process_seconds"]
@@ -207,9 +208,15 @@ def compare_one(
     log = out / f"{name}-timing.log"
     try:
         latency = time_side_by_side(
-            {k: v["artifact"] for k, v in results.items()}, workload.kind, args_spec, device, log, timing_processes
+            {k: v["artifact"] for k, v in results.items()},
+            workload.kind,
+            args_spec,
+            device,
+            log,
+            timing_processes,
+            _until(deadline),
         )
-    except subprocess.CalledProcessError as err:
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
         raise TunerFailed("timing", log, err) from err
     stock_s, ours_s = results["stock"]["process_seconds"], results["ours"]["process_seconds"]
     row = {
@@ -225,6 +232,11 @@ def compare_one(
         "latency_ratio": round(latency["ratio"], 3),
     }
     return row, phases
+
+
+def _until(deadline: float | None) -> float | None:
+    """Seconds to ``deadline`` (at least a few, for a process to say what went wrong), or None."""
+    return None if deadline is None else max(deadline - time.monotonic(), 10.0)
 
 
 def _summaries(rows: list[dict]) -> list[dict]:
