@@ -25,7 +25,7 @@ def step_one_kernel(ctx: Context) -> StepResult:
 
     workload = get_workload(ctx.plan.kernel)
     args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
-    artifact = ctx.engine.compile_program(ctx.out / "work" / "kernel.so", mod=workload.mod, kind="tir", schedules=[])
+    artifact = ctx.engine.compile_program(ctx.work / "kernel.so", mod=workload.mod, kind="tir", schedules=[])
     binaries = (
         [f"{b.kind} {b.arch} {','.join(b.kernels)}" for b in gpu_binaries(artifact)] if ctx.device == "cuda" else []
     )
@@ -94,7 +94,7 @@ def step_flush(ctx: Context) -> StepResult:
     from measure import TimingConfig
 
     mod, args = _elementwise(ctx.plan.l2_elements)
-    artifact = ctx.engine.compile_program(ctx.out / "work" / "add.so", mod=mod, kind="tir", schedules=[])
+    artifact = ctx.engine.compile_program(ctx.work / "add.so", mod=mod, kind="tir", schedules=[])
     timings = {}
     for name, flush in (("cold", True), ("warm", False)):
         timings[name] = statistics.median(
@@ -112,7 +112,7 @@ def step_flush(ctx: Context) -> StepResult:
         ctx.device == "cuda"
     ):  # how much of a tiny kernel's cold time TVM's way of timing adds: the launch's host-side delay
         tiny, tiny_args = _elementwise(256)
-        tiny_artifact = ctx.engine.compile_program(ctx.out / "work" / "tiny.so", mod=tiny, kind="tir", schedules=[])
+        tiny_artifact = ctx.engine.compile_program(ctx.work / "tiny.so", mod=tiny, kind="tir", schedules=[])
         delay = ctx.engine.cold_timings(tiny_artifact, tiny_args)
         details["launch_delay"] = delay
         summary += (
@@ -190,7 +190,7 @@ def step_nvml(ctx: Context) -> StepResult:
 
     workload = get_workload(ctx.plan.kernel)
     args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
-    artifact = ctx.engine.compile_program(ctx.out / "work" / "energy.so", mod=workload.mod, kind="tir", schedules=[])
+    artifact = ctx.engine.compile_program(ctx.work / "energy.so", mod=workload.mod, kind="tir", schedules=[])
     busy = TimingConfig(
         flush_cache=False,
         min_repeats=5,

@@ -50,18 +50,30 @@ def run_step(script: Path, args: Sequence[str], log: Path, timeout: float | None
 
 
 def time_side_by_side(
-    artifacts: dict[str, str], kind: str, args: list, device: str, log: Path, processes: int = 3
+    artifacts: dict[str, str],
+    kind: str,
+    args: list,
+    device: str,
+    log: Path,
+    processes: int = 3,
+    timeout: float | None = None,
 ) -> dict[str, float]:
     """Time two artifacts ("ours" and "stock") in ``processes`` fresh processes, alternating
     between them within each. On a shared machine the speed of a whole process varies more than
     the differences measured, so the ratio is taken within each process and the median over
-    processes is reported."""
+    processes is reported. A process past ``timeout`` seconds is killed (subprocess.TimeoutExpired)."""
     request = json.dumps({"artifacts": artifacts, "kind": kind, "args": args, "device": device})
     per_process = []
     for _ in range(processes):
         with open(log, "a") as err:
             out = subprocess.run(
-                [sys.executable, __file__, request], stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT, check=True
+                [sys.executable, __file__, request],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                cwd=ROOT,
+                check=True,
+                timeout=timeout,
             )
         per_process.append(json.loads(out.stdout.strip().splitlines()[-1]))
     result = {name: statistics.median(p[name] for p in per_process) for name in artifacts}
@@ -79,6 +91,12 @@ def time_artifacts_interleaved(
     from common.model_weights import load_weights
     from measure.workers.run_job import random_arrays
 
+    if device == "cuda":
+        from measure.cuda.runtime import runtime_problem
+
+        problem = runtime_problem()  # `import tvm` alone may miss the CUDA runtime: loaded on purpose
+        if problem:
+            raise RuntimeError(problem)
     dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
     tensors = [tvm.runtime.tensor(a, dev) for a in random_arrays(args)]
     evaluators = {}

@@ -37,6 +37,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -99,7 +100,7 @@ class Setting:
         return Lineup(tuple(names), fw.PRECISIONS.get(self.framework_dtype, self.framework_dtype), reduced)
 
 
-def _placed(module, example, setting: Setting):
+def placed(module: Any, example: Any, setting: Setting) -> tuple[Any, Any]:
     """The module and an input (or a list of them) as the frameworks run them in this setting: in
     their precision, on its device."""
     import torch
@@ -159,7 +160,7 @@ def time_workload(name: str, tuned: dict, threads: int, run_dir: Path, quick: bo
     from tuner.runtime.compiled_model import CompiledModel, ModelDescription
 
     torch.set_num_threads(threads)
-    module, inputs = _placed(*fw.module_and_inputs(name), setting)
+    module, inputs = placed(*fw.module_and_inputs(name), setting)
     description = ModelDescription.read(Path(tuned["artifact"]))
     # a mixed-precision model takes float32
     tuned_inputs = [x.to(getattr(torch, spec.dtype)) for x, spec in zip(inputs, description.inputs, strict=True)]

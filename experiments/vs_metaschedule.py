@@ -2,7 +2,9 @@
 
 Each tuner runs in a fresh process (so start-up is counted) and produces a compiled artifact;
 both artifacts of a workload are then timed in one process, in alternating rounds. Prints and
-writes a table of wall time, best latency and the ratios ours/stock.
+writes a table of wall time, best latency and the ratios ours/stock. On a GPU (``--target cuda``)
+stock MetaSchedule tunes for the target with its arch (``cuda -arch=sm_90``: its tensor-core rules),
+as ours does. experiments/gpu_validation.py's step 9 runs ``compare_one`` on the GPU.
 
     python experiments/vs_metaschedule.py                       # the default set, 64 trials per task, seeds 1 2
     python experiments/vs_metaschedule.py --workloads matmul-512 --trials-per-task 32
@@ -31,11 +33,21 @@ from experiments.harness import (  # noqa: E402
 DEFAULT_WORKLOADS = ["matmul-512", "conv2d-resnet18-l2", "tiny-resnet"]
 
 
+class TunerFailed(RuntimeError):
+    """One side of a comparison failed: a tuner's process (``tuner`` "stock" or "ours"), or the
+    timing ("timing"); ``log`` is the failed process's stderr."""
+
+    def __init__(self, tuner: str, log: Path, cause: BaseException):
+        super().__init__(f"{tuner}: {type(cause).__name__}: {cause}")
+        self.tuner, self.log = tuner, log
+
+
 def stock_step(kernel_name: str, target_spec: str, trials: int, work_dir: Path, seed: int) -> dict:
-    """Stock MetaSchedule as a user runs it: tune_tir / tune_relax with default settings, then
-    compile with the database. The only change: a build timeout long enough for this machine
-    (the default 30 s makes every build of a batch time out under load)."""
-    started = time.monotonic()
+    """Stock MetaSchedule as a user runs it: tune_tir / tune_relax with default settings (its
+    LocalBuilder on every core, its LocalRunner), then compile with the database. The changes: a
+    build timeout long enough for this machine (the default 30 s makes every build of a batch time
+    out under load), and on CUDA what ours sets up in its own processes (``_cuda_environment_for_workers``),
+    so that both compile alike. ``phases``: seconds by phase, from MetaSchedule's profiler."""
     from tvm.s_tir import meta_schedule as ms
 
     from tuner.targets import resolve_target
@@ -43,36 +55,83 @@ def stock_step(kernel_name: str, target_spec: str, trials: int, work_dir: Path, 
 
     workload = get_workload(kernel_name)
     target = resolve_target(target_spec)
+    if target.kind.name == "cuda":
+        _cuda_environment_for_workers()
     builder = ms.builder.LocalBuilder(timeout_sec=300)
+    with ms.Profiler() as profiler:
+        if workload.kind == "tir":
+            db = ms.tune_tir(workload.mod, target, str(work_dir), trials, builder=builder, seed=seed)
+        else:
+            from tuner.tasks.extraction import lower_workload
+
+            # both tune the kernels of the same lowering (tune_relax finds no tasks in an un-lowered module)
+            lowered = lower_workload(workload, target)
+            db = ms.relax_integration.tune_relax(
+                lowered, None, target, str(work_dir), trials, builder=builder, seed=seed
+            )
+    compiling = time.monotonic()
     if workload.kind == "tir":
-        db = ms.tune_tir(workload.mod, target, str(work_dir), trials, builder=builder, seed=seed)
-        sch = ms.tir_integration.compile_tir(db, workload.mod, target)
         import tvm
 
+        sch = ms.tir_integration.compile_tir(db, workload.mod, target)
+        if sch is None:
+            raise RuntimeError(f"stock MetaSchedule has no schedule for {kernel_name}: no candidate built and ran")
         executable = tvm.compile(sch.mod, target=target)
     else:
         from codegen.build import build_lowered_model
-        from tuner.tasks.extraction import lower_workload
 
-        # both tune the kernels of the same lowering (tune_relax finds no tasks in an un-lowered module)
-        lowered = lower_workload(workload, target)
-        db = ms.relax_integration.tune_relax(lowered, None, target, str(work_dir), trials, builder=builder, seed=seed)
         executable = build_lowered_model(lowered, target, db)
     artifact = work_dir / "stock.so"
     executable.export_library(str(artifact))
     return {
-        "seconds": time.monotonic() - started,
         "artifact": str(artifact),
         "trials": len(db.get_all_tuning_records()),
+        "phases": {**stock_phases(profiler.get()), "compile": time.monotonic() - compiling},
     }
 
 
+def _cuda_environment_for_workers() -> None:
+    """Set up, in the environment MetaSchedule's builder and runner processes inherit, what ours sets
+    up in its own for CUDA: the compiler (nvcc where installed; TVM alone picks NVRTC) and, where
+    NVIDIA's wheel brings the CUDA 13 runtime library, its folder (a plain ``import tvm`` finds only the
+    system's, and without one sees no GPU)."""
+    import os
+
+    from measure.cuda.compile_env import prepare_cuda_build_env
+    from measure.cuda.runtime import wheel_cudart
+
+    prepare_cuda_build_env()
+    wheel = wheel_cudart()
+    if wheel is not None:
+        paths = [str(wheel.parent), *filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep))]
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(paths)
+
+
+def stock_phases(stats: dict) -> dict[str, float]:
+    """MetaSchedule's profiler scopes (TVM 0.27's task scheduler and evolutionary search) summed into
+    phases: "rest of tuning" is what no scope covers (creating the task, whose first step imports
+    TVM's tensor intrinsics, its design spaces, the database)."""
+    seconds = {str(k): float(getattr(v, "value", v)) for k, v in stats.items()}
+    phases = {
+        "search": sum(v for k, v in seconds.items() if k.startswith("EvoSearch/")),
+        "build": seconds.get("SendToBuilder", 0.0),
+        # LocalRunner.run waits for each candidate: the runs are in SendToRunner
+        "measure": seconds.get("SendToRunner", 0.0) + seconds.get("JoinRunnerFutures", 0.0),
+        "cost model": seconds.get("MeasureCallback/UpdateCostModel", 0.0),
+    }
+    phases["rest of tuning"] = max(0.0, seconds.get("Total", 0.0) - sum(phases.values()))
+    return phases
+
+
 def ours_step(kernel_name: str, target_spec: str, trials: int, work_dir: Path, seed: int) -> dict:
-    started = time.monotonic()
     from tuner import tune
 
     result = tune(kernel_name, target=target_spec, trials=trials, work_dir=work_dir, seed=seed)
-    return {"seconds": time.monotonic() - started, "artifact": str(result.artifact_path), "trials": result.trials}
+    return {
+        "artifact": str(result.artifact_path),
+        "trials": result.trials,
+        "phases": dict(result.seconds),
+    }
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -86,7 +145,7 @@ def compare(args: argparse.Namespace) -> None:
         tasks = extract_tasks(workload, target)
         trials = args.trials_per_task * len(tasks)
         for seed in args.seeds:
-            rows.append(_compare_one(workload, len(tasks), trials, seed, args.target, target, out))
+            rows.append(compare_one(workload, len(tasks), trials, seed, args.target, target, out)[0])
             print(markdown_table(rows[-1:], list(rows[-1])), flush=True)
     write_csv(out / "vs_metaschedule.csv", rows)
     summary_rows = _summaries(rows)
@@ -105,28 +164,62 @@ def compare(args: argparse.Namespace) -> None:
     print("\n" + table)
 
 
-def _compare_one(workload, num_tasks: int, trials: int, seed: int, target_spec: str, target, out: Path) -> dict:
+def compare_one(
+    workload,
+    num_tasks: int,
+    trials: int,
+    seed: int,
+    target_spec: str,
+    target,
+    out: Path,
+    timing_processes: int = 3,
+    deadline: float | None = None,
+) -> tuple[dict, dict[str, dict[str, float]]]:
+    """Tune ``workload`` with stock MetaSchedule and with ours (each in a fresh process), then time
+    both artifacts side by side in ``timing_processes`` processes; a process still running at
+    ``deadline`` (time.monotonic()) is killed.
+    Returns the table's row and each tuner's seconds by phase, which add up to its process's wall time
+    ("process and set-up": what no phase of the tuner's covers, the interpreter, imports, the target);
+    raises TunerFailed naming the side that failed."""
     import shutil
+    import subprocess
 
     name = workload.name
-    results = {}
+    results, phases = {}, {}
     for tuner_name in ("stock", "ours"):
         work_dir = out / f"{name}-{tuner_name}-seed{seed}"
         shutil.rmtree(work_dir, ignore_errors=True)
         work_dir.mkdir(parents=True)
         step = step_args("--step", tuner_name, name, target=target_spec, trials=trials, work_dir=work_dir, seed=seed)
         print(f"[{name} seed {seed}] {tuner_name}: tuning {num_tasks} task(s), {trials} trials ...", flush=True)
-        results[tuner_name] = run_step(Path(__file__), step, out / f"{name}-{tuner_name}-seed{seed}.log")
-        print(f"[{name} seed {seed}] {tuner_name}: {results[tuner_name]['process_seconds']:.1f} s", flush=True)
+        log = out / f"{name}-{tuner_name}-seed{seed}.log"
+        try:
+            results[tuner_name] = run_step(Path(__file__), step, log, timeout=_until(deadline))
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError, IndexError) as err:  # a failed or silent process
+            raise TunerFailed(tuner_name, log, err) from err
+        process = results[tuner_name]["process_seconds"]
+        own = results[tuner_name]["phases"]
+        phases[tuner_name] = {"process and set-up": process - sum(own.values()), **own}
+        print(f"[{name} seed {seed}] {tuner_name}: {process:.1f} s", flush=True)
     args_spec = [[s.dtype, list(s.shape)] for s in workload.inputs]
     from measure.contract import device_kind
 
     device = device_kind(target)
-    latency = time_side_by_side(
-        {k: v["artifact"] for k, v in results.items()}, workload.kind, args_spec, device, out / f"{name}-timing.log"
-    )
+    log = out / f"{name}-timing.log"
+    try:
+        latency = time_side_by_side(
+            {k: v["artifact"] for k, v in results.items()},
+            workload.kind,
+            args_spec,
+            device,
+            log,
+            timing_processes,
+            _until(deadline),
+        )
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+        raise TunerFailed("timing", log, err) from err
     stock_s, ours_s = results["stock"]["process_seconds"], results["ours"]["process_seconds"]
-    return {
+    row = {
         "workload": name,
         "seed": seed,
         "tasks": num_tasks,
@@ -138,6 +231,12 @@ def _compare_one(workload, num_tasks: int, trials: int, seed: int, target_spec: 
         "ours_latency_ms": round(latency["ours"] * 1e3, 4),
         "latency_ratio": round(latency["ratio"], 3),
     }
+    return row, phases
+
+
+def _until(deadline: float | None) -> float | None:
+    """Seconds to ``deadline`` (at least a few, for a process to say what went wrong), or None."""
+    return None if deadline is None else max(deadline - time.monotonic(), 10.0)
 
 
 def _summaries(rows: list[dict]) -> list[dict]:

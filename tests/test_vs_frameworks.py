@@ -106,9 +106,9 @@ def test_token_ids_stay_integers_when_a_model_is_placed_in_its_precision():
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from experiments.vs_frameworks import Setting, _placed
+    from experiments.vs_frameworks import Setting, placed
 
-    module, ids = _placed(torch.nn.Embedding(10, 4), torch.tensor([[1, 2, 3]]), Setting(dtype="float32"))
+    module, ids = placed(torch.nn.Embedding(10, 4), torch.tensor([[1, 2, 3]]), Setting(dtype="float32"))
     assert ids.dtype == torch.int64 and module(ids).dtype == torch.float32  # BERT's input, not cast to float
-    _, hidden = _placed(torch.nn.Identity(), torch.zeros(2, 4, dtype=torch.float64), Setting(dtype="float32"))
+    _, hidden = placed(torch.nn.Identity(), torch.zeros(2, 4, dtype=torch.float64), Setting(dtype="float32"))
     assert hidden.dtype == torch.float32
