@@ -205,10 +205,23 @@ class MeasureEngine(WorkerPrograms, Engine):
             for index, result in enumerate(self._runners.measure_queue(window, timing, serial, ahead)):
                 self._kept.offer(group, window[index], result)
                 yield result
-            if not serial:
-                self._log_decision(self.dop.update([], 0))
-                self._remember_dop()
-            return
+            if serial:
+                return
+            decision = self.dop.update([], 0)
+        else:
+            results, decision = self._checked_in_parallel(window, timing, dop, slots, ahead)
+            for index, result in sorted(results.items()):
+                self._kept.offer(group, window[index], result)
+                yield result
+        self._log_decision(decision)
+        self._remember_dop()
+        self._runners.gate.set_limit(self.dop.dop)
+
+    def _checked_in_parallel(
+        self, window: list[BuildResult], timing: TimingConfig, dop: int, slots: int, ahead: int
+    ) -> tuple[dict[int, MeasureResult], DopDecision]:
+        """The window timed at ``dop`` (results by index), then its serial checks and the controller's
+        decision on them; after a loss every candidate re-measured alone."""
         before = self.monitor.sample() if self.monitor is not None and slots > 1 else None
         results = self._in_slots(window, timing, slots, ahead)
         for result in results.values():
@@ -229,12 +242,7 @@ class MeasureEngine(WorkerPrograms, Engine):
         if decision.loss:
             for index in sorted(set(results) - checks):
                 results[index] = self._alone(window[index], results[index], timing)
-        for index, result in sorted(results.items()):
-            self._kept.offer(group, window[index], result)
-            yield result
-        self._log_decision(decision)
-        self._remember_dop()
-        self._runners.gate.set_limit(self.dop.dop)
+        return results, decision
 
     def _slots_and_ahead(self, dop: int) -> tuple[int, int]:
         """What a DOP means on this device: on a CPU, queues timed at once on disjoint cores; on a GPU,

@@ -16,7 +16,6 @@ overlap another candidate's timed region). On a CPU the host is the device, and 
 from __future__ import annotations
 
 import json
-import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -51,7 +50,7 @@ class ArgumentCache:
         allocated = key not in self._sets
         if allocated:
             host = run_job.random_arrays(args)
-            self._sets[key] = (host, [tvm.runtime.tensor(array, dev) for array in host])
+            self._sets[key] = (host, run_job.to_device(host, dev))
         else:
             self._sets.move_to_end(key)
             for array, tensor in zip(*self._sets[key], strict=True):
@@ -92,23 +91,21 @@ _arguments = ArgumentCache()
 
 def time_queue(candidates: Sequence[dict], device_kind: str, timing: dict, ahead: int = 0) -> Iterator[dict]:
     """Time ``candidates`` ({"key", "artifact", "args"}) one after another, yielding each one's outcome
-    when it is known: ``run_job.time_loaded``'s, with "key", "prepare_seconds" (loading and filling,
-    outside the timed region) and "allocated" (its arguments were allocated for it); or {"key",
-    "error"} for a candidate that failed here. A failure that poisons a CUDA context ends the stream
-    after its own outcome: the engine goes on with the rest in a fresh process."""
+    when it is known: ``run_job.time_loaded``'s, with "key" and "allocated" (its arguments were
+    allocated for it rather than refilled); or {"key", "error"} for a candidate that failed here. A
+    failure that poisons a CUDA context ends the stream after its own outcome: the engine goes on with
+    the rest in a fresh process."""
     dev = run_job.device(device_kind)
     libraries = _Libraries([c["artifact"] for c in candidates], ahead)
     try:
         for index, candidate in enumerate(candidates):
-            started = time.perf_counter()
             try:
                 if before_candidate is not None:
                     before_candidate(candidate["artifact"])
                 mod = libraries.take(index)
                 tensors, allocated = _arguments.filled(candidate["args"], dev)
                 dev.sync()
-                prepare_seconds = time.perf_counter() - started
-                outcome = run_job.time_loaded(mod, device_kind, tensors, timing, candidate["artifact"])
+                outcome = run_job.time_loaded(mod, dev, device_kind, tensors, timing, candidate["artifact"])
             except Exception as err:  # this candidate's failure, not the queue's
                 traceback.print_exc()
                 message = describe_error(err)
@@ -116,7 +113,7 @@ def time_queue(candidates: Sequence[dict], device_kind: str, timing: dict, ahead
                 if poisons_the_context(message):
                     return
                 continue
-            yield {"key": candidate["key"], **outcome, "prepare_seconds": prepare_seconds, "allocated": allocated}
+            yield {"key": candidate["key"], **outcome, "allocated": allocated}
     finally:
         libraries.close()
 

@@ -76,7 +76,7 @@ def random_arrays(args: Sequence[ArgSpec], seed: int = 0) -> list[np.ndarray]:
     return arrays
 
 
-def _to_device(arrays: Sequence[np.ndarray], dev: tvm.runtime.Device) -> list:
+def to_device(arrays: Sequence[np.ndarray], dev: tvm.runtime.Device) -> list:
     return [tvm.runtime.tensor(a, dev) for a in arrays]
 
 
@@ -99,10 +99,10 @@ def _time(evaluator: Evaluator, config: TimingConfig) -> dict:
 corrupt_outputs: Callable[[str, list], None] | None = None
 
 
-def time_loaded(mod: Any, kind: str, tensors: list, timing: dict, artifact: str) -> dict:
-    """The timed region of a loaded kernel on its filled arguments on the device of ``kind``, then a
+def time_loaded(mod: Any, dev: tvm.runtime.Device, kind: str, tensors: list, timing: dict, artifact: str) -> dict:
+    """The timed region of a loaded kernel on its filled arguments on ``dev`` (``device(kind)``), then a
     check that its outputs are finite: {"samples", "number", "seconds", "nonfinite"}."""
-    dev, config = device(kind), TimingConfig(**timing).for_device(kind)
+    config = TimingConfig(**timing).for_device(kind)
     if kind == "cuda" and config.flush_cache:
         outcome = _time_cold_on_gpu(mod, dev, tensors, config)
     else:
@@ -127,8 +127,8 @@ def time_kernel(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing
     """Time the entry function of a kernel library on random inputs."""
     dev = device(device_kind)
     mod = tvm.runtime.load_module(artifact)
-    tensors = _to_device(random_arrays(args), dev)
-    return time_loaded(mod, device_kind, tensors, timing, artifact)
+    tensors = to_device(random_arrays(args), dev)
+    return time_loaded(mod, dev, device_kind, tensors, timing, artifact)
 
 
 def _time_cold_on_gpu(mod: Any, dev: tvm.runtime.Device, tensors: list, config: TimingConfig) -> dict:
@@ -173,7 +173,7 @@ def cold_timings(artifact: str, args: Sequence[ArgSpec], repeat: int = 30) -> di
     start event, then launch), whose events also span that delay. Medians, seconds per call."""
     dev = device("cuda")
     mod = tvm.runtime.load_module(artifact)
-    tensors = _to_device(random_arrays(args), dev)
+    tensors = to_device(random_arrays(args), dev)
     with _queued_cold_timer(mod, dev, tensors) as timer:
         timer(1, 3, 0)  # loads the kernel
         queued = timer(1, repeat, 0)
@@ -189,7 +189,7 @@ def run_kernel(artifact: str, arrays: Sequence[np.ndarray], device_kind: str) ->
     """Run a kernel library's entry function once on ``arrays``; every argument afterwards."""
     dev = device(device_kind)
     mod = tvm.runtime.load_module(artifact)
-    tensors = _to_device(arrays, dev)
+    tensors = to_device(arrays, dev)
     mod[mod.entry_name](*tensors)
     dev.sync()
     if corrupt_outputs is not None:
@@ -225,7 +225,7 @@ def time_model(artifact: str, args: Sequence[ArgSpec], device_kind: str, timing:
     dev = device(device_kind)
     library, weights = _loaded_model(artifact, dev)
     vm = VirtualMachine(library, dev)
-    tensors = _to_device(random_arrays(args), dev) + weights
+    tensors = to_device(random_arrays(args), dev) + weights
 
     def make_evaluator(number: int, repeat: int, min_repeat_ms: int):
         return vm.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
@@ -241,7 +241,7 @@ def kernel_times(artifact: str, args: Sequence[ArgSpec], device_kind: str, runs:
     dev = device(device_kind)
     library, weights = _loaded_model(artifact, dev)
     vm = VirtualMachine(library, dev)
-    return {"kernels": kernel_seconds(vm, vm["main"], _to_device(random_arrays(args), dev) + weights, dev, runs)}
+    return {"kernels": kernel_seconds(vm, vm["main"], to_device(random_arrays(args), dev) + weights, dev, runs)}
 
 
 REFERENCE_SEED = 1  # the random arguments a task's candidates are checked on
