@@ -21,7 +21,6 @@ builds use the stand-in driver of ``measure/cuda/compile_env.py``; they are real
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -29,11 +28,12 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.environment import environment  # noqa: E402
 from common.host import cpu_model  # noqa: E402
 from experiments.harness import markdown_table, sample_candidates  # noqa: E402
 from measure import EngineConfig, MeasureEngine, MeasureInput  # noqa: E402
@@ -67,20 +67,6 @@ def describe_run(command: str, workers: int) -> dict:
         "workers": workers,
         "compilers": {"nvcc": nvcc_version(nvcc) if nvcc else None, "nvrtc": nvrtc_version()},
     }
-
-
-@contextlib.contextmanager
-def forced_mode(mode: str) -> Iterator[None]:
-    """``TVM_CUDA_COMPILE_MODE=mode`` while an engine is made: it hands the mode to its build workers."""
-    previous = os.environ.get(COMPILE_MODE_ENV)
-    os.environ[COMPILE_MODE_ENV] = mode
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ[COMPILE_MODE_ENV]
-        else:
-            os.environ[COMPILE_MODE_ENV] = previous
 
 
 def check_workers_mode(engine: MeasureEngine, mode: str, workers: int) -> None:
@@ -124,7 +110,7 @@ def measure_builds(
     target = resolve_target(TARGET)
     engines = {}
     for mode in modes:
-        with forced_mode(mode):
+        with environment({COMPILE_MODE_ENV: mode}):  # the engine hands the mode to its build workers
             config = EngineConfig(build_workers=workers, remember_dop=False)
             engines[mode] = MeasureEngine(target, work_dir / mode, config)  # never started: no measuring workers
     rows = []

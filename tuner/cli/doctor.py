@@ -136,15 +136,14 @@ def check_cuda_compiler(arch: str) -> list[Check]:
 
 
 def _compile_probe(mode: str, arch: str) -> None:
-    from unittest import mock
-
     import tvm
     from tvm.support import nvcc
 
+    from common.environment import environment
     from measure.cuda.compile_env import nvrtc_env
 
     # the headers a build worker points NVRTC at (measure.cuda.compile_env.prepare_cuda_build_env)
-    with mock.patch.dict(os.environ, nvrtc_env() if mode == "nvrtc" else {}):
+    with environment(nvrtc_env() if mode == "nvrtc" else {}):
         with tvm.target.Target({"kind": "cuda", "arch": arch}):
             nvcc.compile_cuda(
                 'extern "C" __global__ void probe(float* x) { x[threadIdx.x] += 1.0f; }', "cubin", compiler=mode

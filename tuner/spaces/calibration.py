@@ -19,6 +19,7 @@ import numpy as np
 import tvm
 from tvm import te
 
+from common.environment import environment
 from common.host import cpu_model, user_cache_dir, write_atomically
 from common.peaks import bf16_peak, fma_gflops
 
@@ -122,15 +123,8 @@ def _threads_of(target: tvm.target.Target) -> Iterator[None]:
     """TVM's thread pool as wide as the target's cores while the calibration runs: left alone it takes
     half the logical cores on x86 (one thread on a 2-core VM: half the rate). The pool reads the variable
     each time it launches work."""
-    before = os.environ.get("TVM_NUM_THREADS")
-    os.environ["TVM_NUM_THREADS"] = str(_threads(target))
-    try:
+    with environment({"TVM_NUM_THREADS": str(_threads(target))}):
         yield
-    finally:
-        if before is None:
-            os.environ.pop("TVM_NUM_THREADS", None)
-        else:
-            os.environ["TVM_NUM_THREADS"] = before
 
 
 def _measure(target: tvm.target.Target) -> Calibration:
