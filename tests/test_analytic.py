@@ -17,7 +17,7 @@ from tuner.spaces import metaschedule as msc
 from tuner.spaces.analytic import TiledLoop, configure_kernel, plan_block
 from tuner.spaces.calibration import Calibration
 from tuner.spaces.machine import MachineFacts
-from tuner.spaces.prediction import predicted_seconds
+from tuner.spaces.prediction import lanes_used, predicted_seconds
 from tuner.spaces.register_tiles import RegisterFile
 from tuner.targets import resolve_target
 from workloads import load_workload
@@ -69,6 +69,19 @@ def test_a_products_prediction_counts_its_memory_on_top_of_its_arithmetic():
     with_peaks = Calibration(200.0, 20.0, 1e-6, fma_peak_gflops=250.0, bf16_peak_gflops=500.0)
     untiled = predicted_seconds(1e9, moved, [], AVX512, with_peaks, "bfloat16")  # at its precision's peak
     assert untiled == pytest.approx(1e9 / 500e9 + moved / 20e9 + 1e-6)
+
+
+def test_a_products_prediction_counts_the_vector_lanes_its_columns_leave_empty():
+    """Swin-T's Q.K^T has 49 columns: tiled 7 wide, a vector instruction computes 7 of its 16 lanes."""
+    measured = Calibration(product_gflops=200.0, bandwidth_gbs=20.0, launch_seconds=1e-6)
+    ragged, whole = _loops([192 * 49, 49], [32]), _loops([192 * 49, 32], [49])
+    ragged_plan, whole_plan = plan_block(ragged, AVX512), plan_block(whole, AVX512)
+    assert lanes_used(ragged_plan, 16) == pytest.approx(ragged_plan.factors[1][-1] / 16) and ragged_plan.factors[1][-1] == 7
+    assert lanes_used(whole_plan, 16) == 1.0
+    flops = 2 * 192 * 49 * 49 * 32
+    balance = ragged_plan.tasks / (math.ceil(ragged_plan.tasks / AVX512.cores) * AVX512.cores)
+    expected = flops / (200e9 * balance * 7 / 16) + 1e-6
+    assert predicted_seconds(flops, 0, [ragged_plan], AVX512, measured) == pytest.approx(expected)
 
 
 def test_fewer_registers_make_a_smaller_tile():
