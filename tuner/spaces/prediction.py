@@ -62,12 +62,12 @@ def predicted_seconds(
 
 def lanes_used(plan: BlockPlan, lanes: int) -> float:
     """The share of its vector registers' ``lanes`` a plan's register tile fills: its columns (the
-    vectorised loop's innermost factor) over the lanes of the vectors they take."""
+    vectorised loop's innermost factor) over the lanes of the vectors they take. A tile one column wide
+    is not vectorised along its columns at all (LLVM takes another loop: BEiT's Q.K^T over 197 tokens,
+    a prime, ran at 198 GFLOP/s): 1 there."""
     vector = next((loop for loop in plan.loops if loop.role == "vector"), None)
-    if vector is None:
-        return 1.0
-    columns = plan.factors[vector.index][-1]
-    return columns / (math.ceil(columns / lanes) * lanes)
+    columns = plan.factors[vector.index][-1] if vector is not None else 1
+    return 1.0 if columns == 1 else columns / (math.ceil(columns / lanes) * lanes)
 
 
 def predict_kernel(
