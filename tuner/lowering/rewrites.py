@@ -50,6 +50,17 @@ _UNARY_ELEMENTWISE = {
     ),
 }
 _BINARY_ELEMENTWISE = {f"relax.{op}" for op in ("add", "subtract", "multiply", "divide")}
+_RESHAPES = ("relax.reshape", "relax.expand_dims", "relax.squeeze")
+
+
+def _shape_of(reshape: Call) -> Expr:
+    """The shape a reshape, squeeze or expand_dims gives its data."""
+    return reshape.args[1] if op_name(reshape) == "relax.reshape" else relax.ShapeExpr(static_shape(reshape))
+
+
+def _same_data(before: tuple[int, ...] | None, after: tuple[int, ...] | None) -> bool:
+    """Whether two shapes differ only in dimensions of size 1."""
+    return before is not None and after is not None and [d for d in before if d != 1] == [d for d in after if d != 1]
 
 
 @expr_functor.mutator
@@ -110,19 +121,24 @@ class _Rewriter(PyExprMutator):
         reshaped shape itself (it is reshaped back instead: a view), or is a constant that varies
         along the last dimension only and the reshape keeps that dimension."""
         if call.op.name in _UNARY_ELEMENTWISE:
-            reshape = self._bound_call(call.args[0], "relax.reshape")
+            reshape = self._bound_reshape(call.args[0])
             if reshape is None:
                 return None
-            return relax.Call(call.op, [reshape.args[0], *call.args[1:]], call.attrs, call.ty_args), reshape.args[1]
+            return relax.Call(call.op, [reshape.args[0], *call.args[1:]], call.attrs, call.ty_args), _shape_of(reshape)
         for index in (0, 1):
-            reshape = self._bound_call(call.args[index], "relax.reshape")
+            reshape = self._bound_reshape(call.args[index])
             if reshape is None:
                 continue
             other = self._operand_before(reshape, call.args[1 - index])
             if other is not None:
                 args = [reshape.args[0], other] if index == 0 else [other, reshape.args[0]]
-                return relax.Call(call.op, args, call.attrs, call.ty_args), reshape.args[1]
+                return relax.Call(call.op, args, call.attrs, call.ty_args), _shape_of(reshape)
         return None
+
+    def _bound_reshape(self, expr: Expr) -> Call | None:
+        """The reshape ``expr`` is bound to, or the squeeze or expand_dims ``_reshape`` made of one."""
+        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+        return value if op_name(value) in _RESHAPES else None
 
     def _operand_before(self, reshape: Call, other: Expr) -> Expr | None:
         """``other`` as it combines with the reshape's input, or None if it cannot."""
@@ -143,8 +159,11 @@ class _Rewriter(PyExprMutator):
         MetaSchedule cannot prove injective: it is never inlined, and a matmul whose epilogue reads
         it cannot take that epilogue (its design space fails to generate)."""
         before = static_shape(data)
-        if before is None or after is None or [d for d in before if d != 1] != [d for d in after if d != 1]:
+        if not _same_data(before, after):
             return None
+        earlier = self._bound_reshape(data)  # size-1 dimensions inserted, then dropped: from its input
+        if earlier is not None and _same_data(static_shape(earlier.args[0]), after):
+            data, before = earlier.args[0], static_shape(earlier.args[0])
         if before == after:
             return data
         squeezed = [i for i, d in enumerate(before) if d == 1]
