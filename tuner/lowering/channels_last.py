@@ -44,6 +44,7 @@ from tuner.spaces.schedule_rules import VECTOR_LANES
 
 from .fast_math import fast_form_call, fast_form_named
 from .graph import conv2d_like, ints, op_name, static_shape
+from .numpy_folding import fold_constants
 
 # Channels are the vectorised axis of an NHWC convolution; MetaSchedule tiles an axis only by its
 # exact divisors, so an output-channel count that is not a multiple of the vector length (1000
@@ -373,7 +374,7 @@ class ChannelsLastConvolutions:
             for gv, func in rewritten.functions_items():
                 if isinstance(func, relax.Function):
                     rewritten[gv] = relax.analysis.remove_all_unused(func)
-        return relax.transform.FoldConstant()(rewritten)  # the weights' transposes folded
+        return fold_constants()(rewritten)  # the weights' transposes folded
 
 
 def _pays(func: relax.Function, baseline: relax.Function) -> bool:

@@ -42,6 +42,7 @@ from .conv1d import Conv1dAsConv2d
 from .inverted_residual import FuseExpandDepthwise
 from .layout_free import KeepLayoutFreeWeightsOfReductions
 from .layout_fusion import FuseLayoutIntoConsumers
+from .numpy_folding import fold_constants
 from .options import LoweringOptions
 from .pads import FoldPadsIntoConvolutions, KeepGrowingBlocksOutOfEpilogues
 from .rewrites import SimplifyImportedGraph
@@ -88,14 +89,14 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         if _on_cpus_by_default(options.conv1d_as_conv2d, target):
             passes.append(Conv1dAsConv2d())
         # biases must be constants to move past
-        passes += [relax.transform.FoldConstant(), ChannelsLastConvolutions(options.channels_last_resizes)]
+        passes += [fold_constants(), ChannelsLastConvolutions(options.channels_last_resizes)]
         if options.channel_norms_as_products:
             passes.append(PerChannelNormsAsProducts())
         if _on_cpus_by_default(options.winograd, target):
             passes.append(WinogradConvolutions())
         if _on_cpus_by_default(options.fuse_expand_depthwise, target):
             passes += [
-                relax.transform.FoldConstant(),  # the weights in HWIO
+                fold_constants(),  # the weights in HWIO
                 FuseExpandDepthwise("bfloat16" if options.bfloat16 else "float32"),
                 relax.transform.DeadCodeElimination(["main"]),
             ]
@@ -103,14 +104,14 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     strassen = _on_cpus_by_default(options.strassen, target)
     pad_rows = options.pad_product_rows and not options.bfloat16 and _on_cpus_by_default(None, target)
     if strassen or pad_rows:
-        passes.append(relax.transform.FoldConstant())
+        passes.append(fold_constants())
     if strassen:
         passes.append(StrassenMatmuls())
     if pad_rows:  # bf16 products pad their own rows
         passes.append(PadProductRows())
     if options.bfloat16:
         passes += [
-            relax.transform.FoldConstant(),
+            fold_constants(),
             _bf16_products(options, bf16_unit(target)),
         ]
         if options.bf16_round_before_moves:
@@ -122,7 +123,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     return [
         *passes,
         relax.transform.RemoveRedundantReshape(),
-        relax.transform.FoldConstant(),
+        fold_constants(),
         relax.transform.CanonicalizeBindings(),
     ]
 
