@@ -135,9 +135,8 @@ def test_each_task_gets_its_first_batch_and_its_own_trial_budget_exactly(tmp_pat
     per_task = {run.kernel_id: 0 for run in loop.runs}
     for record in db.records(str(llvm_target)):
         per_task[record.kernel_id] += 1
-    assert list(per_task.values()) == [4, 4] and [run.progress.stopped for run in loop.runs] == [
-        "trial budget: 4 of 4 trials measured"
-    ] * 2
+    assert list(per_task.values()) == [4, 4]
+    assert [run.progress.stopped for run in loop.runs] == ["trial budget: 4 of 4 trials measured"] * 2
 
 
 def test_a_proposed_candidate_is_never_proposed_again_before_it_is_measured(llvm_target):
