@@ -14,7 +14,7 @@ import pytest
 from costmodel import CandidateFeatures, CostModel
 from measure import EngineConfig, MeasureEngine, MeasureInput, Status, TimeoutPolicy, TimingConfig
 from tuner.database.database import TuningDatabase
-from tuner.progress import Progress
+from tuner.progress import Progress, format_phases
 from tuner.search.in_flight import InFlight
 from tuner.search.loop import LoopConfig, TuningLoop
 from tuner.search.objectives import Objectives
@@ -102,6 +102,12 @@ def test_results_phases_and_device_time_add_up(pipelined):
     loop_seconds = sum(loop.phase_seconds[name] for name in ("search", "measure", "cost model"))
     assert loop_seconds <= pipelined.wall
     assert 0 < loop.device_seconds < pipelined.wall
+
+
+def test_a_summary_gives_the_device_seconds_where_they_outlast_the_wait_for_results():
+    assert format_phases({"measure": 2.0}, 1.0) == "measure 2.0 s (the device timing 50%)"
+    overlapped = format_phases({"measure": 2.0}, 3.0)  # pipelined: the device timed while the loop searched too
+    assert overlapped == "measure 2.0 s (the device timing 3.0 s, also while the loop searched)"
 
 
 def test_trials_in_flight_count_against_the_time_left(pipelined):
