@@ -61,6 +61,7 @@ class Engine(ABC):
     config: EngineConfig
     device: str  # "cuda" or "cpu"
     log_dir: Path  # the workers' logs
+    overlap_builds_with_runs: bool = False  # candidates are timed while later ones still build (a GPU's engine)
 
     def __init__(self, target: tvm.target.Target, work_dir: Path, config: EngineConfig | None) -> None:
         self.target = target
@@ -103,6 +104,12 @@ class Engine(ABC):
     @abstractmethod
     def energy_measurable(self) -> bool:
         """Whether measurements come with the device's energy."""
+
+    @property
+    def pipelines_batches(self) -> bool:
+        """Whether ``measure`` may be called again while another thread still reads an earlier call's
+        results (the tuning loop then builds batch k+1 while batch k is timed); not here."""
+        return False
 
     # -- candidates -------------------------------------------------------------------------------
     @abstractmethod

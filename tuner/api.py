@@ -49,6 +49,7 @@ def tune(
     analytic_start: bool = True,
     time_untuned: bool = False,
     partition: bool = True,
+    pipeline: bool | None = None,
 ) -> TuneResult:
     """Tune every kernel of ``model`` for ``target`` and return the compiled result.
 

@@ -120,6 +120,12 @@ class TuneOptions:
         "or convolution are tuned and compiled, the refused operators run in PyTorch between them (docs/"
         "partition.md); False refuses the module instead",
     )
+    pipeline: bool | None = _setting(
+        None,
+        "search for and submit the next batch while the engine still builds and times the last one, the search "
+        "working from a cost model one batch behind (docs/engine.md); None: where candidates are timed while others "
+        "build (GPUs), True or False: always or never",
+    )
 
     @property
     def filter_settings(self) -> FilterSettings:

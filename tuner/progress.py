@@ -16,11 +16,15 @@ def format_seconds(seconds: float) -> str:
 
 def format_phases(seconds: dict[str, float], device_seconds: float = 0.0) -> str:
     """Where a run's wall time went: "search 5.1 s, measure 21.4 s (the device timing 38%), ..."; the
-    share is of the measure phase that ``device_seconds`` spent in candidates' timed regions."""
+    share is of the measure phase that ``device_seconds`` spent in candidates' timed regions. Where batches
+    pipeline, the measure phase is only the loop's wait for results, and the device may have timed longer."""
 
     def phase(name: str, sec: float) -> str:
-        timing = name == "measure" and device_seconds and sec
-        return f"{name} {sec:.1f} s" + (f" (the device timing {device_seconds / sec:.0%})" if timing else "")
+        if name != "measure" or not device_seconds or not sec:
+            return f"{name} {sec:.1f} s"
+        if device_seconds > sec:
+            return f"{name} {sec:.1f} s (the device timing {device_seconds:.1f} s, also while the loop searched)"
+        return f"{name} {sec:.1f} s (the device timing {device_seconds / sec:.0%})"
 
     return ", ".join(phase(name, sec) for name, sec in seconds.items())
 

@@ -367,6 +367,7 @@ def _loop_config(options: TuneOptions) -> LoopConfig:
         scheduler=options.scheduler,
         filter=options.filter_settings,
         analytic_start=options.analytic_start,
+        pipeline=options.pipeline,
     )
 
 

@@ -102,6 +102,11 @@ class ClusterEngine(Engine):
         measurers = self.description.get("measurers", [])
         return bool(measurers) and all(m["energy"] for m in measurers)
 
+    @property
+    def pipelines_batches(self) -> bool:
+        """No: the driver holds one batch (a second ``submit`` drops the first's unfinished work)."""
+        return False
+
     def measurers(self) -> list[dict]:
         """The measuring actors as of the latest reply: name, device, state, measured, dop, in_flight, restarts, pid."""
         return self._activity.get("measurers", [])

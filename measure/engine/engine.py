@@ -4,6 +4,10 @@ isolated measuring process, and hand back one result per candidate as soon as it
 On a CPU target the builds finish before any timing starts, because a compiling process on the
 same cores would distort the timings; on a GPU, builds go on while earlier candidates are timed.
 
+Two batches may be in flight at once (``pipelines_batches``: the tuning loop measures batch k in one
+thread while batch k+1 is submitted from another): their builds share one pool of build workers, and
+their windows are timed one at a time, never two interleaved (``_timing_lock``).
+
 The DOP controller starts where the last run on this machine and device left it (see
 ``measure.dop.memory``), and its state is saved after each of its decisions and on ``close()``.
 """
@@ -22,6 +26,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from pathlib import Path
 
 import tvm
@@ -82,6 +87,9 @@ class MeasureEngine(WorkerPrograms, Engine):
         self._builders = [
             WorkerProcess("build", f"builder-{i}", log_dir / f"builder-{i}.log", build_env) for i in range(workers)
         ]
+        self._free_builders: queue.Queue[WorkerProcess] = queue.Queue()  # every caller's, so no two share one
+        for worker in self._builders:
+            self._free_builders.put(worker)
         if self.device == "cpu":
             kernel_threads = int(target.attrs.get("num-cores", os.cpu_count() or 1))
             run_env["TVM_NUM_THREADS"] = str(kernel_threads)
@@ -108,6 +116,9 @@ class MeasureEngine(WorkerPrograms, Engine):
         self._names = itertools.count()
         self._kept = KeptBuilds(self.config.kept_builds)
         self._name_lock = threading.Lock()
+        # Held while a window is timed, its DOP decision made and its builds kept or deleted: a second batch's
+        # windows wait for the first's (a plain lock: a window's generator may be closed from another thread).
+        self._timing_lock = threading.Lock()
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -138,6 +149,10 @@ class MeasureEngine(WorkerPrograms, Engine):
         """Whether measurements come with the GPU's energy (NVML counts it on this device)."""
         return self.monitor is not None and self.monitor.energy_supported
 
+    @property
+    def pipelines_batches(self) -> bool:
+        return True
+
     # -- measuring candidates -------------------------------------------------------------------
     def measure(
         self,
@@ -153,8 +168,9 @@ class MeasureEngine(WorkerPrograms, Engine):
         serially, and that serial result is the one handed back. ``serial=True`` times every
         candidate alone (for final choices) and leaves the controller as it is. ``group`` names the
         candidates' comparison (a task): engines with devices of several models measure one group
-        on one model; here there is one device. Read the results to the end before calling the
-        engine again: a measuring worker is streaming them.
+        on one model; here there is one device. A second call may be made while another thread still
+        reads the first one's results (``pipelines_batches``); within one thread, read the results to
+        the end before calling the engine again: a measuring worker is streaming them.
         """
         reused, to_build = self._kept.take(group, inputs)
         built = self.build(to_build, group=group) if to_build else ()
@@ -198,24 +214,25 @@ class MeasureEngine(WorkerPrograms, Engine):
         """Time a window at the current DOP. At DOP 1 each result is handed back as it comes. A
         parallel window is held until its serial checks are done: if they find a loss, the whole
         window is re-measured serially, so distorted numbers never reach the caller."""
-        dop = 1 if serial else self.dop.dop
-        slots, ahead = self._slots_and_ahead(dop)
-        self._runners.gate.set_limit(slots)
-        if dop == 1:
-            for index, result in enumerate(self._runners.measure_queue(window, timing, serial, ahead)):
-                self._kept.offer(group, window[index], result)
-                yield result
-            if serial:
-                return
-            decision = self.dop.update([], 0)
-        else:
-            results, decision = self._checked_in_parallel(window, timing, dop, slots, ahead)
-            for index, result in sorted(results.items()):
-                self._kept.offer(group, window[index], result)
-                yield result
-        self._log_decision(decision)
-        self._remember_dop()
-        self._runners.gate.set_limit(self.dop.dop)
+        with self._timing_lock:
+            dop = 1 if serial else self.dop.dop
+            slots, ahead = self._slots_and_ahead(dop)
+            self._runners.gate.set_limit(slots)
+            if dop == 1:
+                for index, result in enumerate(self._runners.measure_queue(window, timing, serial, ahead)):
+                    self._kept.offer(group, window[index], result)
+                    yield result
+                if serial:
+                    return
+                decision = self.dop.update([], 0)
+            else:
+                results, decision = self._checked_in_parallel(window, timing, dop, slots, ahead)
+                for index, result in sorted(results.items()):
+                    self._kept.offer(group, window[index], result)
+                    yield result
+            self._log_decision(decision)
+            self._remember_dop()
+            self._runners.gate.set_limit(self.dop.dop)
 
     def _checked_in_parallel(
         self, window: list[BuildResult], timing: TimingConfig, dop: int, slots: int, ahead: int
@@ -316,13 +333,10 @@ class MeasureEngine(WorkerPrograms, Engine):
         work dir's artifacts folder for the caller (they can be timed on another host). ``timeout``:
         each build's, instead of the adaptive one that candidates get (and then not learnt from),
         which is sized on the builds of their ``group`` (task) where given."""
-        free: queue.Queue[WorkerProcess] = queue.Queue()
-        for worker in self._builders:
-            free.put(worker)
         target = target or self.target
         with ThreadPoolExecutor(max_workers=len(self._builders)) as pool:
             futures = [
-                pool.submit(self._build_one, free, item, target, keep_layout_rewrite, timeout, group) for item in inputs
+                pool.submit(self._build_one, item, target, keep_layout_rewrite, timeout, group) for item in inputs
             ]
             try:
                 for future in as_completed(futures):
@@ -406,21 +420,28 @@ class MeasureEngine(WorkerPrograms, Engine):
             self._artifact_dir.mkdir(parents=True, exist_ok=True)
             return str(self._artifact_dir / f"{stem}-{next(self._names)}.so")
 
+    @contextmanager
+    def _builder(self) -> Iterator[WorkerProcess]:
+        """A build worker of the engine's pool, for the caller alone until it is given back."""
+        if not self._builders:
+            raise RuntimeError("this engine builds nothing (build_workers=0)")
+        worker = self._free_builders.get()
+        try:
+            yield worker
+        finally:
+            self._free_builders.put(worker)
+
     def _build_one(
         self,
-        free: queue.Queue,
         item: MeasureInput,
         target: tvm.target.Target,
         keep_layout: bool,
         timeout: float | None,
         group: str | None,
     ) -> BuildResult:
-        worker = free.get()
-        try:
+        with self._builder() as worker:
             limit = timeout or self.build_timeout.value_for(group)
             built = build_with(worker, item, str(target), self._artifact_path(item), keep_layout, limit)
-        finally:
-            free.put(worker)
         if built.ok and timeout is None:
             self.build_timeout.record(built.seconds, group)
         return built

@@ -1,10 +1,11 @@
 """What the engine's workers run besides candidates: whole programs compiled and timed, a model's kernels
 timed inside it, a kernel run once, and looks into CUDA builds. A mixin of ``MeasureEngine``, whose build
-workers (``_builders``) and runner pool (``_runners``) these calls go to."""
+workers (``_builder()``, one at a time from its pool) and runner pool (``_runners``) these calls go to."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import tvm
@@ -24,12 +25,13 @@ class WorkerPrograms:
     config: EngineConfig
     device: str
     build_timeout: AdaptiveTimeout
-    _builders: list[WorkerProcess]
+    _builder: Callable[[], AbstractContextManager[WorkerProcess]]  # a build worker of the pool, for the caller alone
     _runners: RunnerPool
 
     def compile_program(self, artifact: Path, timeout: float = 1800.0, **request) -> Path:
         """Compile a whole program in a build worker (see codegen.build.compile_program) into ``artifact``."""
-        self._builders[0].call("compile_program", timeout, artifact=str(artifact), target=str(self.target), **request)
+        with self._builder() as worker:
+            worker.call("compile_program", timeout, artifact=str(artifact), target=str(self.target), **request)
         return artifact
 
     def time_program(
@@ -69,8 +71,10 @@ class WorkerPrograms:
     # -- looking into CUDA builds -------------------------------------------------------------------
     def cuda_source(self, mod: tvm.IRModule) -> str:
         """The CUDA C a scheduled kernel compiles to (compiled in a build worker)."""
-        return self._builders[0].call("cuda_source", self.build_timeout.value, mod=mod, target=str(self.target))
+        with self._builder() as worker:
+            return worker.call("cuda_source", self.build_timeout.value, mod=mod, target=str(self.target))
 
     def load_cuda_artifact(self, artifact: str, kernels: list[str]) -> dict:
         """Load a built library in a build worker: its CUDA module's code format and which of ``kernels`` it has."""
-        return self._builders[0].call("load_cuda_artifact", 120, artifact=str(artifact), kernels=list(kernels))
+        with self._builder() as worker:
+            return worker.call("load_cuda_artifact", 120, artifact=str(artifact), kernels=list(kernels))

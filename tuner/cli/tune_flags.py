@@ -151,6 +151,7 @@ TUNE_FLAGS: dict[str, tuple[str, ...]] = {
     "analytic_start": ("--no-analytic-start",),
     "time_untuned": ("--time-untuned",),
     "partition": ("--no-partition",),
+    "pipeline": ("--pipeline",),
 }
 
 
@@ -183,6 +184,7 @@ def options_from_args(args: argparse.Namespace) -> TuneOptions:
         analytic_start=not args.no_analytic_start,
         time_untuned=args.time_untuned,
         partition=not args.no_partition,
+        pipeline={"on": True, "off": False}.get(args.pipeline),
     )
 
 
@@ -315,6 +317,11 @@ def add_tune_command(commands) -> None:
         action="store_true",
         help="refuse a model with operators TVM's importer does not take, instead of running them in PyTorch "
         "between compiled pieces",
+    )
+    tune.add_argument(
+        "--pipeline",
+        choices=["on", "off"],
+        help="search for the next batch while the last one is built and timed (default: on for GPUs)",
     )
     add_verbose(tune)
 

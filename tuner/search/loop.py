@@ -1,4 +1,11 @@
-"""The tuning loop: pick a task, propose candidates, measure them, commit every result, learn, repeat."""
+"""The tuning loop: pick a task, propose candidates, measure them, commit every result, learn, repeat.
+
+A batch goes through three steps: proposed (search, cost model, filter), submitted (the engine builds and
+times it, its results read by a thread of their own: ``InFlight``), finished (every result committed, the
+search and the cost model taught, progress said). Without ``LoopConfig.pipeline`` the three run back to
+back; with it, batch k+1 is proposed and submitted before batch k is finished, so that the device times
+k+1 while the loop learns from k and searches for k+2. Everything but reading results stays in this thread.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ from costmodel import (
     RankQuality,
     rank_quality,
 )
-from measure import Engine, MeasureInput, TimingConfig
+from measure import Engine, MeasureInput, MeasureResult, TimingConfig
 from tuner.database.database import TuningDatabase
 from tuner.database.workdir import FILTER_LEDGER_KEY, FILTER_STATE_KEY, stop_on_storage_failure
 from tuner.errors import TunerError
@@ -37,6 +44,7 @@ from tuner.tasks.opclass import kernel_class
 
 from .final_choice import FinalChoice
 from .first_candidates import queue_first_candidates
+from .in_flight import InFlight
 from .kernel_costs import KernelCosts
 from .objectives import Objectives, Spending, check_measurable, met, short_of_time, time_left, time_limit
 from .parallel import parallel_map
@@ -59,16 +67,34 @@ class LoopConfig:
     verify: bool = True
     analytic_start: bool = True  # each search's first candidates: its analytic schedule and three around it
     give_up_after: int = 32  # failures in a row, with no success at all yet, that end the run
+    # Submit batch k+1 before batch k is finished (its search runs on a model one batch stale). None: where
+    # the engine times candidates while others build (a GPU's), as that is where the device waited for the loop.
+    pipeline: bool | None = None
 
 
 @dataclass
-class BatchOutcome:
-    latencies: list[float | None]  # per measured candidate, None for a failure
-    joules: float | None  # energy of the batch's measurements, where NVML gives it
+class Batch:
+    """One batch of one task: proposed and filtered, then in flight in the engine, then finished."""
+
+    run: TaskRun
+    index: int  # of the task
+    proposed: float  # time.monotonic() as its search began
+    candidates: list[Candidate]  # the ones measured (kept by the filter)
+    scores: np.ndarray  # the cost model's, of ``candidates``, as the search ranked them
+    decision: FilterDecision
+    trained: bool  # the model had been trained when it scored them
+    seeded: str  # what its progress line says of first candidates queued
+    measuring: InFlight | None = None
+    latencies: dict[str, float | None] = field(default_factory=dict)  # by key; None for a failure
+    joules: float | None = None  # energy of its measurements, where NVML gives it
+    by_key: dict[str, Candidate] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.by_key = {c.key: c for c in self.candidates}
 
     @property
     def best(self) -> float | None:
-        return min((lat for lat in self.latencies if lat is not None), default=None)
+        return min((lat for lat in self.latencies.values() if lat is not None), default=None)
 
 
 def auto_batch_size(budget: int | None, num_tasks: int) -> int:
@@ -111,9 +137,17 @@ class TuningLoop:
             db, engine, str(target), self.config.remeasure_top, self.config.final_timing, self.config.verify,
             self.progress,
         )  # fmt: skip
-        self._measure_seconds = 0.0  # this call's time measuring and the trials it measured; its last batch's rest
+        # This call's seconds of measuring (``_batch_seconds``) and the trials they measured; its last batch's rest.
+        self._measure_seconds = 0.0
         self._measured = 0
         self._batch_overhead = 0.0
+        pipeline = self.config.pipeline if self.config.pipeline is not None else engine.overlap_builds_with_runs
+        self.pipelined = bool(pipeline and engine.pipelines_batches)
+        self._in_flight: list[Batch] = []  # submitted, not finished; oldest first
+        self._results_in = 0.0  # time.monotonic() when the last finished batch's results were all in
+        self._task_objectives = Objectives()  # run()'s, for the batches it finishes
+        self._trial_budget: int | None = None  # the run's trials, for the progress lines
+        self._batch_log = engine.log_dir / "batches.jsonl"
         self.phase_seconds: dict[str, float] = {"search": 0.0, "measure": 0.0, "cost model": 0.0, "final choice": 0.0}
         self.device_seconds = 0.0  # of the measure phase, the device in candidates' timed regions
         self._rng = np.random.default_rng(seed)
@@ -186,7 +220,7 @@ class TuningLoop:
     def reserve(self, next_run: TaskRun | None = None) -> float:
         """Seconds to keep for after the search: the final choice of every task measured (and of
         ``next_run``, about to be), and the compile phase."""
-        runs = [run for run in self.runs if run.progress.best is not None or run is next_run]
+        runs = [run for run in self.runs if run.progress.best is not None or run.progress.in_flight or run is next_run]
         final = self._final_choice.seconds(runs, self.costs, self.model_latency())
         return reserve(final, self.clock.compile_seconds(self.costs, self.partial_latency()))
 
@@ -233,53 +267,77 @@ class TuningLoop:
             self.trials_done, objectives.trials, len(self.runs), f"on {describe_target(self.target)}", budget_text
         )
         self.spent.trials = self.trials_done
-        while True:
-            index = self.scheduler.pick([run.progress for run in self.runs])
-            self.spent.seconds = self.clock.elapsed()
-            if self._time_limit is not None:
-                self.spent.reserved = self.reserve(self.runs[index] if index is not None else None)
-            self.stop_reason = met(objectives, self.spent)
-            if self.stop_reason:
-                break
-            if index is None:
-                self.stop_reason = (
-                    "every task is finished (its search space exhausted, its objectives met, or too small a part "
-                    "of the model to pay for more trials)"
-                )
-                break
-            limit = self._batch_limit(batch_size, objectives, task_objectives, self.runs[index])
-            if limit == 0:
-                self.stop_reason = short_of_time(objectives, self.spent)
-                break
-            self._tune_batch(index, limit, task_objectives, objectives.trials)
+        if self.config.pipeline and not self.pipelined:
+            self.progress.line("batches not pipelined: this engine measures one batch at a time")
+        try:
+            while True:
+                index = self.scheduler.pick([run.progress for run in self.runs])
+                self.spent.seconds = self.clock.elapsed()
+                if self._time_limit is not None:
+                    self.spent.reserved = self.reserve(self.runs[index] if index is not None else None)
+                self.stop_reason = met(objectives, self.spent)
+                if self.stop_reason:
+                    break
+                if index is None:
+                    if self._in_flight:  # what it measures may give the scheduler a task to pick
+                        self._finish_in_flight(keep=0)
+                        continue
+                    self.stop_reason = (
+                        "every task is finished (its search space exhausted, its objectives met, or too small a part "
+                        "of the model to pay for more trials)"
+                    )
+                    break
+                limit = self._batch_limit(batch_size, objectives, task_objectives, self.runs[index])
+                if limit == 0:
+                    self.stop_reason = short_of_time(objectives, self.spent)
+                    break
+                self._tune_batch(index, limit, task_objectives, objectives.trials)
+            self._finish_in_flight(keep=0)
+        except BaseException:
+            self._abandon_in_flight()
+            raise
         self.progress.line(f"stopped: {self.stop_reason}")
         return self.stop_reason
 
     def _batch_limit(
         self, batch_size: int, run_objectives: Objectives, task_objectives: Objectives, run: TaskRun
     ) -> int:
+        """How many candidates the next batch of ``run`` may measure: trials in flight count as spent."""
         limit = batch_size
         if run_objectives.trials:
-            limit = min(limit, run_objectives.trials - self.trials_done)
+            limit = min(limit, run_objectives.trials - self.trials_done - self.spent.in_flight)
         if task_objectives.trials:
-            limit = min(limit, task_objectives.trials - run.progress.spent.trials)
+            limit = min(limit, task_objectives.trials - run.progress.spent.trials - run.progress.spent.in_flight)
         limit = max(1, limit)
         left = time_left(run_objectives, self.spent)
         per_trial = self._trial_seconds(run)
-        if left is not None and per_trial:  # what the time left affords: the batch's search and learning, its trials
-            limit = max(0, min(limit, int((left - self._batch_overhead) / per_trial)))
+        if left is not None and per_trial:
+            # what the time left affords: the batch's search and learning, the trials in flight, its own
+            affordable = int((left - self._batch_overhead) / per_trial) - self.spent.in_flight
+            limit = max(0, min(limit, affordable))
         return limit
 
     def _trial_seconds(self, run: TaskRun) -> float:
-        """Seconds measuring a trial takes, as this call's batches went; before the first, the task's
-        measured build and timing (as if built one at a time)."""
+        """Seconds a trial costs, as this call's batches went (``_batch_seconds``); before the first, the
+        task's measured build and timing (as if built one at a time)."""
         if self._measured:
             return self._measure_seconds / self._measured
         return self.costs.build(run.task.name) + self.costs.run(run.task.name)
 
     def _tune_batch(self, index: int, size: int, task_objectives: Objectives, budget: int | None) -> None:
+        """A batch of task ``index`` proposed and submitted (none where its space has nothing new left); then
+        the batches in flight before it finished, and, unless batches pipeline, it too."""
+        self._task_objectives, self._trial_budget = task_objectives, budget
+        batch = self._propose(index, size)
+        if batch is not None:
+            self._submit(batch)
+        self._finish_in_flight(keep=1 if self.pipelined else 0)
+
+    def _propose(self, index: int, size: int) -> Batch | None:
+        """Up to ``size`` new candidates of task ``index``, those the filter drops skipped; None where its
+        search space has nothing new left."""
         run = self.runs[index]
-        started = time.monotonic()
+        proposed = time.monotonic()
         seeded = ""
         with self._phase("search"):
             if run.trials == 0 and not run.sibling_seeded:
@@ -291,7 +349,7 @@ class TuningLoop:
         if not candidates:
             run.progress.exhausted = True
             self.progress.line(f"{run.task.name}: its search space has nothing new left")
-            return
+            return None
         trained = self.cost_model.trained  # an untrained model scores at random: nothing to judge it by
         with self._phase("cost model"):
             mean, spread = self.cost_model.predict_spread(features, self._rng)
@@ -309,45 +367,94 @@ class TuningLoop:
         for i in decision.dropped:
             run.search.skip(candidates[i])
         measured = [candidates[i] for i in decision.keep]
-        measuring = time.monotonic()
+        return Batch(run, index, proposed, measured, scores[decision.keep], decision, trained, seeded)
+
+    def _submit(self, batch: Batch) -> None:
+        """Hand ``batch`` to the engine (its builds start now); its trials count as spent from here on."""
+        inputs = [MeasureInput(c.key, c.mod) for c in batch.candidates]
+        batch.measuring = InFlight(self.engine.measure(inputs, group=batch.run.group), f"batch-{batch.run.task.name}")
+        self._in_flight.append(batch)
+        self._count_in_flight(batch, 1)
+        self._stop_task_if_met(batch.run)  # its trials, counting these, may be all it gets
+
+    def _count_in_flight(self, batch: Batch, sign: int) -> None:
+        trials = sign * len(batch.candidates)
+        self.spent.in_flight += trials
+        batch.run.progress.spent.in_flight += trials
+        batch.run.progress.in_flight += sign
+
+    def _finish_in_flight(self, keep: int) -> None:
+        """Finish the batches in flight, oldest first, all but the newest ``keep``."""
+        while len(self._in_flight) > keep:
+            self._finish(self._in_flight[0])
+            self._in_flight.pop(0)
+
+    def _abandon_in_flight(self) -> None:
+        """After an error or an interrupt: commit what the batches in flight measured already, stop the rest."""
+        for batch in self._in_flight:
+            batch.measuring.stop()
+        for batch in self._in_flight:
+            with contextlib.suppress(Exception):  # the error being raised is the one to report
+                for result in batch.measuring.results(wait=False):
+                    self._commit(batch, result)
+        self._in_flight.clear()
+        self.spent.in_flight = 0
+        for run in self.runs:
+            run.progress.in_flight = run.progress.spent.in_flight = 0
+
+    def _finish(self, batch: Batch) -> None:
+        """Take in ``batch``'s results, each committed as it comes, then learn from them and report."""
+        run = batch.run
+        waiting = time.monotonic()
         with self._phase("measure"):
-            outcome = self._measure(run, measured)
+            for result in batch.measuring.results():
+                self._commit(batch, result)
+        waited = time.monotonic() - waiting
+        self._count_in_flight(batch, -1)
         self._stop_if_nothing_works()
-        measure_seconds = time.monotonic() - measuring
-        per_candidate = measure_seconds / max(1, len(measured))
-        joules_each = outcome.joules / len(measured) if outcome.joules is not None and measured else None
-        self.ledger.add(decision, per_candidate, joules_each)
-        quality = (
-            rank_quality(scores[decision.keep], outcome.latencies)
-            if trained
-            else RankQuality(None, None, 0, len(measured))
-        )
-        if trained:
-            self.filter.record(run.group, scores[decision.keep], outcome.latencies)
+        measured = len(batch.candidates)
+        seconds = self._batch_seconds(batch, waited)
+        joules_each = batch.joules / measured if batch.joules is not None and measured else None
+        self.ledger.add(batch.decision, seconds / max(1, measured), joules_each)
+        latencies = [batch.latencies.get(c.key) for c in batch.candidates]
+        quality = rank_quality(batch.scores, latencies) if batch.trained else RankQuality(None, None, 0, measured)
+        if batch.trained:
+            self.filter.record(run.group, batch.scores, latencies)
         if not any(r.trials == 0 and r.search.seeds_waiting for r in self.runs):
             # Until every task has measured its first transferred schedules, the searches (the model's
             # users) wait; retraining a warm-started model on thousands of source samples after each
             # of those small batches held up the transfer's first round.
             with self._phase("cost model"):
                 self.cost_model.update()
-        run.progress.record_batch(len(measured), time.monotonic() - started, outcome.joules, outcome.best)
-        self._measure_seconds += measure_seconds
-        self._measured += len(measured)
-        self.spent.add_batch(len(measured), 0.0, outcome.joules, self.model_latency())
-        self._log_batch(run, decision, quality)
-        reason = met(task_objectives, run.progress.spent)
+        # Where batches pipeline, the next batch's search overlapped this one's measuring: its seconds cover it.
+        self._batch_overhead = 0.0 if self.pipelined else time.monotonic() - batch.proposed - waited
+        run.progress.record_batch(measured, seconds + self._batch_overhead, batch.joules, batch.best)
+        self._measure_seconds += seconds
+        self._measured += measured
+        self.spent.add_batch(measured, 0.0, batch.joules, self.model_latency())
+        self._log_batch(batch, quality, waited)
         left = self._time_limit - self.clock.elapsed() - self.spent.reserved if self._time_limit is not None else None
         self.progress.batch(
-            index, len(self.runs), run.task.name, self.trials_done, budget, run.progress.best, run.task.flops,
-            self.model_latency(), self._filter_summary(decision, quality) + seeded, left,
+            batch.index, len(self.runs), run.task.name, self.trials_done, self._trial_budget, run.progress.best,
+            run.task.flops, self.model_latency(), self._filter_summary(batch.decision, quality) + batch.seeded, left,
         )  # fmt: skip
         activity = self.engine.activity()
         if activity:
             self.progress.line(activity)
+        self._stop_task_if_met(run)
+
+    def _batch_seconds(self, batch: Batch, waited: float) -> float:
+        """What measuring ``batch`` cost the run: where batches pipeline, the loop's wall time since the
+        batch before it was in (the search of the next overlapped it); else the time waiting for it."""
+        now = time.monotonic()
+        since, self._results_in = max(self._results_in, batch.proposed), now
+        return now - since if self.pipelined else waited
+
+    def _stop_task_if_met(self, run: TaskRun) -> None:
+        reason = met(self._task_objectives, run.progress.spent)
         if reason and run.progress.live:
             run.progress.stopped = reason
             self.progress.line(f"{run.task.name}: done ({reason})")
-        self._batch_overhead = time.monotonic() - started - measure_seconds  # the next batch's, as a guess
 
     def _filter_summary(self, decision: FilterDecision, quality: RankQuality) -> str:
         tau = f"  model tau {quality.tau:+.2f}" if quality.tau is not None else ""
@@ -359,7 +466,8 @@ class TuningLoop:
             f"(total {ledger.dropped}/{ledger.proposed}, ~{ledger.seconds_saved:.0f} s saved)"
         )
 
-    def _log_batch(self, run: TaskRun, decision: FilterDecision, quality: RankQuality) -> None:
+    def _log_batch(self, batch: Batch, quality: RankQuality, waited: float) -> None:
+        run, decision = batch.run, batch.decision
         self.db.set_meta(FILTER_LEDGER_KEY, self.ledger.as_dict())
         self.db.set_meta(FILTER_STATE_KEY, self.filter.state())
         entry = {"time": time.time(), "task": run.task.name, "trials": self.trials_done, **quality.as_dict()}
@@ -370,46 +478,55 @@ class TuningLoop:
             "dropped": len(decision.dropped),
             "explored": len(decision.explored),
         }
+        measuring = batch.measuring
+        timeline = {  # when it went to the engine, when its first and last results came out, when it was finished
+            "time": time.time(),
+            "task": run.task.name,
+            "candidates": len(batch.candidates),
+            "pipelined": self.pipelined,
+            "submitted": measuring.submitted,
+            "first_result": measuring.first_result,
+            "last_result": measuring.last_result,
+            "waited": waited,
+        }
         self._quality_log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self._quality_log, "a") as log:
-            log.write(json.dumps(entry) + "\n")
+        for path, line in ((self._quality_log, entry), (self._batch_log, timeline)):
+            with open(path, "a") as log:
+                log.write(json.dumps(line) + "\n")
 
-    def _measure(self, run: TaskRun, candidates: list[Candidate]) -> BatchOutcome:
-        by_key = {c.key: c for c in candidates}
-        latencies: dict[str, float | None] = {}
-        joules = None
-        for result in self.engine.measure([MeasureInput(c.key, c.mod) for c in candidates], group=run.group):
-            candidate = by_key[result.key]
-            if not result.ok:
-                stop_on_storage_failure(result.error)
-            self.db.commit(
-                run.kernel_id,
-                self.target_key,
-                candidate.key,
-                candidate.trace_json,
-                result.status,
-                samples=result.samples,
-                error=result.error,
-                args=result.args,
-                build_seconds=result.build_seconds,
-                run_seconds=result.run_seconds,
-                elapsed=self.elapsed(),
-                measurement=result.measurement_details(),
-            )
-            run.search.observe(candidate, result.latency)
-            run.trials += 1
-            run.measured_here = True
-            if result.ok:
-                self.costs.observe(run.task.name, result.build_seconds, result.run_seconds)
-            latencies[candidate.key] = result.latency
-            self.device_seconds += result.timed_seconds
-            if result.energy_j is not None:
-                joules = (joules or 0.0) + result.energy_j
-            if result.ok:
-                self._successes += 1
-            else:
-                self._failures[f"{result.status}: {result.error}"] += 1
-        return BatchOutcome([latencies.get(c.key) for c in candidates], joules)
+    def _commit(self, batch: Batch, result: MeasureResult) -> None:
+        """Commit one result to the database, and let the search and the run's counts learn from it."""
+        run = batch.run
+        candidate = batch.by_key[result.key]
+        if not result.ok:
+            stop_on_storage_failure(result.error)
+        self.db.commit(
+            run.kernel_id,
+            self.target_key,
+            candidate.key,
+            candidate.trace_json,
+            result.status,
+            samples=result.samples,
+            error=result.error,
+            args=result.args,
+            build_seconds=result.build_seconds,
+            run_seconds=result.run_seconds,
+            elapsed=self.elapsed(),
+            measurement=result.measurement_details(),
+        )
+        run.search.observe(candidate, result.latency)
+        run.trials += 1
+        run.measured_here = True
+        if result.ok:
+            self.costs.observe(run.task.name, result.build_seconds, result.run_seconds)
+        batch.latencies[candidate.key] = result.latency
+        self.device_seconds += result.timed_seconds
+        if result.energy_j is not None:
+            batch.joules = (batch.joules or 0.0) + result.energy_j
+        if result.ok:
+            self._successes += 1
+        else:
+            self._failures[f"{result.status}: {result.error}"] += 1
 
     def _stop_if_nothing_works(self) -> None:
         failed = sum(self._failures.values())

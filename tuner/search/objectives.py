@@ -55,6 +55,7 @@ class Spending:
     joules: float = 0.0
     history: list[float | None] = field(default_factory=list)  # best latency after each batch
     reserved: float = 0.0  # seconds still to come after the search; counted against time and money
+    in_flight: int = 0  # trials submitted whose results are still to come; counted against trials
 
     def add_batch(self, trials: int, seconds: float, joules: float | None, best: float | None) -> None:
         self.trials += trials
@@ -94,8 +95,8 @@ def short_of_time(objectives: Objectives, spent: Spending) -> str:
 
 def met(objectives: Objectives, spent: Spending) -> str | None:
     """The first objective ``spent`` has reached, as a reason for the log and the report; None if none."""
-    if objectives.trials is not None and spent.trials >= objectives.trials:
-        return f"trial budget: {spent.trials} of {objectives.trials} trials measured"
+    if objectives.trials is not None and spent.trials + spent.in_flight >= objectives.trials:
+        return f"trial budget: {spent.trials + spent.in_flight} of {objectives.trials} trials measured"
     if objectives.seconds is not None and spent.seconds + spent.reserved >= objectives.seconds:
         kept = f", {spent.reserved:.0f} s kept for the final compile" if spent.reserved else " spent"
         return f"time budget: {spent.seconds:.0f} s of {objectives.seconds:.0f} s{kept}"

@@ -25,7 +25,8 @@ history says, and one at 20% most of it.
 ``RoundRobinScheduler`` gives every live task a batch in turn.
 
 Both give every task one batch first, and give up on a task that produced no working candidate
-in ``max_failed_batches`` batches.
+in ``max_failed_batches`` batches. Where batches pipeline, a task's batch in flight counts as given;
+what it will measure is not known yet, so a task may be picked again before its last batch is in.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class TaskProgress:
     spent: Spending = field(default_factory=Spending)
     exhausted: bool = False  # its search space has nothing new left
     stopped: str | None = None  # why a per-task objective ended it
+    in_flight: int = 0  # batches submitted whose results are still to come (``LoopConfig.pipeline``)
 
     @property
     def batches(self) -> int:
@@ -87,15 +89,20 @@ class _Scheduler:
         live = [i for i, t in enumerate(tasks) if t.live]
         if not live:
             return None
-        unvisited = [i for i in live if tasks[i].batches == 0]
+        # a batch in flight counts as given: every task gets its first before any gets a second
+        unvisited = [i for i in live if tasks[i].batches == 0 and not tasks[i].in_flight]
         if unvisited:
             return unvisited[0]
-        for i in [i for i in live if tasks[i].best is None]:
+        for i in [i for i in live if tasks[i].best is None and not tasks[i].in_flight]:
             if tasks[i].batches < self.max_failed_batches:
                 return i
             tasks[i].exhausted = True
         ranked = [i for i in live if tasks[i].best is not None]
-        return self._choose(tasks, ranked) if ranked else None
+        if ranked:
+            return self._choose(tasks, ranked)
+        # only tasks whose batch in flight may still give them a working candidate: one of them again
+        waiting = [i for i in live if 0 < tasks[i].in_flight < self.max_failed_batches - tasks[i].batches]
+        return waiting[0] if waiting else None
 
     def _choose(self, tasks: list[TaskProgress], ranked: list[int]) -> int | None:
         raise NotImplementedError
@@ -105,7 +112,7 @@ class RoundRobinScheduler(_Scheduler):
     """Every live task in turn: the one with the fewest batches so far, the first of those."""
 
     def _choose(self, tasks: list[TaskProgress], ranked: list[int]) -> int:
-        return min(ranked, key=lambda i: (tasks[i].batches, i))
+        return min(ranked, key=lambda i: (tasks[i].batches + tasks[i].in_flight, i))
 
 
 class GradientScheduler(_Scheduler):

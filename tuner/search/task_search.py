@@ -75,7 +75,7 @@ class TaskSearch:
         self.postprocs = msc.postprocessors(self.context)
         self.mutators, probs = msc.mutators(self.context)
         self.mutator_probs = np.asarray(probs) / sum(probs) if probs else np.zeros(0)
-        self.seen: set[str] = set()  # measured, or dropped by the filter: never proposed again
+        self.seen: set[str] = set()  # proposed (measured, being measured, or dropped by the filter): never again
         self.elites: list[tuple[float, Candidate]] = []  # best measured first
         self.exhausted = not self.spaces
         self.draws = 0  # random samples drawn from the design space, for statistics
@@ -150,10 +150,14 @@ class TaskSearch:
 
     def propose(self, n: int) -> list[Candidate]:
         """Up to ``n`` of the queued seeds (see ``add_transferred``) while any wait, alone: the search
-        starts from what they measure, in the next batch; then ``_search(n)``."""
+        starts from what they measure, in the next batch; then ``_search(n)``. What is proposed is seen
+        at once: a batch still being measured when the next is proposed (``LoopConfig.pipeline``) is not
+        proposed again."""
         waiting = [c for c in self._seeds if c.key not in self.seen]
         seeds, self._seeds = waiting[:n], waiting[n:]
-        return seeds or (self._search(n) if self.spaces else [])
+        proposed = seeds or (self._search(n) if self.spaces else [])
+        self.seen.update(c.key for c in proposed)
+        return proposed
 
     def _search(self, n: int) -> list[Candidate]:
         """Up to ``n`` candidates never measured before; fewer if the space runs dry.
