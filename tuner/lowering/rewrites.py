@@ -136,9 +136,17 @@ class _Rewriter(PyExprMutator):
         return None
 
     def _bound_reshape(self, expr: Expr) -> Call | None:
-        """The reshape ``expr`` is bound to, or the squeeze or expand_dims ``_reshape`` made of one."""
+        """The reshape ``expr`` is bound to, or the squeeze or expand_dims ``_reshape`` made of one between
+        sequences (a batch dimension given and taken away around a transformer's activation). Not of an
+        image: EfficientNet's squeeze-and-excitation blocks, their sigmoid moved above a squeeze, lost their
+        second convolution's epilogue (14 convolutions more a kernel of their own)."""
         value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
-        return value if op_name(value) in _RESHAPES else None
+        name = op_name(value)
+        if name == "relax.reshape":
+            return value
+        if name in _RESHAPES and max(len(static_shape(value) or ()), len(static_shape(value.args[0]) or ())) <= 3:
+            return value
+        return None
 
     def _operand_before(self, reshape: Call, other: Expr) -> Expr | None:
         """``other`` as it combines with the reshape's input, or None if it cannot."""
