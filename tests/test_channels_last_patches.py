@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 
 
 class _PatchEmbedding(torch.nn.Module):
-    """Swin-T's stem in small: 4x4 patches of a 3-channel image, 48 channels each (24 FLOP per byte of the image: pays its transpose), as tokens, normed."""
+    """Swin-T's stem in small: 4x4 patches of a 3-channel image, 48 channels each (24 FLOP per byte of the
+    image: it pays for its transpose), as tokens, normed."""
 
     def __init__(self):
         super().__init__()

@@ -360,8 +360,7 @@ class ChannelsLastConvolutions:
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         rewritten, baseline = (
-            self._rewritten(mod, _ChannelsLast(mod, self.resizes, convolutions))
-            for convolutions in (True, False)
+            self._rewritten(mod, _ChannelsLast(mod, self.resizes, convolutions)) for convolutions in (True, False)
         )
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not _pays(rewritten[gv], baseline[gv]):
@@ -383,7 +382,8 @@ def _pays(func: relax.Function, baseline: relax.Function) -> bool:
     them: Swin-T's attention has four that read as NHWC ones). A function without convolutions keeps its
     sequences' transposes where they were."""
     flops, edge_bytes = _convolution_flops_and_edge_bytes(func)
-    return flops > 0 and flops >= MIN_FLOPS_PER_EDGE_BYTE * (edge_bytes - _convolution_flops_and_edge_bytes(baseline)[1])
+    added = edge_bytes - _convolution_flops_and_edge_bytes(baseline)[1]
+    return flops > 0 and flops >= MIN_FLOPS_PER_EDGE_BYTE * added
 
 
 def _convolution_flops_and_edge_bytes(func: relax.Function) -> tuple[int, int]:

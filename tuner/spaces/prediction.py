@@ -7,11 +7,11 @@ running from the caches on every core, ``balance`` the share of the cores its pa
 busy (7 tasks on 2 cores: 7/8) and ``lanes used`` the share of a vector register's lanes its register
 tile's columns fill: a vector instruction takes the register's width whatever the loop's extent, so a
 column count the lanes do not divide wastes the rest (Swin-T's attention over 49 tokens, tiled 7 wide:
-7 of AVX-512's 16 lanes; EfficientNet's 40 channels, 10 wide). A kernel with no tiled block (element-wise, reductions, depthwise
-convolutions, the bf16 products of their own rule, whose tiles reach 93-97% of the bf16 unit) takes its
-FLOPs at its precision's measured peak instead. The bytes are its arguments, and the intermediates one
-reduction hands another (a Winograd kernel's transformed input and its batched product's output, each
-written and read once).
+7 of AVX-512's 16 lanes; EfficientNet's 40 channels, 10 wide). A kernel with no tiled block
+(element-wise, reductions, depthwise convolutions, the bf16 products of their own rule, whose tiles
+reach 93-97% of the bf16 unit) takes its FLOPs at its precision's measured peak instead. The bytes are
+its arguments, and the intermediates one reduction hands another (a Winograd kernel's transformed input
+and its batched product's output, each written and read once).
 
 Memory is added to compute, not overlapped with it: inside a model a kernel's weights and inputs come
 from memory, not from the caches the calibration's product ran in, and the loops TVM makes do not
@@ -19,10 +19,11 @@ prefetch them. Counted so, the prediction came within 25% of the kernel's time i
 212 products of 15 models (the roofline's maximum of the two: 102) and for 83 of 144 of five models
 measured afterwards; the lanes, added next (planned before it was tried on them), took the 365 products
 of those 21 models from 249 within 25% to 261 (ragged column counts: 6 of 23 to 17). The rest are
-where the schedule is what is slow, or where the kernel's time in the model is not one figure: a
-depthwise convolution identical to the instruction read 23-67 us in torchvision's MobileNetV2 and
-73-231 us in Hugging Face's (``experiments/analytic.py``'s kernels table). The kernel is otherwise taken to run at its precision's ceiling: where the measured
-latency is far above the prediction, the schedule is what is wrong, and that is where tuning pays.
+where the schedule is what is slow, or where the kernel's time in the model is not one figure: the
+same depthwise kernels (shapes, plans and bytes identical) read 23-67 us in torchvision's MobileNetV2
+and 73-231 us in Hugging Face's (``experiments/analytic.py``'s kernels table). The kernel is otherwise
+taken to run at its precision's ceiling: where the measured latency is far above the prediction, the
+schedule is what is wrong, and that is where tuning pays.
 """
 
 from __future__ import annotations
