@@ -6,7 +6,8 @@ from costmodel import CostModel
 from measure import EngineConfig, MeasureEngine, TimeoutPolicy
 from tuner.database.database import TuningDatabase
 from tuner.errors import TunerError
-from tuner.search.loop import LoopConfig, TuningLoop, auto_batch_size
+from tuner.search.loop import TuningLoop
+from tuner.search.loop_config import LoopConfig, auto_batch_size
 from tuner.search.objectives import Objectives
 from tuner.search.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, task_kind
 from tuner.tasks.extraction import extract_tasks

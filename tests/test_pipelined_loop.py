@@ -16,7 +16,8 @@ from measure import EngineConfig, MeasureEngine, MeasureInput, Status, TimeoutPo
 from tuner.database.database import TuningDatabase
 from tuner.progress import Progress, format_phases
 from tuner.search.in_flight import InFlight
-from tuner.search.loop import LoopConfig, TuningLoop
+from tuner.search.loop import TuningLoop
+from tuner.search.loop_config import LoopConfig
 from tuner.search.objectives import Objectives
 from tuner.search.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress
 from tuner.search.task_search import TaskSearch

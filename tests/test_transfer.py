@@ -267,7 +267,8 @@ def _transfer_from(source, loop, model, target) -> None:
 def test_the_model_waits_for_every_tasks_first_transferred_schedules_before_it_retrains(
     tuned_matmul, tmp_path, engine, llvm_target
 ):
-    from tuner.search.loop import LoopConfig, TuningLoop
+    from tuner.search.loop import TuningLoop
+    from tuner.search.loop_config import LoopConfig
     from tuner.search.objectives import Objectives
 
     tasks = [_task(*shape, name=f"matmul{i}") for i, shape in enumerate([(96, 192, 64), (64, 96, 128)])]
@@ -288,7 +289,8 @@ def test_the_model_waits_for_every_tasks_first_transferred_schedules_before_it_r
 
 def test_the_filter_never_drops_a_transferred_schedule(tuned_matmul, tmp_path, engine, llvm_target):
     from costmodel import FilterSettings
-    from tuner.search.loop import LoopConfig, TuningLoop
+    from tuner.search.loop import TuningLoop
+    from tuner.search.loop_config import LoopConfig
     from tuner.search.objectives import Objectives
 
     # trusts any model fully and calls anything rated below the task's best poor

@@ -40,7 +40,8 @@ from tuner.lowering.bf16.precision import check_bf16
 from tuner.partition.pieces import tune_in_pieces
 from tuner.search.budget import Budget, choose_budget, describe_budget
 from tuner.search.kernel_costs import KernelCosts, probe
-from tuner.search.loop import LoopConfig, TuningLoop
+from tuner.search.loop import TuningLoop
+from tuner.search.loop_config import LoopConfig
 from tuner.search.objectives import Objectives, Spending, check_measurable, met, time_limit
 from tuner.search.reserve import CallClock, reserve
 from tuner.search.scheduler import check_scheduler

@@ -1,6 +1,7 @@
-"""A batch being measured: the engine's results read to the end by a thread of their own, into a queue
-that the loop's main thread takes them from. The main thread can so propose the next batch (and submit
-it: its builds start) while this one is built and timed (``LoopConfig.pipeline``)."""
+"""A batch of one task from its proposal to its last result (``Batch``), and while it is measured the
+engine's results read to the end by a thread of their own, into a queue that the loop's main thread takes
+them from (``InFlight``). The main thread can so propose the next batch (and submit it: its builds start)
+while this one is built and timed (``LoopConfig.pipeline``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
+
+from costmodel import FilterDecision
 from measure import MeasureResult
+
+from .task_run import TaskRun
+from .task_search import Candidate
 
 _END = object()
 
@@ -71,3 +78,28 @@ class InFlight:
 
     def stop(self) -> None:
         self._stopping.set()
+
+
+@dataclass
+class Batch:
+    """One batch of one task: proposed and filtered, then in flight in the engine, then finished."""
+
+    run: TaskRun
+    index: int  # of the task
+    proposed: float  # time.monotonic() as its search began
+    candidates: list[Candidate]  # the ones measured (kept by the filter)
+    scores: np.ndarray  # the cost model's, of ``candidates``, as the search ranked them
+    decision: FilterDecision
+    trained: bool  # the model had been trained when it scored them
+    seeded: str  # what its progress line says of first candidates queued
+    measuring: InFlight | None = None
+    latencies: dict[str, float | None] = field(default_factory=dict)  # by key; None for a failure
+    joules: float | None = None  # energy of its measurements, where NVML gives it
+    by_key: dict[str, Candidate] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.by_key = {c.key: c for c in self.candidates}
+
+    @property
+    def best(self) -> float | None:
+        return min((lat for lat in self.latencies.values() if lat is not None), default=None)

@@ -10,12 +10,9 @@ k+1 while the loop learns from k and searches for k+2. Everything but reading re
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
@@ -25,16 +22,13 @@ from costmodel import (
     CandidateFeatures,
     CandidateFilter,
     CostModel,
-    FilterDecision,
     FilterLedger,
-    FilterSettings,
     RankQuality,
     rank_quality,
 )
-from measure import Engine, MeasureInput, MeasureResult, TimingConfig
+from measure import Engine, MeasureInput, MeasureResult
 from tuner.database.database import TuningDatabase
-from tuner.database.workdir import FILTER_LEDGER_KEY, FILTER_STATE_KEY, stop_on_storage_failure
-from tuner.errors import TunerError
+from tuner.database.workdir import FILTER_LEDGER_KEY, FILTER_STATE_KEY
 from tuner.progress import Progress
 from tuner.spaces.machine import MachineFacts
 from tuner.spaces.prediction import floor_seconds
@@ -42,66 +36,18 @@ from tuner.targets import describe_target
 from tuner.tasks.extraction import Task
 from tuner.tasks.opclass import kernel_class
 
+from .batch_records import filter_summary, give_up_if_nothing_works, record_result, write_batch_logs
 from .final_choice import FinalChoice
 from .first_candidates import queue_first_candidates
-from .in_flight import InFlight
+from .in_flight import Batch, InFlight
 from .kernel_costs import KernelCosts
+from .loop_config import LoopConfig, auto_batch_size
 from .objectives import Objectives, Spending, check_measurable, met, short_of_time, time_left, time_limit
 from .parallel import parallel_map
 from .reserve import OVERRUN, CallClock, reserve
 from .scheduler import TaskProgress, make_scheduler, task_kind
 from .task_run import TaskRun
-from .task_search import Candidate, SearchConfig, TaskSearch
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    batch_size: int | None = None  # default: about an eighth of each task's share of the trials
-    search: SearchConfig = field(default_factory=SearchConfig)
-    scheduler: str = "gradient"  # or "round-robin"
-    filter: FilterSettings = field(default_factory=FilterSettings)
-    remeasure_top: int = 5  # re-measured at the end with final_timing before the best is chosen
-    final_timing: TimingConfig = field(
-        default_factory=lambda: TimingConfig(min_repeats=5, max_repeats=50, budget_seconds=0.25)
-    )
-    verify: bool = True
-    analytic_start: bool = True  # each search's first candidates: its analytic schedule and three around it
-    give_up_after: int = 32  # failures in a row, with no success at all yet, that end the run
-    # Submit batch k+1 before batch k is finished (its search runs on a model one batch stale). None: where
-    # the engine times candidates while others build (a GPU's), as that is where the device waited for the loop.
-    pipeline: bool | None = None
-
-
-@dataclass
-class Batch:
-    """One batch of one task: proposed and filtered, then in flight in the engine, then finished."""
-
-    run: TaskRun
-    index: int  # of the task
-    proposed: float  # time.monotonic() as its search began
-    candidates: list[Candidate]  # the ones measured (kept by the filter)
-    scores: np.ndarray  # the cost model's, of ``candidates``, as the search ranked them
-    decision: FilterDecision
-    trained: bool  # the model had been trained when it scored them
-    seeded: str  # what its progress line says of first candidates queued
-    measuring: InFlight | None = None
-    latencies: dict[str, float | None] = field(default_factory=dict)  # by key; None for a failure
-    joules: float | None = None  # energy of its measurements, where NVML gives it
-    by_key: dict[str, Candidate] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.by_key = {c.key: c for c in self.candidates}
-
-    @property
-    def best(self) -> float | None:
-        return min((lat for lat in self.latencies.values() if lat is not None), default=None)
-
-
-def auto_batch_size(budget: int | None, num_tasks: int) -> int:
-    if budget is None:
-        return 16
-    per_task = budget / max(1, num_tasks)
-    return int(min(64, max(8, math.ceil(per_task / 8))))
+from .task_search import TaskSearch
 
 
 class TuningLoop:
@@ -411,7 +357,7 @@ class TuningLoop:
                 self._commit(batch, result)
         waited = time.monotonic() - waiting
         self._count_in_flight(batch, -1)
-        self._stop_if_nothing_works()
+        give_up_if_nothing_works(self._successes, self._failures, self.config.give_up_after, self.engine.log_dir)
         measured = len(batch.candidates)
         seconds = self._batch_seconds(batch, waited)
         joules_each = batch.joules / measured if batch.joules is not None and measured else None
@@ -436,7 +382,8 @@ class TuningLoop:
         left = self._time_limit - self.clock.elapsed() - self.spent.reserved if self._time_limit is not None else None
         self.progress.batch(
             batch.index, len(self.runs), run.task.name, self.trials_done, self._trial_budget, run.progress.best,
-            run.task.flops, self.model_latency(), self._filter_summary(batch.decision, quality) + batch.seeded, left,
+            run.task.flops, self.model_latency(),
+            filter_summary(batch.decision, quality, self.ledger) + batch.seeded, left,
         )  # fmt: skip
         activity = self.engine.activity()
         if activity:
@@ -456,64 +403,18 @@ class TuningLoop:
             run.progress.stopped = reason
             self.progress.line(f"{run.task.name}: done ({reason})")
 
-    def _filter_summary(self, decision: FilterDecision, quality: RankQuality) -> str:
-        tau = f"  model tau {quality.tau:+.2f}" if quality.tau is not None else ""
-        if not self.ledger.dropped:
-            return tau
-        ledger = self.ledger
-        return (
-            f"{tau}  filtered {len(decision.dropped)} "
-            f"(total {ledger.dropped}/{ledger.proposed}, ~{ledger.seconds_saved:.0f} s saved)"
-        )
-
     def _log_batch(self, batch: Batch, quality: RankQuality, waited: float) -> None:
-        run, decision = batch.run, batch.decision
         self.db.set_meta(FILTER_LEDGER_KEY, self.ledger.as_dict())
         self.db.set_meta(FILTER_STATE_KEY, self.filter.state())
-        entry = {"time": time.time(), "task": run.task.name, "trials": self.trials_done, **quality.as_dict()}
-        entry |= {
-            "pooled_tau": self.filter.rank_quality(run.group),
-            "trust": decision.trust,
-            "threshold": decision.threshold,
-            "dropped": len(decision.dropped),
-            "explored": len(decision.explored),
-        }
-        measuring = batch.measuring
-        timeline = {  # when it went to the engine, when its first and last results came out, when it was finished
-            "time": time.time(),
-            "task": run.task.name,
-            "candidates": len(batch.candidates),
-            "pipelined": self.pipelined,
-            "submitted": measuring.submitted,
-            "first_result": measuring.first_result,
-            "last_result": measuring.last_result,
-            "waited": waited,
-        }
-        self._quality_log.parent.mkdir(parents=True, exist_ok=True)
-        for path, line in ((self._quality_log, entry), (self._batch_log, timeline)):
-            with open(path, "a") as log:
-                log.write(json.dumps(line) + "\n")
+        write_batch_logs(
+            self._quality_log, self._batch_log, batch, quality, self.filter, self.trials_done, self.pipelined, waited
+        )
 
     def _commit(self, batch: Batch, result: MeasureResult) -> None:
         """Commit one result to the database, and let the search and the run's counts learn from it."""
         run = batch.run
         candidate = batch.by_key[result.key]
-        if not result.ok:
-            stop_on_storage_failure(result.error)
-        self.db.commit(
-            run.kernel_id,
-            self.target_key,
-            candidate.key,
-            candidate.trace_json,
-            result.status,
-            samples=result.samples,
-            error=result.error,
-            args=result.args,
-            build_seconds=result.build_seconds,
-            run_seconds=result.run_seconds,
-            elapsed=self.elapsed(),
-            measurement=result.measurement_details(),
-        )
+        record_result(self.db, run.kernel_id, self.target_key, candidate, result, self.elapsed())
         run.search.observe(candidate, result.latency)
         run.trials += 1
         run.measured_here = True
@@ -527,16 +428,6 @@ class TuningLoop:
             self._successes += 1
         else:
             self._failures[f"{result.status}: {result.error}"] += 1
-
-    def _stop_if_nothing_works(self) -> None:
-        failed = sum(self._failures.values())
-        if self._successes == 0 and failed >= self.config.give_up_after:
-            reason, count = self._failures.most_common(1)[0]
-            raise TunerError(
-                f"all {failed} candidates measured so far failed ({count} with {reason}); stopping rather than "
-                "spending "
-                f"the rest of the budget: see the worker logs in {self.engine.log_dir}"
-            )
 
     # -- choosing the final schedules ------------------------------------------------------------
     def finalize(self) -> None:
