@@ -76,5 +76,5 @@ class FoldConstantsInNumpy:
 
 
 def fold_constants() -> tvm.transform.Pass:
-    """NumPy's folding, then TVM's ``FoldConstant`` for what is left (and the unused constants removed)."""
+    """NumPy's folding, then TVM's ``FoldConstant`` for what is left."""
     return tvm.transform.Sequential([FoldConstantsInNumpy(), relax.transform.FoldConstant()])

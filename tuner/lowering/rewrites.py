@@ -144,9 +144,10 @@ class _Rewriter(PyExprMutator):
         name = op_name(value)
         if name == "relax.reshape":
             return value
-        if name in _RESHAPES and max(len(static_shape(value) or ()), len(static_shape(value.args[0]) or ())) <= 3:
-            return value
-        return None
+        if name not in _RESHAPES:
+            return None
+        shapes = (static_shape(value), static_shape(value.args[0]))  # known, or ``_shape_of`` has none to give
+        return value if None not in shapes and max(map(len, shapes)) <= 3 else None
 
     def _operand_before(self, reshape: Call, other: Expr) -> Expr | None:
         """``other`` as it combines with the reshape's input, or None if it cannot."""
