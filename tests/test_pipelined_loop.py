@@ -224,3 +224,21 @@ def test_a_crash_and_a_hang_in_batch_k_leave_batch_k_plus_1_alone(tmp_path, llvm
     assert sorted(after) == sorted(i.key for i in second) and all(r.ok and r.latency > 0 for r in after.values())
     assert restarts == 2  # the crashed measuring worker and the hung one, each replaced once
     assert batch_k1.first_result > batch_k.last_result  # timed after batch k's window, never inside it
+
+
+def test_a_batch_whose_builds_come_last_is_still_timed_first(tmp_path, llvm_target):
+    """Batch k's builds held back until batch k+1 (submitted after it, built already) could have been timed:
+    batch k+1 waits for batch k's turn, and a batch dropped before it was read holds up nobody."""
+    with MeasureEngine(llvm_target, tmp_path, EngineConfig(build_workers=2, timing=QUICK)) as engine:
+        builds = {b.key: b for b in engine.build([MeasureInput(f"copy-{n}", faulty.copy(n)) for n in (64, 128, 256)])}
+
+        def late(*keys):
+            time.sleep(1.0)
+            yield from (builds[key] for key in keys)
+
+        engine.measure_built([builds["copy-64"]])  # never read: its turn ends as it is collected
+        batch_k = InFlight(engine.measure_built(late("copy-64", "copy-128")), "k")
+        batch_k1 = InFlight(engine.measure_built([builds["copy-256"]]), "k+1")
+        assert [r.key for r in batch_k1.results()] == ["copy-256"]
+        assert [r.key for r in batch_k.results()] == ["copy-64", "copy-128"]
+    assert batch_k1.first_result > batch_k.last_result

@@ -6,7 +6,7 @@ same cores would distort the timings; on a GPU, builds go on while earlier candi
 
 Two batches may be in flight at once (``pipelines_batches``: the tuning loop measures batch k in one
 thread while batch k+1 is submitted from another): their builds share one pool of build workers, and
-their windows are timed one at a time, never two interleaved (``_timing_lock``).
+their windows are timed in the order the batches were submitted, never two interleaved (``TurnOrder``).
 
 The DOP controller starts where the last run on this machine and device left it (see
 ``measure.dop.memory``), and its state is saved after each of its decisions and on ``close()``.
@@ -47,6 +47,7 @@ from .building import REFERENCE_KEY, artifact_stem, build_with, default_build_wo
 from .kept_builds import KeptBuilds, remove_artifact
 from .programs import WorkerPrograms
 from .runners import DeviceUnavailable, RunnerPool
+from .turns import TurnOrder
 
 __all__ = ["DeviceUnavailable", "EngineConfig", "MeasureEngine"]
 
@@ -116,9 +117,9 @@ class MeasureEngine(WorkerPrograms, Engine):
         self._names = itertools.count()
         self._kept = KeptBuilds(self.config.kept_builds)
         self._name_lock = threading.Lock()
-        # Held while a window is timed, its DOP decision made and its builds kept or deleted: a second batch's
-        # windows wait for the first's (a plain lock: a window's generator may be closed from another thread).
-        self._timing_lock = threading.Lock()
+        # A batch's windows are timed, their DOP decisions made and their builds kept or deleted once every batch
+        # submitted before it has ended: batch k+1's builds may finish first, its timing waits for batch k's.
+        self._turns = TurnOrder()
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -172,9 +173,10 @@ class MeasureEngine(WorkerPrograms, Engine):
         reads the first one's results (``pipelines_batches``); within one thread, read the results to
         the end before calling the engine again: a measuring worker is streaming them.
         """
+        turn = self._turns.take()
         reused, to_build = self._kept.take(group, inputs)
         built = self.build(to_build, group=group) if to_build else ()
-        return self.measure_built(itertools.chain(reused, built), timing, serial, group)
+        return self._in_turn(turn, itertools.chain(reused, built), timing, serial, group)
 
     def measure_built(
         self,
@@ -185,20 +187,34 @@ class MeasureEngine(WorkerPrograms, Engine):
     ) -> Iterator[MeasureResult]:
         """``measure`` for candidates already built (here or on another host); once timed, their
         artifacts are deleted, or kept for the final choice where they are among ``group``'s fastest."""
-        timing = timing or self.config.timing
-        window: list[BuildResult] = []
-        for built in builds:
-            if not built.ok:
-                yield built.as_failure()
-                continue
-            window.append(built)
-            if self.overlap_builds_with_runs and len(window) >= self.window_size(serial):
-                yield from self._measure_window(window, timing, serial, group)
-                window = []
-        while window:
-            size = self.window_size(serial)
-            yield from self._measure_window(window[:size], timing, serial, group)
-            window = window[size:]
+        return self._in_turn(self._turns.take(), builds, timing, serial, group)
+
+    def _in_turn(
+        self, turn: int, builds: Iterable[BuildResult], timing: TimingConfig | None, serial: bool, group: str | None
+    ) -> Iterator[MeasureResult]:
+        results = self._timed_in_turn(turn, builds, timing or self.config.timing, serial, group)
+        self._turns.end_with(results, turn)
+        return results
+
+    def _timed_in_turn(
+        self, turn: int, builds: Iterable[BuildResult], timing: TimingConfig, serial: bool, group: str | None
+    ) -> Iterator[MeasureResult]:
+        try:
+            window: list[BuildResult] = []
+            for built in builds:
+                if not built.ok:
+                    yield built.as_failure()
+                    continue
+                window.append(built)
+                if self.overlap_builds_with_runs and len(window) >= self.window_size(serial):
+                    yield from self._measure_window(turn, window, timing, serial, group)
+                    window = []
+            while window:
+                size = self.window_size(serial)
+                yield from self._measure_window(turn, window[:size], timing, serial, group)
+                window = window[size:]
+        finally:
+            self._turns.end(turn)
 
     @property
     def dop_decisions(self) -> list[DopDecision]:
@@ -209,30 +225,30 @@ class MeasureEngine(WorkerPrograms, Engine):
         return SERIAL_WINDOW if serial else 5 * self.dop.dop
 
     def _measure_window(
-        self, window: list[BuildResult], timing: TimingConfig, serial: bool, group: str | None
+        self, turn: int, window: list[BuildResult], timing: TimingConfig, serial: bool, group: str | None
     ) -> Iterator[MeasureResult]:
         """Time a window at the current DOP. At DOP 1 each result is handed back as it comes. A
         parallel window is held until its serial checks are done: if they find a loss, the whole
         window is re-measured serially, so distorted numbers never reach the caller."""
-        with self._timing_lock:
-            dop = 1 if serial else self.dop.dop
-            slots, ahead = self._slots_and_ahead(dop)
-            self._runners.gate.set_limit(slots)
-            if dop == 1:
-                for index, result in enumerate(self._runners.measure_queue(window, timing, serial, ahead)):
-                    self._kept.offer(group, window[index], result)
-                    yield result
-                if serial:
-                    return
-                decision = self.dop.update([], 0)
-            else:
-                results, decision = self._checked_in_parallel(window, timing, dop, slots, ahead)
-                for index, result in sorted(results.items()):
-                    self._kept.offer(group, window[index], result)
-                    yield result
-            self._log_decision(decision)
-            self._remember_dop()
-            self._runners.gate.set_limit(self.dop.dop)
+        self._turns.wait(turn)
+        dop = 1 if serial else self.dop.dop
+        slots, ahead = self._slots_and_ahead(dop)
+        self._runners.gate.set_limit(slots)
+        if dop == 1:
+            for index, result in enumerate(self._runners.measure_queue(window, timing, serial, ahead)):
+                self._kept.offer(group, window[index], result)
+                yield result
+            if serial:
+                return
+            decision = self.dop.update([], 0)
+        else:
+            results, decision = self._checked_in_parallel(window, timing, dop, slots, ahead)
+            for index, result in sorted(results.items()):
+                self._kept.offer(group, window[index], result)
+                yield result
+        self._log_decision(decision)
+        self._remember_dop()
+        self._runners.gate.set_limit(self.dop.dop)
 
     def _checked_in_parallel(
         self, window: list[BuildResult], timing: TimingConfig, dop: int, slots: int, ahead: int
