@@ -41,6 +41,7 @@ class _PadTokens(AttentionFinder):
     def __init__(self, mod: IRModule, fast_math: bool):
         super().__init__(mod)
         self.fast_math = fast_math
+        self._pads: list[tuple[Expr, tuple, Expr]] = []  # each padded operand, once: a mask every layer adds
 
     def visit_call_(self, call: Call) -> Expr:
         call = super().visit_call_(call)
@@ -73,9 +74,13 @@ class _PadTokens(AttentionFinder):
                 attention.scores.attrs.out_dtype,
             )
         )
-        side = {op: self._pad_side(op, position, shape, queries, keys) for op, position in _arithmetic(attention)}
+        masking = _masking_add(attention)
+        side = {
+            op: self._pad_side(op, position, shape, queries, keys, -np.inf if op is masking else 0.0)
+            for op, position in _arithmetic(attention)
+        }
         scores = reapply(self.builder_, attention.before, scores, side)
-        if keys > shape[-1]:
+        if keys > shape[-1] and masking is None:
             mask = np.concatenate([np.zeros(shape[-1]), np.full(keys - shape[-1], -np.inf)]).astype("float32")
             scores = self.builder_.emit(relax.op.add(scores, relax.const(mask)))
         fast = self.fast_math and is_float32(attention.softmax)
@@ -89,24 +94,44 @@ class _PadTokens(AttentionFinder):
         rank = len(static_shape(out))
         return relax.op.strided_slice(out, axes=[rank - 2], begin=[0], end=[shape[-2]])
 
-    def _pad_side(self, op: Call, position: int, shape: tuple[int, ...], queries: int, keys: int) -> Expr:
-        """The operand of ``op`` beside the scores, its query rows and key columns padded with zeros."""
+    def _pad_side(
+        self, op: Call, position: int, shape: tuple[int, ...], queries: int, keys: int, key_fill: float
+    ) -> Expr:
+        """The operand of ``op`` beside the scores, its query rows padded with zeros and its key columns with
+        ``key_fill``."""
         side = op.args[1 - position]
         side_shape = static_shape(side)
         if len(side_shape) >= 1 and side_shape[-1] == shape[-1] > 1:
-            side = self._pad(side, -1, keys - shape[-1])
+            side = self._pad(side, -1, keys - shape[-1], key_fill)
         if len(side_shape) >= 2 and side_shape[-2] == shape[-2] > 1:
             side = self._pad(side, -2, queries - shape[-2])
         return side
 
-    def _pad(self, tensor: Expr, axis: int, extra: int) -> Expr:
-        """``tensor`` with ``extra`` zeros after its ``axis`` (negative: from the last)."""
+    def _pad(self, tensor: Expr, axis: int, extra: int, fill: float = 0.0) -> Expr:
+        """``tensor`` with ``extra`` elements of ``fill`` after its ``axis`` (negative: from the last)."""
         if extra == 0:
             return tensor
+        for padded, how, result in self._pads:
+            if padded.same_as(tensor) and how == (axis, extra, fill):
+                return result
         rank = len(static_shape(tensor))
         widths = [0] * (2 * rank)
         widths[2 * (rank + axis) + 1] = extra
-        return self.builder_.emit(relax.op.nn.pad(tensor, widths))
+        result = self.builder_.emit(relax.op.nn.pad(tensor, widths, pad_value=fill))
+        self._pads.append((tensor, (axis, extra, fill), result))
+        return result
+
+
+def _masking_add(attention: Attention) -> Call | None:
+    """The last op before the softmax, where it adds a mask with a column per key: its padded columns are
+    -inf, and the padded keys need no mask of their own. (Not where another op follows it: -inf times a
+    zero is NaN.)"""
+    arithmetic = [(op, position) for op, position in attention.before if op_name(op) in ARITHMETIC]
+    if not arithmetic or op_name(arithmetic[-1][0]) != "relax.add":
+        return None
+    op, position = arithmetic[-1]
+    side = static_shape(op.args[1 - position])
+    return op if side and side[-1] == attention.shape[-1] > 1 else None
 
 
 def _arithmetic(attention: Attention) -> list[tuple[Call, int]]:
