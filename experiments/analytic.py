@@ -166,14 +166,13 @@ def main() -> None:
         kept.write_text(json.dumps(records, indent=1, default=str))
     if args.tables or args.repredict:  # the tables again from the records, nothing measured
         return write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
-    labels = [_label(model, args) for model in args.models]
-    records = [r for r in records if r["model"] not in labels]
     command = " ".join(["experiments/analytic.py", *sys.argv[1:]])
     for model in args.models:  # a rerun of some models keeps the others' records
-        records.append({**_measure_model(model, args), "model": _label(model, args), "command": command})
-        row = table_row(records[-1])
+        record = {**_measure_model(model, args), "model": _label(model, args), "command": command}
+        records = [r for r in records if r["model"] != record["model"]] + [record]
+        row = table_row(record)
         print(markdown_table([row], list(row)), flush=True)
-    kept.write_text(json.dumps(records, indent=1, default=str))
+        kept.write_text(json.dumps(records, indent=1, default=str))  # each model kept as soon as it is measured
     write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
 
 

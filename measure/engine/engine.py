@@ -14,7 +14,6 @@ The DOP controller starts where the last run on this machine and device left it 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import logging
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import tvm
 
-from measure.contract import Engine, EngineConfig, device_kind, host_target
+from measure.contract import Engine, EngineConfig
 from measure.cuda.compile_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode
 from measure.dop.controller import GPU_DEFAULT_MAX_DOP, DopController, DopDecision, relative_error
 from measure.dop.memory import DopMemory, machine_key
@@ -39,15 +38,16 @@ from measure.nvml import NvmlMonitor, split_energy
 from measure.timeouts import AdaptiveTimeout
 from measure.timing.cpu_slots import default_cpu_dop, pinned_env, runner_cpu_sets
 from measure.timing.sampling import TimingConfig
-from measure.types import BuildResult, MeasureInput, MeasureResult, Status, VerifyResult
+from measure.types import BuildResult, MeasureInput, MeasureResult, Status
 from measure.workers.env import CUDA_BUILD_ENV, RUN_DEVICE_ENV
-from measure.workers.worker import WorkerCrashed, WorkerError, WorkerProcess, WorkerTimeout
+from measure.workers.worker import WorkerProcess
 
-from .building import REFERENCE_KEY, artifact_stem, build_with, default_build_workers
-from .kept_builds import KeptBuilds, remove_artifact
+from .building import artifact_stem, build_with, default_build_workers
+from .kept_builds import KeptBuilds
 from .programs import WorkerPrograms
 from .runners import DeviceUnavailable, RunnerPool
 from .turns import TurnOrder
+from .verifying import CandidateChecks
 
 __all__ = ["DeviceUnavailable", "EngineConfig", "MeasureEngine"]
 
@@ -56,7 +56,7 @@ _RUN_FAILURES = (Status.RUN_ERROR, Status.RUN_TIMEOUT, Status.RUN_CRASH)
 SERIAL_WINDOW = 4  # built candidates one measuring window takes when each is timed alone
 
 
-class MeasureEngine(WorkerPrograms, Engine):
+class MeasureEngine(WorkerPrograms, CandidateChecks, Engine):
     """This machine's worker processes. ``monitor``: the NVML monitor of the runners' GPU (default:
     one is made for a CUDA target)."""
 
@@ -360,74 +360,6 @@ class MeasureEngine(WorkerPrograms, Engine):
             finally:
                 for future in futures:
                     future.cancel()
-
-    def verify(
-        self, reference: tvm.IRModule, candidate: tvm.IRModule, rtol: float, group: str | None = None
-    ) -> VerifyResult:
-        """Check the candidate's output against the unscheduled function's on random inputs
-        (``group`` as in ``measure``)."""
-        ref_target = host_target(self.target)
-        # not the candidates' adaptive timeout (10x their median build): the unscheduled reference can take
-        # far longer to build than they do, and a verification that cannot build falls back to TVM's default
-        # schedule (a bf16 convolution 40x slower than its tuned one)
-        timeout = self.config.reference_timeout
-        (ref,) = self.build([MeasureInput(REFERENCE_KEY, reference)], True, ref_target, timeout)
-        (cand,) = self.build([MeasureInput("candidate", candidate)], True, timeout=timeout)
-        try:
-            for built in (ref, cand):
-                if not built.ok:
-                    return VerifyResult(None, f"could not build the {built.key} to compare: {built.error}")
-            return self.compare_built(ref, cand, device_kind(ref_target), rtol)
-        finally:
-            for built in (ref, cand):
-                if built.artifact:
-                    remove_artifact(built.artifact)
-
-    def compare_built(
-        self, reference: BuildResult, candidate: BuildResult, reference_device: str, rtol: float
-    ) -> VerifyResult:
-        """Run a built candidate on the arguments its built reference was run on, and compare."""
-        try:
-            expected = self._reference_outputs(reference, reference_device, candidate.args)
-        except WorkerTimeout:
-            return VerifyResult(
-                None,
-                f"its unscheduled kernel takes over {self.config.reference_timeout:.0f} s on the CPU, too long to "
-                "check against",
-                worth_retrying=False,
-            )
-        except (WorkerError, WorkerCrashed) as err:
-            return VerifyResult(None, f"could not run the unscheduled kernel to compare: {err}")
-        try:
-            outcome = self._runners.call_alone(
-                "compare_outputs",
-                self.run_timeout.value * 10,
-                candidate=candidate.artifact,
-                candidate_device=self.device,
-                reference_outputs=str(expected),
-                args=candidate.args,
-                rtol=rtol,
-            )
-        except (WorkerError, WorkerTimeout, WorkerCrashed) as err:
-            return VerifyResult(False, f"running the candidate to compare failed: {err}")
-        return VerifyResult(bool(outcome["ok"]), outcome["detail"])
-
-    def _reference_outputs(self, reference: BuildResult, reference_device: str, args: Sequence) -> Path:
-        """The file of what the reference wrote (``run_job.reference_outputs``), run once per reference."""
-        digest = hashlib.sha256(Path(reference.artifact).read_bytes()).hexdigest()[:16]
-        path = self._artifact_dir / "references" / f"{digest}-{reference_device}.npz"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            ran = self._runners.call_alone(
-                "reference_outputs",
-                self.config.reference_timeout,
-                reference=reference.artifact,
-                reference_device=reference_device,
-                args=args,
-                path=str(path),
-            )
-            log.info("ran the unscheduled kernel to check candidates against in %.1f s", ran["seconds"])
-        return path
 
     # -- internals --------------------------------------------------------------------------------
     def _artifact_path(self, item: MeasureInput) -> str:

@@ -13,12 +13,14 @@ class LoweringOptions:
     Grouped by the pass each option switches. ``None``: on where the target is a CPU.
     """
 
-    # inference rewrites of the imported graph (``rewrites``, ``fast_math``, ``row_padding``, ``softmax_rows``)
+    # inference rewrites of the imported graph (``rewrites``, ``fast_math``, ``row_padding``, ``softmax_rows``,
+    # ``attention_padding``, ``attention_blocks``)
     fold_batch_norm: bool = True  # eval-mode batch norms folded into the convolutions before them
     fast_math: bool = True  # float32 exp/erf/tanh/sigmoid/softmax as vectorisable approximations
     pad_product_rows: bool = True  # float32 products by weights over row counts that tile badly, a few zero rows more
     softmax_by_rows: bool = True  # on CPUs, softmaxes a row per parallel task
     attention_blocks: bool = False  # attentions whose scores outgrow the caches, a block of queries at a time
+    pad_attention_tokens: bool = True  # on CPUs, float32 attentions over token counts that tile badly, padded
 
     # layouts (``channels_last``, ``conv1d``, ``channel_norms``)
     channels_last: bool | None = None  # convolutions in NHWC
@@ -72,5 +74,6 @@ _PREDATING_RECORDS = {
     "bf16_image_windows_avx512": False,
     "pad_product_rows": False,
     "channels_last_resizes": False,
+    "pad_attention_tokens": False,
     "bf16_fuse_expand_depthwise": False,
 }

@@ -7,6 +7,8 @@ and compiled, in this order:
    (``pads``), and, with ``fast_math``, exp/erf/tanh/sigmoid/
    softmax computed by vectorisable approximations instead of one libm call per element; with
    ``attention_blocks``, attentions over long sequences a block of queries at a time; on a CPU,
+   float32 attentions over token counts that tile badly over a few zero tokens more
+   (``attention_padding``),
    convolutions computed channels-last (``channels_last``), those 3x3 convolutions of stride 1
    that reuse their weights enough by Winograd's algorithm (``winograd``), and each 1x1 expanding
    convolution with the depthwise convolution after it as one kernel (``inverted_residual``), and
@@ -36,6 +38,7 @@ from tuner.lowering.bf16.products import Bfloat16Products
 from tuner.lowering.bf16.rounding import RoundBeforeMoves
 
 from .attention_blocks import AttentionInQueryBlocks
+from .attention_padding import PadAttentionTokens
 from .channel_norms import PerChannelNormsAsProducts
 from .channels_last import ChannelsLastConvolutions
 from .conv1d import Conv1dAsConv2d
@@ -81,6 +84,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     # before constants are folded: a broadcast of a weight, once folded, is a constant of its own
     passes.append(SimplifyImportedGraph(fast_math=options.fast_math))
     passes.append(FoldPadsIntoConvolutions())
+    if options.pad_attention_tokens and not options.bfloat16 and _on_cpus_by_default(None, target):
+        passes.append(PadAttentionTokens(fast_math=options.fast_math))
     if options.attention_blocks:
         passes.append(AttentionInQueryBlocks(fast_math=options.fast_math))
     if options.softmax_by_rows and _on_cpus_by_default(None, target):  # its rule is a CPU design space
