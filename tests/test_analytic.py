@@ -177,3 +177,11 @@ def test_a_convolutions_pad_is_computed_at_the_root_not_inlined_into_its_innermo
     trace = configured.sch.trace
     locations = [int(trace.decisions[i]) for i in trace.insts if i.kind.name == "SampleComputeLocation"]
     assert locations == [-1]  # the pad, once, at the root (-2 would inline it)
+
+
+def test_a_register_tile_leaves_registers_for_its_weight_vectors_and_a_broadcast():
+    for facts in (AVX2, AVX512):
+        plan = plan_block(_loops([384, 768], [768]), facts)
+        vectors = plan.factors[1][-1] // facts.registers.lanes
+        assert plan.accumulators + vectors + 1 <= facts.registers.registers, plan
+    assert plan_block(_loops([384, 768], [768]), AVX512).accumulators == 24  # AVX-512 still fills its 24

@@ -245,6 +245,7 @@ def test_a_linear_layer_over_197_tokens_is_computed_over_198_and_sliced_back() -
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3)
 
 
+@needs_bf16
 def test_the_work_after_a_slice_of_padded_rows_and_outputs_is_done_tile_by_tile_in_the_products_loop() -> None:
     # 13 tokens computed over 14 rows and 40 outputs over 48: the copy dropping the rows, the slice dropping
     # the outputs, the bias and the activation after them were each a parallel pass of their own, then one

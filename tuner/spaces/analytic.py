@@ -7,10 +7,12 @@ nested S0 S1 R0 S2 R1 S3. The configuration sets every factor, BLIS's way (Low e
 
 - **S3, the register tile**: the last spatial loop (the one vectorised) in ``nv`` vectors of the
   register's lanes, the innermost other spatial loop in ``mr`` rows: ``mr x nv`` accumulators. As many
-  as the registers hold beside a step's operands (``RegisterFile.max_accumulators``: 24 of AVX-512's 32,
-  12 of AVX2's 16), and of those tiles the one with the fewest loads a step (``mr + nv``: each step loads
-  ``nv`` weight vectors and broadcasts ``mr`` inputs). ``nv`` is 1, 2 or 4: LLVM makes slow code of a
-  vector loop three registers wide (BERT's 3072-wide products at 4 GFLOP/s with 48 columns, 104 with 64).
+  as the registers hold beside a step's operands (``RegisterFile.holds``: at most 24 of AVX-512's 32,
+  12 of AVX2's 16, and one register left for each of a step's weight vectors and one for the broadcast:
+  AVX2's 3x4 tile would need 17 and spill), and of those tiles the one with the fewest loads a step
+  (``mr + nv``: each step loads ``nv`` weight vectors and broadcasts ``mr`` inputs). ``nv`` is 1, 2 or 4:
+  LLVM makes slow code of a vector loop three registers wide (BERT's 3072-wide products at 4 GFLOP/s with
+  48 columns, 104 with 64).
   A loop that offers no such factors takes the nearest it has (197 rows: 1).
 - **R1, the reduction run** between loading the accumulators and storing them: as long as the weights
   it reads (R1 steps of ``nv`` vectors) fit in half of L1, at most MetaSchedule's innermost limit (64);
@@ -205,7 +207,7 @@ def _parallel_split(
 def _register_tile(vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts) -> tuple[int, int]:
     """(rows, columns) of the register tile: the most accumulators the registers hold, then the fewest
     loads a step."""
-    lanes, most = facts.registers.lanes, facts.registers.max_accumulators
+    lanes = facts.registers.lanes
     widths = [
         d for d in divisors(vector.extent) if d % lanes == 0 and d <= vector.max_innermost and _power_of_two(d // lanes)
     ]
@@ -217,7 +219,7 @@ def _register_tile(vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts
         vectors = -(-width // lanes)
         for height in heights:
             accumulators = height * vectors
-            if accumulators > most:
+            if not facts.registers.holds(accumulators, vectors):
                 continue
             key = (accumulators, -(height + vectors))
             if best is None or key > best[0]:

@@ -28,7 +28,8 @@ from .analytic import configure_kernel
 CALIBRATION_FILE = "machine.json"
 _GEMM = 512  # a product of this size (3 MB) runs from L3 at the rate a model's products do (256: half of it)
 _COPY_FLOATS = 16 << 20  # 64 MB each way: far past the last-level cache
-_METHOD = f"product {_GEMM}, peaks in the host's vector width, fastest of repeats"  # in the key: a change remeasures
+# in the key: a change remeasures
+_METHOD = f"product {_GEMM}, tiles leaving registers for operands, host-wide peaks, fastest of repeats"
 BUSY_LOAD_PER_CORE = 0.5  # runnable processes per core (the 1-minute load average) above which a machine is busy
 
 

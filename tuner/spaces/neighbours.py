@@ -90,7 +90,8 @@ def _step(plan: BlockPlan, step: tuple[str, int, int], facts: MachineFacts | Non
     if role == "reduction":
         run = run // plan.factors[loop.index][-1] * factors[-1]
     if role == "row":
-        accumulators = plan.accumulators // plan.factors[loop.index][-1] * factors[-1]
-        if facts is not None and accumulators > facts.registers.max_accumulators:
+        vectors = plan.accumulators // plan.factors[loop.index][-1]
+        accumulators = vectors * factors[-1]
+        if facts is not None and not facts.registers.holds(accumulators, vectors):
             return None
     return BlockPlan({**plan.factors, loop.index: factors}, accumulators, run, plan.tasks, plan.loops)

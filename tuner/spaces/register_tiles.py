@@ -45,6 +45,11 @@ class RegisterFile:
     def max_accumulators(self) -> int:
         return self.registers * 3 // 4  # the rest hold a step's weight vectors and broadcasts
 
+    def holds(self, accumulators: int, vectors: int) -> bool:
+        """Whether a tile of ``accumulators`` leaves registers for a step's ``vectors`` weight vectors and
+        one broadcast: on AVX2's 16, a 3x4 tile (12 + 4 + 1) spills and runs at 60% of a 6x2 one."""
+        return accumulators <= self.max_accumulators and accumulators + vectors + 1 <= self.registers
+
 
 def register_file(target: tvm.target.Target) -> RegisterFile | None:
     """The vector registers of an llvm target's CPU that fresh samples' tiles are drawn to fill; None for
@@ -181,8 +186,8 @@ class TileDraw:
         def accumulators(d: int) -> int:
             return self.rows * d // lanes
 
-        low, high = self.registers.min_accumulators, self.registers.max_accumulators
-        fitting = [d for d in whole if low <= accumulators(d) <= high]
+        low = self.registers.min_accumulators
+        fitting = [d for d in whole if low <= accumulators(d) and self.registers.holds(accumulators(d), d // lanes)]
         return self._pick(fitting) if fitting else min(whole, key=lambda d: abs(accumulators(d) - low))
 
     def _outer(self, extent: int, levels: int) -> list[int]:
