@@ -33,7 +33,7 @@ STARTED = time.monotonic()  # before anything of the tuner is imported: the wall
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.analytic_tables import table_row, write_tables  # noqa: E402
-from experiments.harness import markdown_table, run_step  # noqa: E402
+from experiments.harness import host_cpu, markdown_table, run_step  # noqa: E402
 
 
 def _kernels(result) -> list[dict]:
@@ -159,17 +159,18 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     kept = args.out / "analytic.json"
     records = json.loads(kept.read_text()) if kept.exists() else []
+    cpu = host_cpu()
     if args.repredict:  # nothing measured: the kernels are lowered again and predicted
         for record in records:
-            if "@" not in record["model"]:  # for this CPU: no other target in its name
+            if "@" not in record["model"] and record["cpu"] == cpu:  # this CPU's, for its own target
                 _repredict(record, args.out)
         kept.write_text(json.dumps(records, indent=1, default=str))
     if args.tables or args.repredict:  # the tables again from the records, nothing measured
         return write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
     command = " ".join(["experiments/analytic.py", *sys.argv[1:]])
     for model in args.models:  # a rerun of some models keeps the others' records
-        record = {**_measure_model(model, args), "model": _label(model, args), "command": command}
-        records = [r for r in records if r["model"] != record["model"]] + [record]
+        record = {**_measure_model(model, args), "model": _label(model, args), "cpu": cpu, "command": command}
+        records = [r for r in records if (r["model"], r["cpu"]) != (record["model"], cpu)] + [record]
         row = table_row(record)
         print(markdown_table([row], list(row)), flush=True)
         kept.write_text(json.dumps(records, indent=1, default=str))  # each model kept as soon as it is measured

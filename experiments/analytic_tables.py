@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.host import cpu_model
 from experiments.harness import markdown_table
 
 FP32_RUNTIMES = ("PyTorch eager", "torch.compile", "ONNX Runtime", "OpenVINO fp32")
@@ -27,16 +26,16 @@ def write_tables(out: Path, records: list[dict], timing: str) -> None:
     kernel_rows, accuracy_rows = [], []
     for record in records:
         searched = [run for run in (*record["few_shot"].values(), record["tuned"]) if run]  # measured them alone
-        kernel_rows.extend(_kernel_rows(record["model"], record["zero"], searched))
-        accuracy_rows.append(_accuracy(record["model"], record["zero"], searched))
+        kernel_rows.extend(_kernel_rows(record, searched))
+        accuracy_rows.append(_accuracy(record, searched))
     (out / "analytic.md").write_text(
-        f"# No trials against tuned and against other runtimes\n\n{cpu_model()}, {timing}; measured by "
+        f"# No trials against tuned and against other runtimes\n\nEach row on its CPU, {timing}; measured by "
         f"{commands}\n\n{markdown_table(rows, columns)}\n\n"
         f"## The analytic model's predictions (products: predicted within {PREDICTION_WITHIN:.0%})\n\n"
         f"{markdown_table(accuracy_rows, list(accuracy_rows[0]))}\n"
     )
     (out / "kernels.md").write_text(
-        f"# Per kernel: predicted, measured, fraction of peak\n\n{cpu_model()}; measured by {commands}\n\n"
+        f"# Per kernel: predicted, measured, fraction of peak\n\nMeasured by {commands}\n\n"
         f"{markdown_table(kernel_rows, list(kernel_rows[0]))}\n"
     )
 
@@ -46,12 +45,12 @@ def table_row(record: dict) -> dict:
     label = next((name for name in timed if name.startswith("tuned ")), "")  # "tuned N/kernel"
     per_task = int(label.split()[1].split("/")[0]) if label else None
     few = {int(k): v for k, v in record["few_shot"].items()}
-    return {**_row(model, zero, tuned, timed, per_task), **_few_columns(few, timed, zero, tuned)}
+    row = {"model": model, "CPU": record["cpu"]}
+    return {**row, **_row(zero, tuned, timed, per_task), **_few_columns(few, timed, zero, tuned)}
 
 
-def _row(model: str, zero: dict, tuned: dict | None, timed: dict, per_task: int | None) -> dict:
+def _row(zero: dict, tuned: dict | None, timed: dict, per_task: int | None) -> dict:
     row = {
-        "model": model,
         "trials=0 wall (s)": f"{zero['wall_s']:.0f}",
         "trials=0 (ms)": f"{timed['trials=0']['ms']:.3f}",
         "predicted (ms)": f"{zero['predicted_ms']:.3f}" if zero["predicted_ms"] else "-",
@@ -93,15 +92,16 @@ def _alone(searched: list[dict]) -> dict[str, float]:
     return alone
 
 
-def _kernel_rows(model: str, zero: dict, searched: list[dict]) -> list[dict]:
-    alone = _alone(searched)
+def _kernel_rows(record: dict, searched: list[dict]) -> list[dict]:
+    zero, alone = record["zero"], _alone(searched)
     best = {k["name"]: k["best"] for k in (searched[-1]["kernels"] if searched else [])}
     rows = []
     for kernel in zero["kernels"]:
         in_model, predicted, peak = kernel["in_model"], kernel["predicted"], kernel["peak_gflops"]
         rows.append(
             {
-                "model": model,
+                "model": record["model"],
+                "CPU": record["cpu"],
                 "kernel": kernel["name"],
                 "x": kernel["weight"],
                 "product": "yes" if kernel["tiled"] else "",
@@ -115,9 +115,10 @@ def _kernel_rows(model: str, zero: dict, searched: list[dict]) -> list[dict]:
     return rows
 
 
-def _accuracy(model: str, zero: dict, searched: list[dict]) -> dict:
+def _accuracy(record: dict, searched: list[dict]) -> dict:
     """How many products the analytic model predicted within PREDICTION_WITHIN, against each measurement,
     and the products' FLOP-weighted fraction of peak at trials=0."""
+    zero = record["zero"]
     products = [k for k in zero["kernels"] if k["tiled"] and k["predicted"]]
     alone = _alone(searched)
 
@@ -130,7 +131,8 @@ def _accuracy(model: str, zero: dict, searched: list[dict]) -> dict:
     flops = sum(k["flops"] * k["weight"] for k in timed)
     seconds = sum(k["in_model"] * k["weight"] for k in timed)
     return {
-        "model": model,
+        "model": record["model"],
+        "CPU": record["cpu"],
         "products": len(products),
         "within, in the model": within({k["name"]: k["in_model"] for k in products}),
         "within, alone": within(alone),

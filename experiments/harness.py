@@ -15,6 +15,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def host_cpu() -> str:
+    """This CPU as a figure's label: its model name and LLVM's name for its core ("AMD EPYC (znver3)"),
+    since one model name covers several generations."""
+    import tvm
+
+    from common.host import cpu_model
+
+    return f"{cpu_model()} ({tvm.target.codegen.llvm_get_system_cpu()})"
+
+
 def prepare_comparison(out_dir: str, target_spec: str):
     """Create the output folder and resolve the target; on a CPU, pin TVM's thread pool to the
     target's cores (it defaults to fewer on some machines), for the tuners and the final timing alike."""
