@@ -10,6 +10,9 @@ from tvm.s_tir import meta_schedule as ms
 
 from tuner.lowering import LoweringOptions, inverted_residual
 from tuner.spaces import metaschedule as msc
+from tuner.spaces.analytic import configure_kernel
+from tuner.spaces.schedule_rules import EXPAND_PIXELS
+from tuner.targets import resolve_target
 from tuner.tasks.extraction import extract_tasks, lower_workload
 from workloads import load_workload
 
@@ -75,6 +78,10 @@ def _with_sampled_schedule(task, target, seed: int) -> ms.database.MemoryDatabas
     context = msc.make_context(task.mod, target, seed=seed)
     sch = msc.sample(task.mod, msc.design_spaces(context)[0], seed, msc.postprocessors(context))
     assert sch is not None
+    return _database_holding(task, target, sch)
+
+
+def _database_holding(task, target, sch) -> ms.database.MemoryDatabase:
     database = ms.database.MemoryDatabase()
     workload = database.commit_workload(task.mod)
     args = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
@@ -138,3 +145,25 @@ def test_in_bf16_a_fused_block_writes_bf16_for_its_projection(stride, seed, llvm
 def test_a_work_dir_tuned_before_the_fusion_existed_is_applied_without_it(option):
     before = {k: v for k, v in LoweringOptions().as_dict().items() if k != option}
     assert getattr(LoweringOptions.from_record(before), option) is False
+
+
+@pytest.mark.parametrize(("cpu", "pixels"), [("haswell", 4), ("skylake-avx512", 8)])
+def test_the_analytic_schedule_fits_the_fused_tiles_to_the_register_file(cpu, pixels, fuse_small_blocks):
+    """One channel vector per tile, and as many expansion pixels (a power of two) as the registers hold
+    beside its weights: on AVX2 a 16-lane vector takes two of 16 registers, so 4 pixels, not 8."""
+    target = resolve_target(f"llvm -mcpu={cpu} -num-cores 2")
+    _, workload, lowered = _block(1, 20, target)
+    (task,) = _fused_tasks(workload, target, lowered)
+    decisions = configure_kernel(task.mod, target).sch.trace.decisions.items()
+    tiles = [[int(f) for f in d] for inst, d in decisions if inst.kind.name == "SamplePerfectTile"]
+    (pixel_choice,) = [int(d) for inst, d in decisions if inst.kind.name == "SampleCategorical"]
+    assert tiles[0][-1] == 5 and tiles[2][-1] == 1  # rows: 20's largest divisor up to 8; one channel vector
+    assert EXPAND_PIXELS[pixel_choice] == pixels
+
+
+def test_the_analytic_schedule_of_a_fused_block_computes_what_pytorch_computes(llvm_target, fuse_small_blocks):
+    block, workload, lowered = _block(1, 20, llvm_target)
+    (task,) = _fused_tasks(workload, llvm_target, lowered)
+    database = _database_holding(task, llvm_target, configure_kernel(task.mod, llvm_target).sch)
+    x = np.random.default_rng(0).standard_normal((1, 8, 20, 20)).astype("float32")
+    assert error_against_torch(block, lowered, llvm_target, x, database) < 1e-5

@@ -29,9 +29,11 @@ nested S0 S1 R0 S2 R1 S3. The configuration sets every factor, BLIS's way (Low e
   bounds test sits in the innermost loop (ResNet-18's 7x7 3x3 convolutions 1.6x slower); inside the tiles,
   each tile recomputes its halo.
 
-A kernel of another design space (element-wise, reductions, our own rules) takes its design space's
-decisions as MetaSchedule draws them with a fixed seed: the same schedule every time. Where the design
-spaces differ only in where the write cache goes, the first one that applies is taken.
+MobileNet's fused inverted residual (our ``tuner_expand_depthwise`` space) takes its tiles from the register
+file (``schedule_rules.ExpandDepthwiseDraw``). A kernel of another design space (element-wise, reductions,
+our other rules) takes its design space's decisions as MetaSchedule draws them with a fixed seed: the same
+schedule every time. Where the design spaces differ only in where the write cache goes, the first one that
+applies is taken.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from tvm.s_tir.schedule import ScheduleError, Trace
 
 from . import metaschedule as msc
 from .machine import MachineFacts
-from .register_tiles import TILING_ANNOTATION, divisors, tile_roles
+from .register_tiles import TILING_ANNOTATION, RegisterFile, divisors, tile_roles
+from .schedule_rules import ExpandDepthwiseDraw, is_expand_depthwise
 
 FLOAT_BYTES = 4
 TASKS_PER_CORE = 4  # parallel tasks per core where the loops allow: a slow core costs a quarter of a task
@@ -249,10 +252,17 @@ class AnalyticDraw:
     loops, the unroll limit ``UNROLL_STEPS``, a product's input producers (a pad) computed at the root, and
     the schedule's own (seeded) draw for everything else."""
 
-    def __init__(self, plans: Sequence[BlockPlan], roles: Sequence[str | None], sch: Schedule):
+    def __init__(
+        self,
+        plans: Sequence[BlockPlan],
+        roles: Sequence[str | None],
+        sch: Schedule,
+        rule: ExpandDepthwiseDraw | None = None,
+    ):
         self.factors = {index: f for plan in plans for index, f in plan.factors.items()}
         self.roles = roles
         self.sch = sch
+        self.rule = rule  # our own design space's decisions, where the kernel is one it configures
         self.position = 0
 
     def __call__(self, inst, inputs, attrs, decision):
@@ -260,6 +270,10 @@ class AnalyticDraw:
         self.position += 1
         if index in self.factors:
             return self.factors[index]
+        if self.rule is not None and inst.kind.name == "SamplePerfectTile":
+            return self.rule.perfect_tile(int(self.sch.get(inputs[0]).extent), int(attrs[1]))
+        if self.rule is not None and inst.kind.name == "SampleCategorical":
+            return self.rule.pixels([int(c) for c in attrs[0]])
         if self.roles[index] == "unroll":
             limits = [int(limit) for limit in attrs[0]]
             return max(range(len(limits)), key=lambda i: (limits[i] <= UNROLL_STEPS, limits[i]))
@@ -297,19 +311,26 @@ def configure_in(
 ) -> AnalyticSchedule | None:
     """The analytic schedule of ``mod`` in one design space; None where the space does not take it."""
     plans = tuple(plan_block(block, facts) for block in tiled_blocks(mod, space)) if facts is not None else ()
-    sch = replay_plans(mod, space, plans, postprocs)
+    ours = facts is not None and is_expand_depthwise(mod)  # our own space, configured from the registers
+    sch = replay_plans(mod, space, plans, postprocs, facts.registers if ours else None)
     return AnalyticSchedule(sch, plans) if sch is not None else None
 
 
 def replay_plans(
-    mod: tvm.IRModule, space: Schedule, plans: Sequence[BlockPlan], postprocs: Sequence
+    mod: tvm.IRModule,
+    space: Schedule,
+    plans: Sequence[BlockPlan],
+    postprocs: Sequence,
+    rule_registers: RegisterFile | None = None,
 ) -> Schedule | None:
-    """``space`` replayed on ``mod`` with the plans' factors (``AnalyticDraw``), postprocessed."""
+    """``space`` replayed on ``mod`` with the plans' factors (``AnalyticDraw``), postprocessed; with
+    ``rule_registers``, our expand-depthwise space's samples decided for that register file."""
     insts = list(space.trace.insts)
     roles = tile_roles(insts)
 
     def draw(sch: Schedule) -> AnalyticDraw:
-        return AnalyticDraw(plans, roles, sch)
+        rule = ExpandDepthwiseDraw(rule_registers) if rule_registers is not None else None
+        return AnalyticDraw(plans, roles, sch, rule)
 
     return msc.replay(mod, Trace(insts, {}), ANALYTIC_SEED, postprocs, decide=draw)
 
