@@ -83,7 +83,7 @@ def is_expand_depthwise(mod: tvm.IRModule) -> bool:
     sch = Schedule(mod)
     try:
         block = sch.get_sblock("depthwise")
-    except (ScheduleError, tvm.error.TVMError):
+    except ScheduleError:  # no block of that name
         return False
     return sch.get(block).annotations.get("schedule_rule") == EXPAND_DEPTHWISE_RULE
 
