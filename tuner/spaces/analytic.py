@@ -48,7 +48,7 @@ from tvm.s_tir.schedule import ScheduleError, Trace
 
 from . import metaschedule as msc
 from .machine import MachineFacts
-from .register_tiles import TILING_ANNOTATION, RegisterFile, divisors, tile_roles
+from .register_tiles import TILING_ANNOTATION, RegisterFile, divisors, power_of_two, tile_roles
 from .schedule_rules import ExpandDepthwiseDraw, is_expand_depthwise
 
 FLOAT_BYTES = 4
@@ -212,7 +212,7 @@ def _register_tile(vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts
     loads a step."""
     lanes = facts.registers.lanes
     widths = [
-        d for d in divisors(vector.extent) if d % lanes == 0 and d <= vector.max_innermost and _power_of_two(d // lanes)
+        d for d in divisors(vector.extent) if d % lanes == 0 and d <= vector.max_innermost and power_of_two(d // lanes)
     ]
     if not widths:  # no whole vectors: the widest factor up to one vector
         widths = [_largest_divisor(vector.extent, min(lanes, vector.max_innermost))]
@@ -230,10 +230,6 @@ def _register_tile(vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts
     if best is None:  # even one row of the narrowest width is over: one row
         return 1, min(widths)
     return best[1], best[2]
-
-
-def _power_of_two(n: int) -> bool:
-    return n & (n - 1) == 0
 
 
 def _largest_divisor(n: int, limit: int) -> int:

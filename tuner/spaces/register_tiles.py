@@ -122,6 +122,10 @@ def fills(sch: tvm.s_tir.Schedule, registers: RegisterFile) -> bool:
     return tile is not None and registers.min_accumulators <= tile[0] <= registers.max_accumulators
 
 
+def power_of_two(n: int) -> bool:
+    return n & (n - 1) == 0
+
+
 def divisors(n: int) -> list[int]:
     """Every divisor of ``n``, smallest first."""
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]

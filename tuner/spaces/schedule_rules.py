@@ -16,7 +16,7 @@ from tvm.s_tir.schedule import SBlockRV, ScheduleError
 from .bf16_rule import BF16_GEMM_RULE, schedule_bf16_gemm
 from .copy_rule import BF16_COPY_RULE, schedule_bf16_copy
 from .pool_rule import BF16_POOL_RULE, schedule_bf16_pool
-from .register_tiles import RegisterFile
+from .register_tiles import RegisterFile, divisors, power_of_two
 from .softmax_rule import SOFTMAX_RULE, schedule_softmax
 from .strassen_rule import STRASSEN_OUTPUT_RULE, schedule_strassen_output
 
@@ -113,7 +113,7 @@ class ExpandDepthwiseDraw:
         role = self.tiles
         self.tiles += 1
         wanted = (MAX_OUTPUT_ROWS, self.registers.max_accumulators // self.per_vector, 1)[min(role, 2)]
-        inner = max(d for d in range(1, extent + 1) if extent % d == 0 and d <= min(wanted, max_innermost))
+        inner = max(d for d in divisors(extent) if d <= min(wanted, max_innermost))
         return [extent // inner, inner]
 
     def pixels(self, candidates: list[int]) -> int:
@@ -121,7 +121,7 @@ class ExpandDepthwiseDraw:
         fitting = [
             i
             for i, p in enumerate(candidates)
-            if p & (p - 1) == 0 and self.registers.holds(p * self.per_vector, self.per_vector)
+            if power_of_two(p) and self.registers.holds(p * self.per_vector, self.per_vector)
         ]
         return max(fitting, key=lambda i: candidates[i]) if fitting else 0
 
