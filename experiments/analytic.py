@@ -74,6 +74,7 @@ def step_zero(model: str, work_dir: Path, target: str, dtype: str) -> dict:
         "wall_s": time.monotonic() - started,
         "latency_ms": result.latency_after * 1e3,
         "predicted_ms": result.predicted_latency * 1e3 if result.predicted_latency else None,
+        "machine_speed": result.machine_speed,
         "error": result.check.error if result.check else None,
         "seconds": result.seconds,
         "artifact": str(result.artifact_path),

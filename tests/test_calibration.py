@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+import tvm
+
 from tuner.spaces import calibration as cal
 from tuner.targets import resolve_target
 
@@ -58,3 +60,13 @@ def test_the_fma_peak_is_not_below_what_a_product_reaches(tmp_path):
     measured = cal.calibration(TARGET, tmp_path / cal.CALIBRATION_FILE)
     assert measured.fma_peak_gflops is not None
     assert measured.fma_peak_gflops > 0.5 * measured.product_gflops  # half: room for a machine's noise
+
+
+def test_the_machine_speed_is_the_calibration_product_timed_again_against_the_calibrated_rate(tmp_path):
+    cache, measured = _cache_with(tmp_path, cal.Calibration(**{**asdict(SLOW), "load_per_core": 0.0}))
+    speed = cal.machine_speed(TARGET, cache)
+    assert speed > 10  # 1 GFLOP/s kept as the calibrated rate: any 2-core machine runs the product faster
+    (probe,) = tmp_path.glob("speed-probe-*.so")
+    built = probe.stat().st_mtime_ns
+    assert cal.machine_speed(TARGET, cache) > 10 and probe.stat().st_mtime_ns == built  # built once, kept
+    assert cal.machine_speed(tvm.target.Target("cuda"), cache) is None

@@ -80,6 +80,9 @@ class TuneResult:
         default_factory=dict
     )  # what the cost-model filter dropped and saved (costmodel.FilterLedger)
     check: ModelCheck | None = None  # the compiled model against its framework on the example inputs
+    # this machine's speed against its calibration (the predictions' speed) while the kernels were timed in the
+    # model: the calibration's product timed again beside them (``tuner.spaces.calibration.machine_speed``)
+    machine_speed: float | None = None
     _module: Any = field(default=None, repr=False)
     _compiled: Any = field(default=None, repr=False)
 
@@ -89,6 +92,16 @@ class TuneResult:
         if not self.tasks or any(task.predicted_latency is None for task in self.tasks):
             return None
         return sum(task.weight * task.predicted_latency for task in self.tasks)
+
+    def _speed_clause(self) -> str:
+        """The machine's speed while the model's kernels were timed, where it was read: predictions are at
+        the calibration's speed, and a VM's drifts (another tenant, a lower clock)."""
+        if not self.machine_speed:
+            return ""
+        return (
+            f"; the machine ran at {self.machine_speed:.2f} of its calibrated speed while the kernels were timed "
+            f"in the model: {format_latency(self.predicted_latency / self.machine_speed)} at that speed"
+        )
 
     @property
     def speedup(self) -> float | None:
@@ -171,6 +184,7 @@ class TuneResult:
             lines.append(
                 f"the analytic model predicted {format_latency(self.predicted_latency)}"
                 + (" for the analytic schedules (what trials=0 gives)" if searched else "")
+                + self._speed_clause()
             )
         for task in self.tasks:
             lines.append(f"  {task.name} x{task.weight}: {task_line(task)}")

@@ -211,6 +211,7 @@ def _outcome(
         built.check.as_dict(),
         built.fell_back,
         {name: figures.as_dict() for name, figures in built.figures.items()},
+        built.machine_speed,
     )
 
 
@@ -427,6 +428,7 @@ def make_result(
         stop_reason=outcome.stop_reason,
         filtered=filtered,
         check=ModelCheck(**outcome.check) if outcome.check else None,
+        machine_speed=outcome.machine_speed,
     )
     result.description.save(artifact)
     return result

@@ -104,6 +104,11 @@ def _markdown(
         lines.append(f"- latency: {format_latency(result.latency_after)} tuned (TVM's default schedules not timed)")
     if result.seconds:
         lines.append("- time of the last run: " + format_phases(result.seconds, result.device_seconds))
+    if result.machine_speed:
+        lines.append(
+            f"- the machine ran at {result.machine_speed:.2f} of its calibrated speed while the kernels were timed in "
+            "the model (the predictions are at the calibration's speed)"
+        )
     if result.stop_reason:
         lines.append(f"- stopped by {result.stop_reason} (task scheduler: {result.scheduler})")
     if filtered.get("dropped"):

@@ -17,6 +17,7 @@ from tuner.database.workdir import WorkDir
 from tuner.progress import Progress
 from tuner.search.final_choice import tolerance
 from tuner.spaces.analytic import AnalyticSchedule
+from tuner.spaces.calibration import machine_speed
 from tuner.tasks.extraction import Task
 from workloads import Workload
 
@@ -46,6 +47,9 @@ class BuiltModel:
     configured: dict[str, AnalyticSchedule] = field(default_factory=dict)  # kernels built with their analytic one
     configure_seconds: float = 0.0  # of the compile and time, spent on the analytic schedules
     figures: dict[str, KernelFigures] = field(default_factory=dict)  # by kernel: predicted, measured, peak
+    # this machine's speed against its calibration while the kernels were timed in the model (the predictions'
+    # speed); None: not read (a kernel, a GPU)
+    machine_speed: float | None = None
 
 
 def _untuned_latency(engine: Engine, workload: Workload, untuned: Path, report: Progress) -> float | None:
@@ -105,7 +109,9 @@ def compile_and_time(
     _mark_wrong_in_model(db, choices, check)
     latency_after = _tuned_latency(engine, workload, work_dir.artifact, report)
     latency_before = _untuned_latency(engine, workload, work_dir.untuned, report) if time_untuned else None
+    speed_before = _machine_speed(target) if workload.kind == "relax" else None
     in_model = _in_model_seconds(engine, workload, work_dir.artifact, tasks, report)
+    speed_after = _machine_speed(target) if speed_before and in_model else None
     defaulted = {c.task.name: c.fell_back for c in choices if c.trace is None and c.fell_back}
     reasons = {**(untunable or {}), **defaulted, **check.left_out}
     configured = {c.task.name: c.configured for c in choices if c.configured and c.task.name not in check.left_out}
@@ -120,7 +126,17 @@ def compile_and_time(
         configured=configured,
         configure_seconds=configure_seconds,
         figures=figures,
+        machine_speed=(speed_before + speed_after) / 2 if speed_before and speed_after else None,
     )
+
+
+def _machine_speed(target: tvm.target.Target) -> float | None:
+    """``calibration.machine_speed``, or None where it cannot be read: a figure of the report, nothing
+    depends on it."""
+    try:
+        return machine_speed(target)
+    except Exception:  # noqa: BLE001 - TVM raises several types for a build that fails; the report loses a line
+        return None
 
 
 PREPACKED_SUFFIX = "_prepacked"

@@ -162,6 +162,7 @@ class ResultRecord(_MetaRecord):
     check: dict | None = None  # the compiled model against the model's own framework (tuner.compile.check.ModelCheck)
     fell_back: dict[str, str] = field(default_factory=dict)  # kernel name: why it keeps TVM's default schedule
     kernels: dict[str, dict] = field(default_factory=dict)  # kernel name: tuner.compile.figures.KernelFigures
+    machine_speed: float | None = None  # against its calibration, while the kernels were timed in the model
 
 
 @dataclass(frozen=True)
