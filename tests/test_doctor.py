@@ -20,6 +20,8 @@ def test_llvm_is_checked_with_the_cpu_and_its_mcpu(capsys):
     (cpu,) = [line for line in lines if line.startswith("OK    CPU")]
     assert f"mcpu={tvm.target.codegen.llvm_get_system_cpu()}" in cpu
     assert not any("CUDA" in line or "NVML" in line for line in lines)  # not asked about
+    (machine,) = [line for line in lines if line.startswith("OK    machine")]
+    assert "FMA peak" in machine and "running now at" in machine  # the calibration, and the speed against it
 
 
 @pytest.mark.skipif(tvm.cuda(0).exist, reason="a GPU is present")

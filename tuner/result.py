@@ -93,15 +93,16 @@ class TuneResult:
             return None
         return sum(task.weight * task.predicted_latency for task in self.tasks)
 
-    def _speed_clause(self) -> str:
-        """The machine's speed while the model's kernels were timed, where it was read: predictions are at
-        the calibration's speed, and a VM's drifts (another tenant, a lower clock)."""
-        if not self.machine_speed:
-            return ""
-        return (
-            f"; the machine ran at {self.machine_speed:.2f} of its calibrated speed while the kernels were timed "
-            f"in the model: {format_latency(self.predicted_latency / self.machine_speed)} at that speed"
+    def _speed_line(self) -> str:
+        """The machine's speed while the model's kernels were timed: predictions are at the calibration's
+        speed, and a VM's drifts (another tenant, a lower clock)."""
+        line = (
+            f"the machine ran at {self.machine_speed:.2f} of its calibrated speed while the kernels were timed in "
+            "the model"
         )
+        if self.predicted_latency is not None:
+            line += f" (the prediction at that speed: {format_latency(self.predicted_latency / self.machine_speed)})"
+        return line
 
     @property
     def speedup(self) -> float | None:
@@ -184,8 +185,9 @@ class TuneResult:
             lines.append(
                 f"the analytic model predicted {format_latency(self.predicted_latency)}"
                 + (" for the analytic schedules (what trials=0 gives)" if searched else "")
-                + self._speed_clause()
             )
+        if self.machine_speed:
+            lines.append(self._speed_line())
         for task in self.tasks:
             lines.append(f"  {task.name} x{task.weight}: {task_line(task)}")
         lines.append(f"artifact {self.artifact_path}  database {self.database_path}")

@@ -214,9 +214,10 @@ def check_cpu() -> list[Check]:
 
 
 def check_machine() -> Check:
-    """What the analytic schedules are derived from (registers, caches, cores) and what this machine's
-    kernels were measured to reach (measured once, a few seconds, then kept)."""
-    from tuner.spaces.calibration import calibration
+    """What the analytic schedules are derived from (registers, caches, cores), what this machine's
+    kernels were measured to reach (measured once, a few seconds, then kept), and how fast it runs now
+    against that (a VM's speed drifts with its neighbours)."""
+    from tuner.spaces.calibration import calibration, machine_speed
     from tuner.spaces.machine import MachineFacts
     from tuner.targets import resolve_target
 
@@ -224,7 +225,9 @@ def check_machine() -> Check:
     facts = MachineFacts.of(target)
     if facts is None:
         return _warn("machine", "no FMA on this CPU: kernels without a tuned schedule keep TVM's default ones")
-    return _ok("machine", f"{facts.describe()}; {calibration(target).describe()}")
+    speed = machine_speed(target)
+    now = f"; running now at {speed:.2f} of that speed" if speed else ""
+    return _ok("machine", f"{facts.describe()}; {calibration(target).describe()}{now}")
 
 
 def check_bf16_cpu() -> Check:
