@@ -5,6 +5,7 @@ the runtimes a user would run instead, timed side by side in one process.
     .venv/bin/python experiments/analytic.py resnet18 bert-base mobilenetv2 --few-shot 2 4 --tuned-per-task 32
     .venv/bin/python experiments/analytic.py resnet18 hf-bert --dtype bfloat16      # bf16 builds, beside OpenVINO's
     .venv/bin/python experiments/analytic.py resnet18 --target "llvm -mcpu=haswell" --tuned-per-task 32   # AVX2 code
+    .venv/bin/python experiments/analytic.py resnet18 --keep-searched   # trials=0 again, the tuned record kept
 
 Per model: ``tune(model, trials=0)`` in a fresh process, its wall time counted from before ``import
 tuner``; with ``--few-shot N ...``, the model after N trials per kernel around the analytic point (the
@@ -143,6 +144,11 @@ def main() -> None:
         "--repredict", action="store_true", help="the recorded models' kernels predicted again by today's model"
     )
     parser.add_argument("--tables", action="store_true", help="rewrite the tables from OUT/analytic.json only")
+    parser.add_argument(
+        "--keep-searched",
+        action="store_true",
+        help="measure trials=0 again (with its runtimes); keep the record's few-shot and tuned runs as measured",
+    )
     parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step:
@@ -170,7 +176,11 @@ def main() -> None:
         return write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
     command = " ".join(["experiments/analytic.py", *sys.argv[1:]])
     for model in args.models:  # a rerun of some models keeps the others' records
-        record = {**_measure_model(model, args), "model": _label(model, args), "cpu": cpu, "command": command}
+        earlier = next((r for r in records if (r["model"], r["cpu"]) == (_label(model, args), cpu)), None)
+        kept = earlier if args.keep_searched else None
+        measured = _measure_model(model, args, kept)
+        by = f"{kept['command']}; trials=0 again by {command}" if kept else command
+        record = {**measured, "model": _label(model, args), "cpu": cpu, "command": by}
         records = [r for r in records if (r["model"], r["cpu"]) != (record["model"], cpu)] + [record]
         row = table_row(record)
         print(markdown_table([row], list(row)), flush=True)
@@ -229,15 +239,20 @@ def _variant(args: argparse.Namespace) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)  # no "=": it splits a build
 
 
-def _measure_model(model: str, args: argparse.Namespace) -> dict:
+def _measure_model(model: str, args: argparse.Namespace, earlier: dict | None = None) -> dict:
     """One model's builds (trials=0, few-shot, tuned), each timed in a process of its own beside the other
-    runtimes."""
+    runtimes; with an ``earlier`` record, trials=0 only, the searched builds and their timings kept from it
+    (compared through the ONNX Runtime timed beside each, as always)."""
     runs, script, variant = args.out / "runs", Path(__file__), _variant(args)
     runs, logs = (runs / variant, args.out / variant) if variant else (runs, args.out)
     logs.mkdir(parents=True, exist_ok=True)
     target = ["--target", args.target, "--dtype", args.dtype]
     zero = run_step(script, [*target, "--step", "zero", model, str(runs / f"{model}-0")], logs / f"{model}-0.log")
     builds = [f"trials=0={zero['artifact']}"]
+    if earlier is not None:
+        timed = _timed_beside(model, builds, script, logs)
+        kept = {label: value for label, value in earlier["side_by_side"].items() if label.endswith("/kernel")}
+        return {**earlier, "zero": zero, "side_by_side": {**timed, **kept}}
     few = {}
     for per_task in args.few_shot:
         few[per_task] = run_step(
@@ -255,6 +270,17 @@ def _measure_model(model: str, args: argparse.Namespace) -> dict:
             logs / f"{model}.log",
         )
         builds.append(f"tuned {args.tuned_per_task}/kernel={tuned['artifact']}")
+    return {
+        "model": model,
+        "zero": zero,
+        "few_shot": few,
+        "tuned": tuned,
+        "side_by_side": _timed_beside(model, builds, script, logs),
+    }
+
+
+def _timed_beside(model: str, builds: list[str], script: Path, logs: Path) -> dict:
+    """Each build timed in a process of its own beside the other runtimes, compared through ONNX Runtime's."""
     timed = {}
     for index, build in enumerate(builds):
         beside = run_step(script, ["--step", "side", model, build], logs / f"{model}-side{index}.log")
@@ -267,7 +293,7 @@ def _measure_model(model: str, args: argparse.Namespace) -> dict:
         for name, value in beside.items():  # the other runtimes, from the trials=0 build's process
             if index == 0 and name != label and isinstance(value, dict):
                 timed[name] = value
-    return {"model": model, "zero": zero, "few_shot": few, "tuned": tuned, "side_by_side": timed}
+    return timed
 
 
 if __name__ == "__main__":

@@ -117,27 +117,50 @@ def calibration(target: tvm.target.Target, cache: Path | None = None) -> Calibra
     return measured
 
 
-def machine_speed(target: tvm.target.Target, cache: Path | None = None) -> float | None:
-    """How fast this machine runs now against its calibration: the calibration's product timed again, its
-    rate over the calibrated one (its library built once and kept beside the calibration). A VM whose
-    neighbours take a core, or whose clock drops, reads below 1: 0.50-0.83 within minutes on a 2-core Zen 3
-    VM (2026-12-03), where MobileNetV2's products took 1.11-1.56x their predicted times, 0.85-0.99x at the
-    speed read beside them. The predictions are at the calibration's speed; the report sets this one beside
-    them. None off a CPU."""
+@dataclass(frozen=True)
+class SpeedProbe:
+    """The calibration's product, built once and kept beside the calibration, to be timed again where a
+    model's kernels are timed (the measuring worker; ``machine_speed`` here): its rate over the calibrated
+    one is the machine's speed against its calibration. A VM whose neighbours take a core, or whose clock
+    drops, reads below 1: 0.50-0.83 within minutes on a 2-core Zen 3 VM (2026-12-03), where MobileNetV2's
+    products took 1.11-1.56x their predicted times, 0.85-0.99x at the speed read beside them. The
+    predictions are at the calibration's speed; the report sets this one beside them."""
+
+    library: Path
+    args: list  # [dtype, shape] per argument, as the measuring worker takes them
+    calibrated_gflops: float
+
+    def speed(self, seconds: float) -> float:
+        """The machine's speed against its calibration, from the probe's ``seconds`` per call."""
+        return 2 * _GEMM**3 / seconds / 1e9 / self.calibrated_gflops
+
+
+def speed_probe(target: tvm.target.Target, cache: Path | None = None) -> SpeedProbe | None:
+    """This machine's ``SpeedProbe`` for ``target``, its library built the first time; None off a CPU."""
     if target.kind.name != "llvm":
         return None
     cache = cache or user_cache_dir() / CALIBRATION_FILE
     calibrated = calibration(target, cache).product_gflops
     library = cache.parent / f"speed-probe-{hashlib.sha256(_key(target).encode()).hexdigest()[:16]}.so"
+    product = _calibration_product()
+    if not library.exists():
+        configured = configure_kernel(product, target)
+        building = library.with_suffix(f".{os.getpid()}.so")  # renamed into place: no reader sees half of it
+        _export(configured.sch.mod if configured else product, target, building)
+        os.replace(building, library)
+    args = [[str(p.dtype), [int(d) for d in p.shape]] for p in product["main"].params]
+    return SpeedProbe(library, args, calibrated)
+
+
+def machine_speed(target: tvm.target.Target, cache: Path | None = None) -> float | None:
+    """The machine's speed against its calibration, the probe timed in this process (as the calibration
+    was: the fastest of its repeats); None off a CPU. A model's kernels are timed in the measuring worker,
+    whose probe the compile phase times there, beside them."""
+    probe = speed_probe(target, cache)
+    if probe is None:
+        return None
     with _threads_of(target):
-        if not library.exists():
-            product = _calibration_product()
-            configured = configure_kernel(product, target)
-            building = library.with_suffix(f".{os.getpid()}.so")  # renamed into place: no reader sees half of it
-            _export(configured.sch.mod if configured else product, target, building)
-            os.replace(building, library)
-        seconds = _fastest(tvm.runtime.load_module(str(library)), _arguments(_calibration_product()))
-    return 2 * _GEMM**3 / seconds / 1e9 / calibrated
+        return probe.speed(_fastest(tvm.runtime.load_module(str(probe.library)), _arguments(_calibration_product())))
 
 
 def _key(target: tvm.target.Target) -> str:
