@@ -177,9 +177,9 @@ def main() -> None:
     command = " ".join(["experiments/analytic.py", *sys.argv[1:]])
     for model in args.models:  # a rerun of some models keeps the others' records
         earlier = next((r for r in records if (r["model"], r["cpu"]) == (_label(model, args), cpu)), None)
-        kept = earlier if args.keep_searched else None
-        measured = _measure_model(model, args, kept)
-        by = f"{kept['command']}; trials=0 again by {command}" if kept else command
+        searched = earlier if args.keep_searched else None
+        measured = _measure_model(model, args, searched)
+        by = f"{searched['command']}; trials=0 again by {command}" if searched else command
         record = {**measured, "model": _label(model, args), "cpu": cpu, "command": by}
         records = [r for r in records if (r["model"], r["cpu"]) != (record["model"], cpu)] + [record]
         row = table_row(record)
