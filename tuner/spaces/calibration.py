@@ -122,9 +122,9 @@ class SpeedProbe:
     """The calibration's product, built once and kept beside the calibration, to be timed again where a
     model's kernels are timed (the measuring worker; ``machine_speed`` here): its rate over the calibrated
     one is the machine's speed against its calibration. A VM whose neighbours take a core, or whose clock
-    drops, reads below 1: 0.50-0.83 within minutes on a 2-core Zen 3 VM (2026-12-03), where MobileNetV2's
-    products took 1.11-1.56x their predicted times, 0.85-0.99x at the speed read beside them. The
-    predictions are at the calibration's speed; the report sets this one beside them."""
+    drops, reads below 1: 0.50-0.83 within minutes on a 2-core Zen 3 VM (2026-12-03). The report says it
+    beside the predictions, which stay at the calibration's speed (docs/analytic.md: divided by it, fewer
+    products came within 25% of their time in the model)."""
 
     library: Path
     args: list  # [dtype, shape] per argument, as the measuring worker takes them
