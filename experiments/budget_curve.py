@@ -36,11 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.host import cpu_model  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
-from experiments.harness import markdown_table, run_step  # noqa: E402
+from experiments.budget_curve_summary import FP32_RUNTIMES, best_fp32, write_summary  # noqa: E402
+from experiments.harness import host_cpu, markdown_table, run_step  # noqa: E402
 
-FP32_RUNTIMES = ("PyTorch eager", "torch.compile", "ONNX Runtime", fw.OPENVINO_FP32)
 # A 2-core VM's speed, and which contender it favours, changes with where it places the threads of a
 # process (cross_core.py): the timing runs in several processes, each ratio taken within one.
 TIMING_PROCESSES = 3
@@ -48,6 +47,8 @@ TIMING_PROCESSES = 3
 
 # -- steps, each in a fresh process ---------------------------------------------------------------------
 def tune_step(name: str, minutes: float, work_dir: Path, seed: int, analytic_start: bool) -> dict:
+    """The user's call: ``tune()`` with the clock alone to end it; its model exported beside the work dir, as
+    the run's last checkpoint (what the user gets at the full budget is this model, not the database cut)."""
     from tuner import Objectives, tune
 
     module, inputs = fw.module_and_inputs(name)
@@ -60,13 +61,17 @@ def tune_step(name: str, minutes: float, work_dir: Path, seed: int, analytic_sta
         seed=seed,
         analytic_start=analytic_start,
     )
+    ended = time.time()
+    artifact = work_dir.parent / "final" / "model.so"
+    result.export(artifact)
     return {
         "started": started,
-        "ended": time.time(),
+        "ended": ended,
         "trials": result.trials,
         "tasks": len(result.tasks),
         "untuned_latency": result.latency_before,
         "tuned_latency": result.latency_after,
+        "artifact": str(artifact),
     }
 
 
@@ -134,10 +139,6 @@ def time_step(name: str, artifacts: dict[str, str], threads: int, scratch: Path)
 
 
 # -- the experiment -------------------------------------------------------------------------------------
-def best_fp32(latency: dict) -> str:
-    return min((n for n in FP32_RUNTIMES if latency.get(n)), key=lambda n: latency[n])
-
-
 def median_latencies(runs: list[dict]) -> dict:
     names = [n for n, v in runs[0]["latency"].items() if v]
     return {n: statistics.median(r["latency"][n] for r in runs) for n in names}
@@ -207,7 +208,9 @@ def _label(start: str, minute: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="hf-efficientnet", help="a model of workloads/hf_models.py or the zoo")
+    parser.add_argument(
+        "--model", nargs="+", default=["hf-efficientnet"], help="models of workloads/hf_models.py or the zoo, in turn"
+    )
     parser.add_argument("--minutes", type=float, default=15.0, help="the tuning's wall-clock limit (default 15)")
     parser.add_argument("--checkpoints", type=float, nargs="*", help="minutes to compile at (default: 5 points)")
     parser.add_argument(
@@ -215,27 +218,43 @@ def main() -> None:
     )
     parser.add_argument("--out", default="experiments/results/budget_curve")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--summary", action="store_true", help="rewrite OUT/summary.md from OUT's curves only")
     parser.add_argument("--tune-step", choices=list(STARTS), help=argparse.SUPPRESS)
     parser.add_argument("--compile-step", nargs=3, metavar=("START", "CUTOFF", "ARTIFACT"), help=argparse.SUPPRESS)
     parser.add_argument("--zero-step", help=argparse.SUPPRESS)
     parser.add_argument("--time-step", help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = Path(args.out).resolve()
-    runs, threads = out / "runs" / args.model, os.cpu_count() or 1
+    model, threads = args.model[0], os.cpu_count() or 1  # a step is one model's
+    runs = out / "runs" / model
     if args.tune_step:
         work = runs / args.tune_step / "work"
-        return print(json.dumps(tune_step(args.model, args.minutes, work, args.seed, STARTS[args.tune_step])))
+        return print(json.dumps(tune_step(model, args.minutes, work, args.seed, STARTS[args.tune_step])))
     if args.compile_step:
         start, cutoff, artifact = args.compile_step
         work = runs / start / "work"
-        return print(json.dumps(compile_step(args.model, work, float(cutoff), Path(artifact), args.seed)))
+        return print(json.dumps(compile_step(model, work, float(cutoff), Path(artifact), args.seed)))
     if args.zero_step:
-        return print(json.dumps(zero_step(args.model, Path(args.zero_step))))
+        return print(json.dumps(zero_step(model, Path(args.zero_step))))
     if args.time_step:
         with tempfile.TemporaryDirectory(prefix="budget-curve-") as scratch:  # ONNX Runtime's export
-            return print(json.dumps(time_step(args.model, json.loads(args.time_step), threads, Path(scratch))))
+            return print(json.dumps(time_step(model, json.loads(args.time_step), threads, Path(scratch))))
+    for model in [] if args.summary else args.model:
+        try:
+            curve = measure_curve(model, args, out, threads)
+        except (RuntimeError, KeyError) as err:  # one model's failure (its step's log says why) ends no other's
+            print(f"{model}: not measured: {err}", flush=True)
+            continue
+        (out / f"{model}.json").write_text(json.dumps(curve, indent=1) + "\n")
+        table = _table(curve)
+        (out / f"{model}.md").write_text(table)
+        print(table, flush=True)
+    write_summary(out)
 
-    script, fixed = Path(__file__), ["--model", args.model, "--out", str(out)]
+
+def measure_curve(model: str, args: argparse.Namespace, out: Path, threads: int) -> dict:
+    """One model: trials=0, each start's run cut at the checkpoints, all timed beside the runtimes."""
+    runs, script, fixed = out / "runs" / model, Path(__file__), ["--model", model, "--out", str(out)]
     zero_artifact = runs / "zero" / "model.so"
     zero = _once(zero_artifact.parent / "point.json", script, [*fixed, "--zero-step", str(zero_artifact)])
     points = {"trials=0": {"minute": 0, **zero, "artifact": str(zero_artifact)}}
@@ -245,27 +264,27 @@ def main() -> None:
         tuned[start] = _once(runs / start / "tune.json", script, steps)
         for minute in args.checkpoints or [args.minutes * k / 5 for k in range(1, 6)]:
             label, artifact = _label(start, minute), runs / start / f"at_{minute:g}min" / "model.so"
+            if minute >= args.minutes and "artifact" in tuned[start]:  # the run's own model: what the user got
+                run = tuned[start]
+                points[label] = {"minute": minute, "records": run["trials"], "latency": run["tuned_latency"]}
+                points[label]["artifact"] = run["artifact"]
+                continue
             cutoff = str(tuned[start]["started"] + 60 * minute)
             steps = [*fixed, "--seed", str(args.seed), "--compile-step", start, cutoff, str(artifact)]
             step = _once(artifact.parent / "point.json", script, steps)
             points[label] = {"minute": minute, **step, "artifact": str(artifact)}
-            print(f"{label}: {step['records']} trials, compiled", flush=True)
+            print(f"{model} {label}: {step['records']} trials, compiled", flush=True)
     artifacts = {label: point["artifact"] for label, point in points.items() if point["records"] or label == "trials=0"}
-    timing = time_in_processes(args.model, artifacts, out)
-    curve = {
-        "model": args.model,
+    return {
+        "model": model,
         "minutes": args.minutes,
-        "cpu": cpu_model(),
+        "cpu": host_cpu(),
         "threads": threads,
         "zero": zero,
         "tune": tuned,
         "checkpoints": points,
-        "timing": timing,
+        "timing": time_in_processes(model, artifacts, out),
     }
-    (out / f"{args.model}.json").write_text(json.dumps(curve, indent=1) + "\n")
-    table = _table(curve)
-    (out / f"{args.model}.md").write_text(table)
-    print(table)
 
 
 def _once(record: Path, script: Path, steps: list[str]) -> dict:
