@@ -80,3 +80,22 @@ def test_the_re_timed_candidates_are_ranked_by_their_re_timings_not_against_olde
     assert run.best is not None and run.best.candidate in {"a", "b"} and run.best.verified
     assert run.best.latency > 1e-8  # its re-timing, not what tuning read
     assert db.best_verified(kernel_id, target).candidate == run.best.candidate  # what compile will take
+
+
+def test_an_earlier_runs_choice_is_re_timed_beside_the_top_so_compile_takes_the_final_choice(tmp_path, engine):
+    mod = faulty.copy(4096)
+    db = TuningDatabase(tmp_path / "t.db")
+    kernel_id, target = db.kernel_id(mod, "copy"), str(engine.target)
+    # "old": an earlier run's verified choice, its latency taken then; this run's "a" and "b" read faster while
+    # tuning and are the top two re-timed. Left as it stands, old's figure would beat their re-timings in compile.
+    db.commit(kernel_id, target, "old", _copy_split(mod, 16), "ok", samples=[1e-8])
+    (old,) = db.best(kernel_id, target, 1)
+    db.set_verified(old.id, True)
+    for candidate, factor, latency in (("a", 4, 1e-9), ("b", 8, 1.1e-9)):
+        db.commit(kernel_id, target, candidate, _copy_split(mod, factor), "ok", samples=[latency])
+    run = TaskRun(Task("copy", mod, 1, 0.0), kernel_id, None, TaskProgress(weight=1, best=1e-9), None)
+    choice = FinalChoice(db, engine, target, 2, TIMING, verify=True, progress=Progress(enabled=False))
+    choice.choose([run], KernelCosts(), model=None)
+    records = {r.candidate: r for r in db.best(kernel_id, target, 3)}
+    assert records["old"].latency > 1e-8  # re-timed beside the others
+    assert run.best is not None and db.best_verified(kernel_id, target).candidate == run.best.candidate

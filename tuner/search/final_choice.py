@@ -141,6 +141,11 @@ class FinalChoice:
         top = self.db.best(run.kernel_id, self.target_key, retimed)
         if not top:
             return
+        kept = self.db.best_verified(run.kernel_id, self.target_key)
+        if kept is not None and all(r.id != kept.id for r in top):
+            # an earlier run's choice (a resumed work dir), timed at another moment: re-timed beside the top, or
+            # compile, which takes the fastest verified record, could take it on a latency no longer true
+            top.append(kept)
         schedules = {r.candidate: msc.schedule_from_json(run.task.mod, r.trace) for r in top}
         records = {r.candidate: r for r in top}
         inputs = [MeasureInput(key, sch.mod) for key, sch in schedules.items()]
