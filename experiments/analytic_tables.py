@@ -34,8 +34,9 @@ def write_tables(out: Path, records: list[dict], timing: str) -> None:
         f"## The analytic model's predictions (products: predicted within {PREDICTION_WITHIN:.0%})\n\n"
         "The machine speed: the calibration's product timed again beside the kernels' profile in the trials=0 "
         "model, over its calibrated rate (a VM's drifts); the predictions divided by it are at the speed the "
-        "machine ran at. Records measured before it was read have none.\n\n"
-        f"{markdown_table(accuracy_rows, list(accuracy_rows[0]))}\n"
+        "machine ran at, as `tune()`'s summary and `tuner report` give them. Records measured before it was "
+        "read have none.\n\n"
+        f"{markdown_table(accuracy_rows, list(accuracy_rows[0]))}\n\n{_totals(accuracy_rows)}\n"
     )
     (out / "kernels.md").write_text(
         f"# Per kernel: predicted, measured, fraction of peak\n\nMeasured by {commands}\n\n"
@@ -135,18 +136,39 @@ def _accuracy(record: dict, searched: list[dict]) -> dict:
     timed = [k for k in products if k["in_model"] and k["peak_gflops"]]
     flops = sum(k["flops"] * k["weight"] for k in timed)
     seconds = sum(k["in_model"] * k["weight"] for k in timed)
+    in_model = {k["name"]: k["in_model"] for k in products}
     return {
         "model": record["model"],
         "CPU": record["cpu"],
         "products": len(products),
-        "within, in the model": within({k["name"]: k["in_model"] for k in products}),
         "machine speed": f"{zero['machine_speed']:.2f}" if zero.get("machine_speed") else "-",
-        "within, in the model, at that speed": within(
-            {k["name"]: k["in_model"] for k in products}, zero.get("machine_speed")
-        ),
+        "within, in the model, at that speed": within(in_model, zero.get("machine_speed")),
+        "within, in the model, at the calibrated speed": within(in_model),
         "within, alone": within(alone),
         "products at trials=0, of peak": f"{flops / seconds / 1e9 / timed[0]['peak_gflops']:.0%}" if timed else "-",
     }
+
+
+def _totals(accuracy_rows: list[dict]) -> str:
+    """Per CPU, the products within the bar in the model: at the machine's speed where it was read."""
+    lines = []
+    for cpu in dict.fromkeys(row["CPU"] for row in accuracy_rows):
+        good = total = at_speed = 0
+        for row in (r for r in accuracy_rows if r["CPU"] == cpu):
+            cell = row["within, in the model, at that speed"]
+            if cell != "-":
+                at_speed += 1
+            else:
+                cell = row["within, in the model, at the calibrated speed"]
+            if cell != "-":
+                counted, _, of = cell.partition(" of ")
+                good, total = good + int(counted), total + int(of)
+        if total:
+            lines.append(
+                f"- {cpu}: {good} of {total} products ({good / total:.0%}) within {PREDICTION_WITHIN:.0%} of their "
+                f"time in the model ({at_speed} of its models at the machine's speed, the rest at the calibrated one)"
+            )
+    return "\n".join(lines)
 
 
 def _against_best_fp32(timed: dict, build: str = "trials=0") -> str:

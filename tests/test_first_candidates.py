@@ -9,6 +9,7 @@ import sqlite3
 from tests.test_analytic import AVX512, _check_factors, _loops
 from tuner import tune
 from tuner.cli.report import write_report
+from tuner.progress import format_latency
 from tuner.search.first_candidates import ANALYTIC_SEEDS
 from tuner.spaces import metaschedule as msc
 from tuner.spaces.analytic import ANALYTIC_SEED, plan_block
@@ -86,6 +87,9 @@ def test_no_trials_times_every_kernel_inside_the_model(tmp_path):
     # the calibration's product timed beside the kernels: a VM's speed reads 0.5-1 of it; above 0 is what a
     # loaded machine lets a test say
     assert result.machine_speed and result.machine_speed > 0 and "of its calibrated speed" in result.summary()
+    # the predictions are given at that speed, the one the kernels' times in the model were taken at
+    at_speed = format_latency(result.predicted_latency / result.machine_speed)
+    assert f"the analytic model predicted {at_speed} ({format_latency(result.predicted_latency)} at" in result.summary()
 
 
 def test_without_the_analytic_start_the_search_measures_none_of_the_analytic_candidates(tmp_path):

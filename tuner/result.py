@@ -95,13 +95,15 @@ class TuneResult:
 
     def _speed_line(self) -> str:
         """The machine's speed while the model's kernels were timed: a VM's drifts (another tenant, a lower
-        clock), and a run's timings read slow by it. Not applied to the predictions: over eight models on
-        Zen 3, products divided by it came within 25% of their time in the model less often (39 of 88) than
-        as predicted (51)."""
+        clock), and a run's timings read slow by it; the predictions are divided by it (docs/analytic.md)."""
         return (
             f"the machine ran at {self.machine_speed:.2f} of its calibrated speed while the kernels were timed in "
-            "the model"
+            "the model: the predictions are at that speed"
         )
+
+    def at_machine_speed(self, predicted: float | None) -> float | None:
+        """A prediction (at the calibration's speed) at the speed the machine ran the model's kernels at."""
+        return predicted / self.machine_speed if predicted is not None and self.machine_speed else predicted
 
     @property
     def speedup(self) -> float | None:
@@ -181,21 +183,24 @@ class TuneResult:
             lines.append("latency not timed: the measuring worker could not run the compiled model (its log says why)")
         if self.predicted_latency is not None:
             searched = any(not task.analytic for task in self.tasks)
+            calibrated = f" ({format_latency(self.predicted_latency)} at its calibrated speed)"
             lines.append(
-                f"the analytic model predicted {format_latency(self.predicted_latency)}"
+                f"the analytic model predicted {format_latency(self.at_machine_speed(self.predicted_latency))}"
+                + (calibrated if self.machine_speed else "")
                 + (" for the analytic schedules (what trials=0 gives)" if searched else "")
             )
         if self.machine_speed:
             lines.append(self._speed_line())
         for task in self.tasks:
-            lines.append(f"  {task.name} x{task.weight}: {task_line(task)}")
+            lines.append(f"  {task.name} x{task.weight}: {task_line(task, self.machine_speed)}")
         lines.append(f"artifact {self.artifact_path}  database {self.database_path}")
         return "\n".join(lines)
 
 
-def task_line(task: TaskResult) -> str:
-    """A kernel's latency, speed and schedule, then the analytic model's prediction and its time inside
-    the model where known: "1.20 ms 96.1 GFLOP/s (43% of peak), 32 trials, verified; predicted 1.05 ms"."""
+def task_line(task: TaskResult, machine_speed: float | None = None) -> str:
+    """A kernel's latency, speed and schedule, then the analytic model's prediction (at ``machine_speed``
+    where known) and its time inside the model where known: "1.20 ms 96.1 GFLOP/s (43% of peak), 32 trials,
+    verified; predicted 1.05 ms"."""
     speed = f" {task.gflops:.1f} GFLOP/s" if task.gflops else ""
     if task.fraction_of_peak is not None:
         speed += f" ({task.fraction_of_peak:.0%} of peak)"
@@ -207,7 +212,7 @@ def task_line(task: TaskResult) -> str:
     figures = [
         f"{what} {format_latency(seconds)}"
         for what, seconds in (
-            ("predicted", task.predicted_latency),
+            ("predicted", task.predicted_latency / (machine_speed or 1.0) if task.predicted_latency else None),
             ("analytic measured", task.analytic_latency),
             ("in the model", task.in_model_latency),
         )

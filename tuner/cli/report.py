@@ -107,7 +107,7 @@ def _markdown(
     if result.machine_speed:
         lines.append(
             f"- the machine ran at {result.machine_speed:.2f} of its calibrated speed while the kernels were timed in "
-            "the model (the predictions are at the calibration's speed)"
+            "the model: the table's predictions are at that speed"
         )
     if result.stop_reason:
         lines.append(f"- stopped by {result.stop_reason} (task scheduler: {result.scheduler})")
@@ -143,7 +143,7 @@ def _markdown(
             f"| {f'{relative_spread(best.samples):.1%}' if best else '-'} | {len(best.samples) if best else '-'} | "
             f"{speed} "
             f"| {len(mine) - len(ok)} | {verified} "
-            f"| {_figures_cells(result.kernels.get(task.name), task.flops, best)} |"
+            f"| {_figures_cells(result.kernels.get(task.name), task.flops, best, result.machine_speed)} |"
         )
     if curve.latency:
         first, last = format_latency(curve.latency[0]), format_latency(curve.latency[-1])
@@ -153,12 +153,14 @@ def _markdown(
     return "\n".join(lines)
 
 
-def _figures_cells(figures: dict | None, flops: float, best: Record | None) -> str:
-    """Predicted, analytic measured, in the model, and the fraction of peak (of the best latency alone,
-    else of the time inside the model), as table cells; "-" where unknown."""
+def _figures_cells(figures: dict | None, flops: float, best: Record | None, machine_speed: float | None) -> str:
+    """Predicted (at ``machine_speed`` where known), analytic measured, in the model, and the fraction of peak
+    (of the best latency alone, else of the time inside the model), as table cells; "-" where unknown."""
     figures = figures or {}
     fraction = fraction_of_peak(flops, best.latency if best else figures.get("in_model"), figures.get("peak_gflops"))
     seconds = [figures.get(key) for key in ("predicted", "analytic_measured", "in_model")]
+    if seconds[0] and machine_speed:
+        seconds[0] /= machine_speed
     cells = [format_latency(value) if value else "-" for value in seconds]
     return " | ".join([*cells, f"{fraction:.0%}" if fraction is not None else "-"])
 
