@@ -2,16 +2,16 @@
 
     seconds = FLOPs / (product rate x balance x lanes used) + bytes / bandwidth + a parallel launch
 
-for a product (a block ``analytic`` tiled), where the product rate is the calibrated rate of a product
-running from the caches on every core, ``balance`` the share of the cores its parallel tasks keep
-busy (7 tasks on 2 cores: 7/8) and ``lanes used`` the share of a vector register's lanes its register
-tile's columns fill: a vector instruction takes the register's width whatever the loop's extent, so a
-column count the lanes do not divide wastes the rest (Swin-T's attention over 49 tokens, tiled 7 wide:
-7 of AVX-512's 16 lanes; EfficientNet's 40 channels, 10 wide). A kernel with no tiled block
-(element-wise, reductions, depthwise convolutions, the bf16 products of their own rule, whose tiles
-reach 93-97% of the bf16 unit) takes its FLOPs at its precision's measured peak instead. The bytes are
-its arguments, and the intermediates one reduction hands another (a Winograd kernel's transformed input
-and its batched product's output, each written and read once).
+for a product (a block ``analytic`` tiled), where the product rate is the calibrated rate of a model's product
+(BERT-base's output projection, its weights packed) running from the caches on every core, ``balance`` the
+share of the cores its parallel tasks keep busy (7 tasks on 2 cores: 7/8) and ``lanes used`` the share of a
+vector register's lanes its register tile's columns fill: a vector instruction takes the register's width
+whatever the loop's extent, so a column count the lanes do not divide wastes the rest (Swin-T's attention over
+49 tokens, tiled 7 wide: 7 of AVX-512's 16 lanes; EfficientNet's 40 channels, 10 wide). A kernel with no tiled
+block (element-wise, reductions, depthwise convolutions, the bf16 products of their own rule, whose tiles
+reach 93-97% of the bf16 unit) takes its FLOPs at its precision's measured peak instead. The bytes are its
+arguments, and the intermediates one reduction hands another (a Winograd kernel's transformed input and its
+batched product's output, each written and read once).
 
 Memory is added to compute, not overlapped with it: inside a model a kernel's weights and inputs come
 from memory, not from the caches the calibration's product ran in, and the loops TVM makes do not
@@ -23,7 +23,8 @@ where the schedule is what is slow, or where the kernel's time in the model is n
 same depthwise kernels (shapes, plans and bytes identical) read 23-67 us in torchvision's MobileNetV2
 and 73-231 us in Hugging Face's (``experiments/analytic.py``'s kernels table). The kernel is otherwise
 taken to run at its precision's ceiling: where the measured latency is far above the prediction, the
-schedule is what is wrong, and that is where tuning pays.
+schedule is what is wrong, and that is where tuning pays. The predictions are at the calibration's speed;
+a run's summary divides them by the machine's speed while its kernels were timed (``machine_speed``).
 """
 
 from __future__ import annotations
