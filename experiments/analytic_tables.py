@@ -36,7 +36,7 @@ def write_tables(out: Path, records: list[dict], timing: str) -> None:
         "model, over its calibrated rate (a VM's drifts); the predictions divided by it are at the speed the "
         "machine ran at, as `tune()`'s summary and `tuner report` give them. Records measured before it was "
         "read have none.\n\n"
-        f"{markdown_table(accuracy_rows, list(accuracy_rows[0]))}\n\n{_totals(accuracy_rows)}\n"
+        f"{markdown_table(accuracy_rows, list(accuracy_rows[0]))}\n\n{_totals(records)}\n"
     )
     (out / "kernels.md").write_text(
         f"# Per kernel: predicted, measured, fraction of peak\n\nMeasured by {commands}\n\n"
@@ -119,50 +119,61 @@ def _kernel_rows(record: dict, searched: list[dict]) -> list[dict]:
     return rows
 
 
+def _products(record: dict) -> list[dict]:
+    """A record's predicted products at trials=0."""
+    return [k for k in record["zero"]["kernels"] if k["tiled"] and k["predicted"]]
+
+
+def _within(products: list[dict], measured: dict, speed: float | None = 1.0) -> tuple[int, int] | None:
+    """(products predicted within PREDICTION_WITHIN of ``measured``, products measured), the predictions
+    divided by ``speed``; None where no speed was read or nothing measured."""
+    if not speed:
+        return None
+    pairs = [(k["predicted"] / speed, measured[k["name"]]) for k in products if measured.get(k["name"])]
+    good = sum(abs(p - m) <= PREDICTION_WITHIN * m for p, m in pairs)
+    return (good, len(pairs)) if pairs else None
+
+
+def _of(counts: tuple[int, int] | None) -> str:
+    return f"{counts[0]} of {counts[1]}" if counts else "-"
+
+
+def _in_model(products: list[dict]) -> dict:
+    return {k["name"]: k["in_model"] for k in products}
+
+
 def _accuracy(record: dict, searched: list[dict]) -> dict:
     """How many products the analytic model predicted within PREDICTION_WITHIN, against each measurement,
     and the products' FLOP-weighted fraction of peak at trials=0."""
-    zero = record["zero"]
-    products = [k for k in zero["kernels"] if k["tiled"] and k["predicted"]]
-    alone = _alone(searched)
-
-    def within(measured: dict, speed: float | None = 1.0) -> str:
-        if not speed:
-            return "-"
-        pairs = [(k["predicted"] / speed, measured[k["name"]]) for k in products if measured.get(k["name"])]
-        good = sum(abs(p - m) <= PREDICTION_WITHIN * m for p, m in pairs)
-        return f"{good} of {len(pairs)}" if pairs else "-"
-
+    zero, products = record["zero"], _products(record)
     timed = [k for k in products if k["in_model"] and k["peak_gflops"]]
     flops = sum(k["flops"] * k["weight"] for k in timed)
     seconds = sum(k["in_model"] * k["weight"] for k in timed)
-    in_model = {k["name"]: k["in_model"] for k in products}
+    in_model = _in_model(products)
     return {
         "model": record["model"],
         "CPU": record["cpu"],
         "products": len(products),
         "machine speed": f"{zero['machine_speed']:.2f}" if zero.get("machine_speed") else "-",
-        "within, in the model, at that speed": within(in_model, zero.get("machine_speed")),
-        "within, in the model, at the calibrated speed": within(in_model),
-        "within, alone": within(alone),
+        "within, in the model, at that speed": _of(_within(products, in_model, zero.get("machine_speed"))),
+        "within, in the model, at the calibrated speed": _of(_within(products, in_model)),
+        "within, alone": _of(_within(products, _alone(searched))),
         "products at trials=0, of peak": f"{flops / seconds / 1e9 / timed[0]['peak_gflops']:.0%}" if timed else "-",
     }
 
 
-def _totals(accuracy_rows: list[dict]) -> str:
+def _totals(records: list[dict]) -> str:
     """Per CPU, the products within the bar in the model: at the machine's speed where it was read."""
     lines = []
-    for cpu in dict.fromkeys(row["CPU"] for row in accuracy_rows):
+    for cpu in dict.fromkeys(record["cpu"] for record in records):
         good = total = at_speed = 0
-        for row in (r for r in accuracy_rows if r["CPU"] == cpu):
-            cell = row["within, in the model, at that speed"]
-            if cell != "-":
-                at_speed += 1
-            else:
-                cell = row["within, in the model, at the calibrated speed"]
-            if cell != "-":
-                counted, _, of = cell.partition(" of ")
-                good, total = good + int(counted), total + int(of)
+        for record in (r for r in records if r["cpu"] == cpu):
+            products = _products(record)
+            counts = _within(products, _in_model(products), record["zero"].get("machine_speed"))
+            at_speed += counts is not None
+            counts = counts or _within(products, _in_model(products))
+            if counts:
+                good, total = good + counts[0], total + counts[1]
         if total:
             lines.append(
                 f"- {cpu}: {good} of {total} products ({good / total:.0%}) within {PREDICTION_WITHIN:.0%} of their "

@@ -13,7 +13,7 @@ import tvm
 from common.model_weights import weights_path
 from common.target_kind import is_cuda
 from tuner.compile.check import ModelCheck
-from tuner.compile.figures import KernelFigures, fraction_of_peak
+from tuner.compile.figures import KernelFigures, at_machine_speed, fraction_of_peak
 from tuner.compile.phase import BuiltModel
 from tuner.runtime.compiled_model import CompiledModel, ModelDescription
 from tuner.search.task_run import TaskRun
@@ -101,10 +101,6 @@ class TuneResult:
             "the model: the predictions are at that speed"
         )
 
-    def at_machine_speed(self, predicted: float | None) -> float | None:
-        """A prediction (at the calibration's speed) at the speed the machine ran the model's kernels at."""
-        return predicted / self.machine_speed if predicted is not None and self.machine_speed else predicted
-
     @property
     def speedup(self) -> float | None:
         if self.latency_before and self.latency_after:
@@ -183,9 +179,10 @@ class TuneResult:
             lines.append("latency not timed: the measuring worker could not run the compiled model (its log says why)")
         if self.predicted_latency is not None:
             searched = any(not task.analytic for task in self.tasks)
+            at_speed = at_machine_speed(self.predicted_latency, self.machine_speed)
             calibrated = f" ({format_latency(self.predicted_latency)} at its calibrated speed)"
             lines.append(
-                f"the analytic model predicted {format_latency(self.at_machine_speed(self.predicted_latency))}"
+                f"the analytic model predicted {format_latency(at_speed)}"
                 + (calibrated if self.machine_speed else "")
                 + (" for the analytic schedules (what trials=0 gives)" if searched else "")
             )
@@ -212,7 +209,7 @@ def task_line(task: TaskResult, machine_speed: float | None = None) -> str:
     figures = [
         f"{what} {format_latency(seconds)}"
         for what, seconds in (
-            ("predicted", task.predicted_latency / (machine_speed or 1.0) if task.predicted_latency else None),
+            ("predicted", at_machine_speed(task.predicted_latency, machine_speed)),
             ("analytic measured", task.analytic_latency),
             ("in the model", task.in_model_latency),
         )

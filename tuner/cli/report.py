@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from measure.timing.sampling import relative_spread
-from tuner.compile.figures import fraction_of_peak
+from tuner.compile.figures import at_machine_speed, fraction_of_peak
 from tuner.database.database import Record, TuningDatabase
 from tuner.database.workdir import FILTER_LEDGER_KEY, JobRecord, ResultRecord, TransferRecord, WorkDir, read_meta
 from tuner.errors import TunerError
@@ -158,9 +158,8 @@ def _figures_cells(figures: dict | None, flops: float, best: Record | None, mach
     (of the best latency alone, else of the time inside the model), as table cells; "-" where unknown."""
     figures = figures or {}
     fraction = fraction_of_peak(flops, best.latency if best else figures.get("in_model"), figures.get("peak_gflops"))
-    seconds = [figures.get(key) for key in ("predicted", "analytic_measured", "in_model")]
-    if seconds[0] and machine_speed:
-        seconds[0] /= machine_speed
+    predicted = at_machine_speed(figures.get("predicted"), machine_speed)
+    seconds = [predicted, figures.get("analytic_measured"), figures.get("in_model")]
     cells = [format_latency(value) if value else "-" for value in seconds]
     return " | ".join([*cells, f"{fraction:.0%}" if fraction is not None else "-"])
 

@@ -34,6 +34,12 @@ def fraction_of_peak(flops: float, latency: float | None, peak_gflops: float | N
     return flops / latency / 1e9 / peak_gflops
 
 
+def at_machine_speed(predicted: float | None, machine_speed: float | None) -> float | None:
+    """A prediction (at the calibration's speed) at the speed the machine ran the model's kernels at, where
+    that speed was read; else as it is."""
+    return predicted / machine_speed if predicted and machine_speed else predicted
+
+
 def kernel_figures(
     tasks: list[Task],
     db: TuningDatabase,

@@ -152,8 +152,7 @@ def speed_probe(target: tvm.target.Target, cache: Path | None = None) -> SpeedPr
         building = library.with_suffix(f".{os.getpid()}.so")  # renamed into place: no reader sees half of it
         _export(product, target, building)
         os.replace(building, library)
-    args = [[str(p.dtype), [int(d) for d in p.shape]] for p in product["main"].params]
-    return SpeedProbe(library, args, calibrated)
+    return SpeedProbe(library, _argument_specs(product), calibrated)
 
 
 def machine_speed(target: tvm.target.Target, cache: Path | None = None) -> float | None:
@@ -165,7 +164,7 @@ def machine_speed(target: tvm.target.Target, cache: Path | None = None) -> float
         return None
     with _threads_of(target):
         module = tvm.runtime.load_module(str(probe.library))
-        return probe.speed(_fastest(module, _arguments(_configured_product(target))))
+        return probe.speed(_fastest(module, _zeros(probe.args)))
 
 
 def _key(target: tvm.target.Target) -> str:
@@ -250,7 +249,7 @@ def _seconds(mod: tvm.IRModule, target: tvm.target.Target) -> float:
     with tempfile.TemporaryDirectory(prefix="tuner-calibration-") as scratch:
         library = Path(scratch) / "kernel.so"
         _export(mod, target, library)
-        return _fastest(tvm.runtime.load_module(str(library)), _arguments(mod))
+        return _fastest(tvm.runtime.load_module(str(library)), _zeros(_argument_specs(mod)))
 
 
 def _export(mod: tvm.IRModule, target: tvm.target.Target, library: Path) -> None:
@@ -258,11 +257,14 @@ def _export(mod: tvm.IRModule, target: tvm.target.Target, library: Path) -> None
     tvm.compile(mod, target=target).export_library(str(library))
 
 
-def _arguments(mod: tvm.IRModule) -> list[tvm.runtime.Tensor]:
-    """Zeroed arguments for ``mod``'s kernel, on this CPU."""
-    return [
-        tvm.runtime.tensor(np.zeros([int(d) for d in p.shape], str(p.dtype)), tvm.cpu()) for p in mod["main"].params
-    ]
+def _argument_specs(mod: tvm.IRModule) -> list:
+    """``mod``'s kernel's arguments as [dtype, shape] each, as the measuring worker takes them."""
+    return [[str(p.dtype), [int(d) for d in p.shape]] for p in mod["main"].params]
+
+
+def _zeros(specs: list) -> list[tvm.runtime.Tensor]:
+    """Zeroed arguments of these [dtype, shape] ``specs``, on this CPU."""
+    return [tvm.runtime.tensor(np.zeros(shape, dtype), tvm.cpu()) for dtype, shape in specs]
 
 
 def _fastest(module: tvm.runtime.Module, arrays: list[tvm.runtime.Tensor]) -> float:
