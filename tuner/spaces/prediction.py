@@ -19,9 +19,11 @@ prefetch them. Counted so, the prediction came within 25% of the kernel's time i
 212 products of 15 models (the roofline's maximum of the two: 102) and for 83 of 144 of five models
 measured afterwards; the lanes, added next (planned before it was tried on them), took the 365 products
 of those 21 models from 249 within 25% to 261 (ragged column counts: 6 of 23 to 17). The rest are
-where the schedule is what is slow, or where the kernel's time in the model is not one figure: the
-same depthwise kernels (shapes, plans and bytes identical) read 23-67 us in torchvision's MobileNetV2
-and 73-231 us in Hugging Face's (``experiments/analytic.py``'s kernels table). The kernel is otherwise
+where the schedule is what is slow, or where the kernel's time in the model is not one figure: a short
+kernel's time on a VM moves with the machine more than a product's (Hugging Face's MobileNetV2 read its
+depthwise kernels at 2.8-3.6x their prediction in one run and within 25% in the next; called in the same
+rounds, they ran alike in torchvision's and Hugging Face's models: experiments/results/in_model_gap/
+mobilenetv2_zen5.md). The kernel is otherwise
 taken to run at its precision's ceiling: where the measured latency is far above the prediction, the
 schedule is what is wrong, and that is where tuning pays. The predictions are at the calibration's speed;
 a run's summary divides them by the machine's speed while its kernels were timed (``machine_speed``).
