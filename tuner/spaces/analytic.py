@@ -30,7 +30,8 @@ nested S0 S1 R0 S2 R1 S3. The configuration sets every factor, BLIS's way (Low e
   each tile recomputes its halo.
 
 MobileNet's fused inverted residual (our ``tuner_expand_depthwise`` space) takes its tiles from the register
-file (``schedule_rules.ExpandDepthwiseDraw``). A kernel of another design space (element-wise, reductions,
+file (``schedule_rules.ExpandDepthwiseDraw``). A copy across axes (a transpose, fused with what scales and pads
+it) takes parallel rows of vectors (``rows_rule``), which MetaSchedule's design space cannot express. A kernel of another design space (element-wise, reductions,
 our other rules) takes its design space's decisions as MetaSchedule draws them with a fixed seed: the same
 schedule every time. Where the design spaces differ only in where the write cache goes, the first one that
 applies is taken.
@@ -49,6 +50,7 @@ from tvm.s_tir.schedule import ScheduleError, Trace
 from . import metaschedule as msc
 from .machine import MachineFacts
 from .register_tiles import TILING_ANNOTATION, RegisterFile, divisors, power_of_two, tile_roles
+from .rows_rule import rows_schedule
 from .schedule_rules import ExpandDepthwiseDraw, is_expand_depthwise
 
 FLOAT_BYTES = 4
@@ -385,4 +387,8 @@ def configure_kernel(mod: tvm.IRModule, target: tvm.target.Target) -> AnalyticSc
         spaces = msc.design_spaces(context)
     except RuntimeError:  # MetaSchedule refused the kernel or the target (one without num-cores, say)
         return None
-    return analytic_schedule(mod, spaces, msc.postprocessors(context), MachineFacts.of(target))
+    facts = MachineFacts.of(target)
+    rows = rows_schedule(mod, facts.registers.lanes, facts.cores) if facts is not None else None
+    if rows is not None:
+        return AnalyticSchedule(rows, ())
+    return analytic_schedule(mod, spaces, msc.postprocessors(context), facts)

@@ -42,6 +42,7 @@ from . import metaschedule as msc
 from .analytic import AnalyticSchedule, BlockPlan
 from .calibration import Calibration, calibration
 from .machine import MachineFacts
+from .rows_rule import reduces
 
 
 def predicted_seconds(
@@ -98,15 +99,11 @@ def handed_between_reductions(mod: tvm.IRModule) -> int:
     total = 0
     for block_rv in sch.get_child_blocks(root):
         block = sch.get(block_rv)
-        if not _reduces(block) or not any(_reduces(sch.get(consumer)) for consumer in sch.get_consumers(block_rv)):
+        if not reduces(block) or not any(reduces(sch.get(consumer)) for consumer in sch.get_consumers(block_rv)):
             continue
         written = [region.source for region in block.writes]
         total += sum(_tensor_bytes(buffer) for buffer in intermediates if any(buffer.same_as(w) for w in written))
     return total
-
-
-def _reduces(block) -> bool:
-    return any(var.iter_type == tvm.tirx.IterVar.CommReduce for var in block.iter_vars)
 
 
 def _tensor_bytes(tensor) -> int:
