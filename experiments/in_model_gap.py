@@ -6,14 +6,14 @@ the rest of the model ran; after the caches were flushed), beside the time the t
     .venv/bin/python experiments/in_model_gap.py WORK_DIR KERNEL [KERNEL ...] [--rounds 15]
     .venv/bin/python experiments/in_model_gap.py WORK_DIR KERNEL ... --beside OTHER_WORK_DIR
 
-WORK_DIR is a work dir (its model.so and tuning.db), KERNEL a task's name as the per-kernel table names
-it (``fused_matmul4_add31``); a work dir of ``trials=0`` has no record: "recorded" and "alone now" are
-left out. With ``--beside``, the same kernels (same names) are also called inside another model's build,
-in the same rounds: where a kernel reads alike in both here but not in the two runs' profiles, what
-differed was the machine while each run profiled its model, not the model. Where "alone now" is far from "recorded", the machine ran
-the same library at another speed when it was tuned (a VM's neighbours): that part of the gap is
-the machine's, not the model's. "after the model" against "in the model, again" is what the rest of
-the model does to the kernel's data in the caches.
+WORK_DIR is a work dir (its model.so and tuning.db), KERNEL a task's name as the per-kernel table names it
+(``fused_matmul4_add31``); a work dir of ``trials=0`` has no record: "recorded" and "alone now" are left out.
+With ``--beside``, the same kernels (same names) are also called inside another model's build, in the same
+rounds: where a kernel reads alike in both here but not in the two runs' profiles, what differed was the machine
+while each run profiled its model, not the model. Where "alone now" is far from "recorded", the machine ran the
+same library at another speed when it was tuned (a VM's neighbours): that part of the gap is the machine's, not
+the model's. "after the model" against "in the model, again" is what the rest of the model does to the kernel's
+data in the caches.
 """
 
 from __future__ import annotations

@@ -31,10 +31,10 @@ nested S0 S1 R0 S2 R1 S3. The configuration sets every factor, BLIS's way (Low e
 
 MobileNet's fused inverted residual (our ``tuner_expand_depthwise`` space) takes its tiles from the register
 file (``schedule_rules.ExpandDepthwiseDraw``). A copy across axes (a transpose, fused with what scales and pads
-it) takes parallel rows of vectors (``rows_rule``), which MetaSchedule's design space cannot express. A kernel of another design space (element-wise, reductions,
-our other rules) takes its design space's decisions as MetaSchedule draws them with a fixed seed: the same
-schedule every time. Where the design spaces differ only in where the write cache goes, the first one that
-applies is taken.
+it) takes parallel rows of vectors (``rows_rule``), which MetaSchedule's design space cannot express. A kernel
+of another design space (element-wise, reductions, our other rules) takes its design space's decisions as
+MetaSchedule draws them with a fixed seed: the same schedule every time. Where the design spaces differ only in
+where the write cache goes, the first one that applies is taken.
 """
 
 from __future__ import annotations
