@@ -17,7 +17,7 @@ import tvm_ffi
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule import _ffi_api
-from tvm.s_tir.schedule import Trace
+from tvm.s_tir.schedule import ScheduleError, Trace
 from tvm.s_tir.schedule import _ffi_api as _ffi_api_schedule
 
 from codegen.tensor_cores import ensure_intrinsics_of, ensure_tensor_intrinsics
@@ -288,12 +288,45 @@ def prim_func_flops(mod: tvm.IRModule) -> float:
 
 
 def kernel_bytes(mod: tvm.IRModule) -> int:
-    """Bytes of the kernel's arguments (inputs and outputs): what it must move at the least."""
+    """Bytes of the kernel's arguments (inputs and outputs): what it must move at the least. An input is
+    counted at most once per point of the blocks that read it: a gather reads the rows it picks, not its
+    whole table (BERT's token embedding, 94 MB, of which a 128-token sequence reads 0.4 MB: the prediction
+    said 0.93 ms for a kernel of 11 us)."""
+    reads = _points_reading(mod)
     total = 0
     for param in mod["main"].params:
         shape = [int(d) for d in getattr(param, "shape", [])]
-        total += int(np.prod(shape, dtype=np.int64)) * tvm.DataType(str(param.dtype)).bits // 8
+        elements = int(np.prod(shape, dtype=np.int64))
+        read = next((points for buffer, points in reads if buffer.same_as(param)), None)
+        total += (min(elements, read) if read is not None else elements) * tvm.DataType(str(param.dtype)).bits // 8
     return total
+
+
+def _points_reading(mod: tvm.IRModule) -> list[tuple[tvm.tirx.Buffer, int]]:
+    """Per buffer read by the kernel's blocks that write nothing of it, the points of those blocks' domains;
+    nothing where the kernel has no root block or a block's domain is symbolic."""
+    sch = Schedule(mod)
+    try:
+        blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root", func_name="main"))]
+    except (ScheduleError, ValueError):
+        return []
+    points: list[tuple[tvm.tirx.Buffer, int]] = []
+    for block in blocks:
+        extents = [iv.dom.extent for iv in block.iter_vars]
+        if not all(isinstance(extent, tvm.tirx.IntImm) for extent in extents):
+            return []
+        domain = int(np.prod([int(extent) for extent in extents], dtype=np.int64))
+        written = [region.source for region in block.writes]
+        for region in block.reads:
+            if any(region.source.same_as(w) for w in written):
+                continue
+            index = next((i for i, (buffer, _) in enumerate(points) if buffer.same_as(region.source)), None)
+            if index is None:
+                points.append((region.source, domain))
+            else:
+                points[index] = (region.source, points[index][1] + domain)
+    written_anywhere = [region.source for block in blocks for region in block.writes]
+    return [(buffer, n) for buffer, n in points if not any(buffer.same_as(w) for w in written_anywhere)]
 
 
 def normalize_prim_func_module(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
