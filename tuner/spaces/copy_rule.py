@@ -23,10 +23,10 @@ MAX_LANES = 64  # two AVX-512 vectors of bf16
 PADDED_IMAGE = "bf16_padded_image"  # the block of ``bf16_flat.bf16_padded_image``
 
 
-def copy_lanes(extents: list[int]) -> int:
-    """The largest power of two up to ``MAX_LANES`` that divides every innermost extent."""
+def copy_lanes(extents: list[int], most: int = MAX_LANES) -> int:
+    """The largest power of two up to ``most`` (a power of two) that divides every innermost extent."""
     common = math.gcd(*extents)
-    return min(MAX_LANES, common & -common)
+    return min(most, common & -common)
 
 
 def schedule_bf16_copy(sch: Schedule, block: SBlockRV) -> list[Schedule]:

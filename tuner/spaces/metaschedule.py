@@ -316,10 +316,7 @@ def _points_reading(mod: tvm.IRModule) -> list[tuple[tvm.tirx.Buffer, int]]:
         if not all(isinstance(extent, tvm.tirx.IntImm) for extent in extents):
             return []
         domain = int(np.prod([int(extent) for extent in extents], dtype=np.int64))
-        written = [region.source for region in block.writes]
         for region in block.reads:
-            if any(region.source.same_as(w) for w in written):
-                continue
             index = next((i for i, (buffer, _) in enumerate(points) if buffer.same_as(region.source)), None)
             if index is None:
                 points.append((region.source, domain))

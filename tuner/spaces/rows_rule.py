@@ -17,6 +17,8 @@ import tvm
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 
+from .copy_rule import copy_lanes
+
 MIN_VECTOR = 4  # a shorter vector than this costs its shuffles more than it saves: the row is left to LLVM
 METASCHEDULE_CHUNK = 64  # the elements MetaSchedule's element-wise schedule vectorises at a time
 
@@ -46,7 +48,7 @@ def rows_schedule(mod: tvm.IRModule, lanes: int, cores: int) -> Schedule | None:
         rows *= int(sch.get(loop).extent)
     if row < lanes or rows < cores or row % METASCHEDULE_CHUNK == 0:
         return None
-    vector = _largest_power_of_two_dividing(row, lanes)
+    vector = copy_lanes([row], lanes)
     if vector >= MIN_VECTOR:
         sch.vectorize(sch.split(loops[-1], [None, vector])[1])
     sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
@@ -74,10 +76,3 @@ def _variables(expr: tvm.tirx.Expr) -> set[str]:
 def reduces(block: tvm.tirx.Stmt) -> bool:
     """Whether a block (an ``SBlock``) has a reduction loop."""
     return any(var.iter_type == tvm.tirx.IterVar.CommReduce for var in block.iter_vars)
-
-
-def _largest_power_of_two_dividing(extent: int, most: int) -> int:
-    vector = 1
-    while vector * 2 <= most and extent % (vector * 2) == 0:
-        vector *= 2
-    return vector
