@@ -3,6 +3,7 @@
     .venv/bin/python experiments/budget_curve.py --model hf-efficientnet --minutes 6 --checkpoints 1 3 6 \
         --starts analytic random
     .venv/bin/python experiments/budget_curve.py --model hf-mobilenetv2 --minutes 15
+    .venv/bin/python experiments/budget_curve.py --model hf-bert --minutes 3 --checkpoints 3 --dtype bfloat16
 
 Per start (``analytic``: each kernel's search begins at its analytic schedule and three around it, the
 default; ``random``: at random samples of its design spaces, ``tune(..., analytic_start=False)``), one run
@@ -18,6 +19,11 @@ fresh processes, every checkpoint's model, PyTorch eager, torch.compile, ONNX Ru
 against PyTorch eager (max|out - ref| / max|ref|). Results: OUT/MODEL.json and OUT/MODEL.md; the work
 dirs and the checkpoints' models stay under OUT/runs/MODEL (a rerun with the same OUT tunes and
 compiles nothing already done, and times the checkpoints again).
+
+``--dtype bfloat16`` tunes and compiles every step with ``tune(..., dtype="bfloat16")`` (bf16 operands,
+fp32 accumulators) and times PyTorch's bf16 autocast beside the rest; its curve is MODEL-bfloat16 and is
+summarised against OpenVINO's default precision (bf16 on a CPU with bf16 units), the runtime a bf16
+user compares with.
 """
 
 from __future__ import annotations
@@ -43,10 +49,11 @@ from experiments.harness import host_cpu, markdown_table, run_step  # noqa: E402
 # A 2-core VM's speed, and which contender it favours, changes with where it places the threads of a
 # process (cross_core.py): the timing runs in several processes, each ratio taken within one.
 TIMING_PROCESSES = 3
+FP32 = "float32"
 
 
 # -- steps, each in a fresh process ---------------------------------------------------------------------
-def tune_step(name: str, minutes: float, work_dir: Path, seed: int, analytic_start: bool) -> dict:
+def tune_step(name: str, minutes: float, work_dir: Path, seed: int, analytic_start: bool, dtype: str) -> dict:
     """The user's call: ``tune()`` with the clock alone to end it; its model exported beside the work dir, as
     the run's last checkpoint (what the user gets at the full budget is this model, not the database cut)."""
     from tuner import Objectives, tune
@@ -60,6 +67,7 @@ def tune_step(name: str, minutes: float, work_dir: Path, seed: int, analytic_sta
         work_dir=work_dir,
         seed=seed,
         analytic_start=analytic_start,
+        dtype=dtype,
     )
     ended = time.time()
     artifact = work_dir.parent / "final" / "model.so"
@@ -75,7 +83,7 @@ def tune_step(name: str, minutes: float, work_dir: Path, seed: int, analytic_sta
     }
 
 
-def compile_step(name: str, work_dir: Path, cutoff: float, artifact: Path, seed: int) -> dict:
+def compile_step(name: str, work_dir: Path, cutoff: float, artifact: Path, seed: int, dtype: str) -> dict:
     """The model as a run stopped at ``cutoff`` would have handed it back: a copy of ``work_dir``
     holding only the records committed by then, resumed by ``tune()`` with that many trials, so it
     measures nothing new and does what the end of a run does (re-measure each kernel's best, verify
@@ -94,24 +102,25 @@ def compile_step(name: str, work_dir: Path, cutoff: float, artifact: Path, seed:
         shutil.rmtree(cut)
         return {"records": 0}
     module, inputs = fw.module_and_inputs(name)
-    result = tune(module, example_inputs=inputs, trials=kept, work_dir=cut, seed=seed, progress=False)
+    result = tune(module, example_inputs=inputs, trials=kept, work_dir=cut, seed=seed, dtype=dtype, progress=False)
     result.export(artifact)
     shutil.rmtree(cut)
     return {"records": kept, "trials": result.trials, "latency": result.latency_after}
 
 
-def zero_step(name: str, artifact: Path) -> dict:
+def zero_step(name: str, artifact: Path, dtype: str) -> dict:
     """Minute 0: the model with every kernel's analytic schedule, nothing measured."""
     from tuner import tune
 
     module, inputs = fw.module_and_inputs(name)
     started = time.monotonic()
-    result = tune(module, example_inputs=inputs, trials=0, work_dir=artifact.parent / "work", progress=False)
+    work = artifact.parent / "work"
+    result = tune(module, example_inputs=inputs, trials=0, work_dir=work, dtype=dtype, progress=False)
     result.export(artifact)
     return {"records": 0, "wall_s": time.monotonic() - started, "latency": result.latency_after}
 
 
-def time_step(name: str, artifacts: dict[str, str], threads: int, scratch: Path) -> dict:
+def time_step(name: str, artifacts: dict[str, str], threads: int, scratch: Path, dtype: str) -> dict:
     import torch
 
     from tuner.runtime.compiled_model import ModelDescription
@@ -120,8 +129,12 @@ def time_step(name: str, artifacts: dict[str, str], threads: int, scratch: Path)
     module, inputs = fw.module_and_inputs(name)
     module = module.eval()
     contenders = [
-        *(fw.tvm_model(label, Path(p), ModelDescription.read(Path(p)), inputs) for label, p in artifacts.items()),
+        *(
+            fw.tvm_model(label, Path(p), ModelDescription.read(Path(p)), inputs, fw.PRECISIONS[dtype])
+            for label, p in artifacts.items()
+        ),
         fw.torch_eager(module, inputs),
+        *([fw.torch_autocast(module, inputs, dtype)] if dtype != FP32 else []),
         fw.torch_compiled(module, inputs),
         fw.onnx_runtime(module, inputs, threads, scratch),
         *fw.openvino(module, inputs, threads),
@@ -151,10 +164,10 @@ def median_ratios(runs: list[dict]) -> dict:
     return {n: statistics.median(values) for n, values in ratios.items()}
 
 
-def time_in_processes(model: str, artifacts: dict[str, str], out: Path) -> dict:
+def time_in_processes(model: str, artifacts: dict[str, str], out: Path, dtype: str = FP32) -> dict:
     """The compiled ``artifacts`` (label: library) and the runtimes timed in ``TIMING_PROCESSES`` fresh
     processes: each contender's median latency and median ratio to the best fp32 runtime over them."""
-    steps = ["--model", model, "--out", str(out), "--time-step", json.dumps(artifacts)]
+    steps = ["--model", model, "--out", str(out), "--dtype", dtype, "--time-step", json.dumps(artifacts)]
     runs = [run_step(Path(__file__), steps, out / f"time{i}.log") for i in range(TIMING_PROCESSES)]
     return {**runs[-1], "latency": median_latencies(runs), "ratio": median_ratios(runs), "processes": runs}
 
@@ -163,7 +176,7 @@ def timed_table(subject: str, timed: dict, tuned: Sequence[str], columns: Callab
     """A markdown table of ``time_in_processes``'s result: the ``tuned`` contenders (with ``columns`` of
     their own), then the runtimes, under a line on ``subject`` and how it was timed."""
     rows = []
-    for label in [*tuned, *FP32_RUNTIMES, fw.OPENVINO_DEFAULT]:
+    for label in [*tuned, *FP32_RUNTIMES, *_lower_precision(timed), fw.OPENVINO_DEFAULT]:
         latency = timed["latency"].get(label)
         rows.append(
             {
@@ -186,9 +199,9 @@ def timed_table(subject: str, timed: dict, tuned: Sequence[str], columns: Callab
 def _table(curve: dict) -> str:
     runs = ", ".join(f"{run['trials']} trials from the {start} start" for start, run in curve["tune"].items())
     subject = (
-        f"{curve['model']}: {next(iter(curve['tune'].values()))['tasks']} kernels, tuned {curve['minutes']:g} "
-        f"minutes ({runs}) on {curve['cpu']} ({curve['threads']} threads); trials=0 compiled and checked in "
-        f"{curve['zero']['wall_s']:.0f} s"
+        f"{curve['model']}{_in_dtype(curve)}: {next(iter(curve['tune'].values()))['tasks']} kernels, tuned "
+        f"{curve['minutes']:g} minutes ({runs}) on {curve['cpu']} ({curve['threads']} threads); trials=0 "
+        f"compiled and checked in {curve['zero']['wall_s']:.0f} s"
     )
     points = curve["checkpoints"]
     return timed_table(
@@ -200,6 +213,17 @@ def _table(curve: dict) -> str:
 
 
 STARTS = {"analytic": True, "random": False}  # a start: tune()'s analytic_start
+
+
+def _lower_precision(timed: dict) -> list[str]:
+    """The timed runtimes that are neither ours, nor an fp32 runtime, nor OpenVINO's default: PyTorch's
+    autocast in a bf16 curve."""
+    return [n for n in timed["latency"] if n.endswith("(autocast)")]
+
+
+def _in_dtype(curve: dict) -> str:
+    dtype = curve.get("dtype", FP32)
+    return "" if dtype == FP32 else f" in {dtype}"
 
 
 def _label(start: str, minute: float) -> str:
@@ -218,6 +242,7 @@ def main() -> None:
     )
     parser.add_argument("--out", default="experiments/results/budget_curve")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--dtype", default=FP32, choices=(FP32, "bfloat16"), help="tune(dtype=...) (default float32)")
     parser.add_argument("--summary", action="store_true", help="rewrite OUT/summary.md from OUT's curves only")
     parser.add_argument("--tune-step", choices=list(STARTS), help=argparse.SUPPRESS)
     parser.add_argument("--compile-step", nargs=3, metavar=("START", "CUTOFF", "ARTIFACT"), help=argparse.SUPPRESS)
@@ -226,35 +251,39 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out).resolve()
     model, threads = args.model[0], os.cpu_count() or 1  # a step is one model's
-    runs = out / "runs" / model
+    runs = out / "runs" / curve_name(model, args.dtype)
     if args.tune_step:
         work = runs / args.tune_step / "work"
-        return print(json.dumps(tune_step(model, args.minutes, work, args.seed, STARTS[args.tune_step])))
+        step = tune_step(model, args.minutes, work, args.seed, STARTS[args.tune_step], args.dtype)
+        return print(json.dumps(step))
     if args.compile_step:
         start, cutoff, artifact = args.compile_step
         work = runs / start / "work"
-        return print(json.dumps(compile_step(model, work, float(cutoff), Path(artifact), args.seed)))
+        return print(json.dumps(compile_step(model, work, float(cutoff), Path(artifact), args.seed, args.dtype)))
     if args.zero_step:
-        return print(json.dumps(zero_step(model, Path(args.zero_step))))
+        return print(json.dumps(zero_step(model, Path(args.zero_step), args.dtype)))
     if args.time_step:
         with tempfile.TemporaryDirectory(prefix="budget-curve-") as scratch:  # ONNX Runtime's export
-            return print(json.dumps(time_step(model, json.loads(args.time_step), threads, Path(scratch))))
+            artifacts = json.loads(args.time_step)
+            return print(json.dumps(time_step(model, artifacts, threads, Path(scratch), args.dtype)))
     for model in [] if args.summary else args.model:
         try:
             curve = measure_curve(model, args, out, threads)
         except (RuntimeError, KeyError) as err:  # one model's failure (its step's log says why) ends no other's
             print(f"{model}: not measured: {err}", flush=True)
             continue
-        (out / f"{model}.json").write_text(json.dumps(curve, indent=1) + "\n")
+        name = curve_name(model, args.dtype)
+        (out / f"{name}.json").write_text(json.dumps(curve, indent=1) + "\n")
         table = _table(curve)
-        (out / f"{model}.md").write_text(table)
+        (out / f"{name}.md").write_text(table)
         print(table, flush=True)
     write_summary(out)
 
 
 def measure_curve(model: str, args: argparse.Namespace, out: Path, threads: int) -> dict:
     """One model: trials=0, each start's run cut at the checkpoints, all timed beside the runtimes."""
-    runs, script, fixed = out / "runs" / model, Path(__file__), ["--model", model, "--out", str(out)]
+    runs, script = out / "runs" / curve_name(model, args.dtype), Path(__file__)
+    fixed = ["--model", model, "--out", str(out), "--dtype", args.dtype]
     zero_artifact = runs / "zero" / "model.so"
     zero = _once(zero_artifact.parent / "point.json", script, [*fixed, "--zero-step", str(zero_artifact)])
     points = {"trials=0": {"minute": 0, **zero, "artifact": str(zero_artifact)}}
@@ -277,14 +306,20 @@ def measure_curve(model: str, args: argparse.Namespace, out: Path, threads: int)
     artifacts = {label: point["artifact"] for label, point in points.items() if point["records"] or label == "trials=0"}
     return {
         "model": model,
+        "dtype": args.dtype,
         "minutes": args.minutes,
         "cpu": host_cpu(),
         "threads": threads,
         "zero": zero,
         "tune": tuned,
         "checkpoints": points,
-        "timing": time_in_processes(model, artifacts, out),
+        "timing": time_in_processes(model, artifacts, out, args.dtype),
     }
+
+
+def curve_name(model: str, dtype: str) -> str:
+    """A curve's file and run-folder name: the model's, with the dtype after it where not fp32."""
+    return model if dtype == FP32 else f"{model}-{dtype}"
 
 
 def _once(record: Path, script: Path, steps: list[str]) -> dict:
