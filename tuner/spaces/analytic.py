@@ -48,7 +48,9 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError, Trace
 
 from . import metaschedule as msc
+from .bf16_rule import space_accumulators
 from .machine import MachineFacts
+from .norm_rule import norm_schedule
 from .register_tiles import TILING_ANNOTATION, RegisterFile, divisors, power_of_two, tile_roles
 from .rows_rule import rows_schedule
 from .schedule_rules import ExpandDepthwiseDraw, is_expand_depthwise
@@ -337,8 +339,12 @@ def by_fusion(mod: tvm.IRModule, spaces: Sequence[Schedule]) -> list[Schedule]:
     """The design spaces, the one whose epilogue is computed deepest inside the tiles first; the shallowest
     first where an epilogue writes more than the product computes (a pad after a convolution): TVM 0.27
     computes such an epilogue at the product's tiles over the product's region only, leaving the rest of
-    its output unwritten (ConvThenPad in tests/test_never_wrong.py)."""
-    return sorted(spaces, key=_fusion_depth, reverse=_epilogues_within_product(mod))
+    its output unwritten (ConvThenPad in tests/test_never_wrong.py). Among spaces of one depth, a bf16
+    product's with the most accumulators first: MetaSchedule hands the rule's spaces back in reverse, and
+    ResNet's bf16 convolutions took 1x2 and 1x4 tiles, 1.4-9x slower than the 7x2 and 4x4 a few trials found
+    (experiments/README.md, "Fast from the first minute")."""
+    by_tile = sorted(spaces, key=space_accumulators, reverse=True)
+    return sorted(by_tile, key=_fusion_depth, reverse=_epilogues_within_product(mod))
 
 
 def _epilogues_within_product(mod: tvm.IRModule) -> bool:
@@ -388,7 +394,8 @@ def configure_kernel(mod: tvm.IRModule, target: tvm.target.Target) -> AnalyticSc
     except RuntimeError:  # MetaSchedule refused the kernel or the target (one without num-cores, say)
         return None
     facts = MachineFacts.of(target)
-    rows = rows_schedule(mod, facts.registers.lanes, facts.cores) if facts is not None else None
-    if rows is not None:
-        return AnalyticSchedule(rows, ())
+    for rule in (rows_schedule, norm_schedule) if facts is not None else ():  # kernels of a rule of our own
+        ruled = rule(mod, facts.registers.lanes, facts.cores)
+        if ruled is not None:
+            return AnalyticSchedule(ruled, ())
     return analytic_schedule(mod, spaces, msc.postprocessors(context), facts)

@@ -1,0 +1,125 @@
+"""The analytic schedule of a kernel that reduces each row of its output and then writes the row (a layer
+norm, an RMS norm, a softmax that ``tuner.lowering.softmax_rows`` did not rebuild): a row per parallel
+task, its reductions taken over whole vectors into a vector of partial results each (independent
+chains), then the row written a vector at a time.
+
+MetaSchedule's design space for such a kernel draws where each reduction is computed, how its loop is
+split for ``rfactor`` and whether the row is vectorised; the analytic door took the draws of a fixed seed.
+BERT-base's layer norm (128 rows of 768) so became two scalar reductions over factors of 3 and 8 and an
+unvectorised row: 20-27 us in the model on a Zen 5, where the search found 9.8 us after 700 trials, and
+the same draw over BERT's bf16 lowering (its layer norm fed by a layout change) took over a millisecond.
+Here every reduction is computed at the row, in the order its consumers need it, its loop split into
+``vector`` lanes (the largest power of two up to the register's fp32 lanes that divides the row) and
+factored over them, the lanes vectorised; the row's output is vectorised the same way. The row stays in
+the core's L1 between the passes. The results are those of the unscheduled kernel up to the order of
+the additions.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import SBlockRV, ScheduleError
+
+from .copy_rule import copy_lanes
+from .rows_rule import MIN_VECTOR, reduces
+
+
+def norm_schedule(mod: tvm.IRModule, lanes: int, cores: int) -> Schedule | None:
+    """``mod`` as parallel rows, each reduced over vectors of up to ``lanes`` and written a vector at a time;
+    None where it is not a kernel whose blocks, after inlining its element-wise ones, are reductions of the
+    output's rows over their last axis followed by one element-wise output, where a block names a design
+    space of its own, where its rows are too few to keep ``cores`` busy, or no vector of ``MIN_VECTOR`` or
+    more lanes divides a row."""
+    sch = Schedule(mod)
+    try:
+        root = sch.get_sblock("root")
+        blocks = sch.get_child_blocks(root)
+        if any("schedule_rule" in sch.get(block).annotations for block in blocks):
+            return None
+        reductions = [block for block in blocks if reduces(sch.get(block))]
+        if not reductions or reduces(sch.get(blocks[-1])):
+            return None
+        for block in blocks[:-1]:
+            if not reduces(sch.get(block)):
+                sch.compute_inline(block)
+        *reductions, output = sch.get_child_blocks(root)
+    except ScheduleError:  # an opaque kernel, an element-wise block that cannot inline
+        return None
+    *outer, along = sch.get_loops(output)
+    if not outer or not all(_reduces_the_row(sch, r, outer, along) for r in reductions):
+        return None
+    rows, row = _product(sch, outer), int(sch.get(along).extent)
+    vector = copy_lanes([row], lanes)
+    if rows < cores or vector < MIN_VECTOR:
+        return None
+    try:
+        partials = [_over_lanes(sch, reduction, vector) for reduction in reductions]
+        row_loop = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        *producers, _ = sch.get_child_blocks(root)
+        for block in reversed(producers):  # a block computed at the row after every block reading it
+            sch.compute_at(block, row_loop, preserve_unit_loops=True)
+        sch.parallel(row_loop)
+        sch.vectorize(sch.split(sch.get_loops(output)[-1], [None, vector])[1])
+        steps = []
+        for partial in partials:
+            # at the row, a block's loops follow its variables: the lanes (rfactor's first) outermost
+            _, lane, *_, over_row = sch.get_loops(partial)
+            sch.reorder(over_row, lane)
+            sch.vectorize(lane)
+            steps.append(over_row)
+        # last: a reduction without its initialisation is no longer one that parallel and vectorize accept
+        for partial, reduction, over_row in zip(partials, reductions, steps, strict=True):
+            sch.decompose_reduction(partial, over_row)  # the partial results zeroed before the row's vectors
+            sch.decompose_reduction(reduction, sch.get_loops(reduction)[1])
+    except ScheduleError:  # a reduction that another order or layout keeps out of the row
+        return None
+    return sch
+
+
+def _reduces_the_row(sch: Schedule, block: SBlockRV, outer: list, along) -> bool:
+    """Whether a reduction block's loops are the output's rows and one reduction loop as long as a row, its
+    reduction reads along an input's last axis, and every block reading it reads it at its own row."""
+    *spatial, last = sch.get_loops(block)
+    stmt = sch.get(block)
+    reduce_vars = [v.var for v in stmt.iter_vars if v.iter_type == tvm.tirx.IterVar.CommReduce]
+    if len(reduce_vars) != 1 or len(spatial) != len(outer):
+        return False
+    extents = [int(sch.get(loop).extent) for loop in (*spatial, last)]
+    if extents != [int(sch.get(loop).extent) for loop in (*outer, along)]:
+        return False
+    if not any(_uses(read.region[-1].min, reduce_vars[0]) for read in stmt.reads):
+        return False
+    (written,) = stmt.writes
+    return all(_reads_at_its_row(sch.get(reader), written.source) for reader in sch.get_consumers(block))
+
+
+def _reads_at_its_row(block: tvm.tirx.Stmt, buffer: tvm.tirx.Buffer) -> bool:
+    """Whether ``block`` reads ``buffer`` (a reduction's result) at its own row: indexed by its first
+    data-parallel variables, in order."""
+    rows = [v.var for v in block.iter_vars if v.iter_type == tvm.tirx.IterVar.DataPar]
+    for read in block.reads:
+        if read.source.same_as(buffer):
+            indices = [r.min for r in read.region]
+            if len(indices) > len(rows) or not all(i.same_as(v) for i, v in zip(indices, rows, strict=False)):
+                return False
+    return True
+
+
+def _uses(expr: tvm.tirx.Expr, var: tvm.tirx.Var) -> bool:
+    return any(v.same_as(var) for v in tvm.tirx.analysis.undefined_vars(expr, []))
+
+
+def _over_lanes(sch: Schedule, reduction: SBlockRV, vector: int) -> SBlockRV:
+    """A reduction's loop over the row split into its vectors and their ``vector`` lanes, and factored over the
+    lanes: the block of the partial results (returned), then ``reduction`` over those."""
+    *_, loop = sch.get_loops(reduction)
+    _, lane = sch.split(loop, [None, vector])
+    return sch.rfactor(lane, factor_axis=len(sch.get(reduction).writes[0].source.shape))
+
+
+def _product(sch: Schedule, loops: list) -> int:
+    total = 1
+    for loop in loops:
+        total *= int(sch.get(loop).extent)
+    return total
