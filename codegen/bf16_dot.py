@@ -403,6 +403,12 @@ def register_bf16_tile(
     return name
 
 
+def tile_of(name: str) -> tuple[int, int] | None:
+    """The (rows, vectors) register tile of one of these intrinsics, by its name; None for any other name."""
+    match = _NAME.fullmatch(name)
+    return (int(match.group(2)), int(match.group(3))) if match else None
+
+
 def register_if_ours(name: str) -> bool:
     """Register ``name`` if it is the name of one of these intrinsics (a stored trace tensorizes with it);
     whether it was."""

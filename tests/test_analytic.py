@@ -10,6 +10,7 @@ import sqlite3
 import numpy as np
 import pytest
 import tvm
+from bf16_builds import dense_module, needs_bf16
 
 from common.host import CacheLevel, data_caches
 from tuner import tune
@@ -204,3 +205,12 @@ def test_a_gather_moves_the_rows_it_picks_not_its_whole_table():
     assert gathered == 128 * 768 * 4 * 2 + 128 * 4  # the rows read, the rows written, the ids
     multiplied = msc.kernel_bytes(tvm.IRModule({"main": te.create_prim_func([product_in, weight, product])}))
     assert multiplied == (128 * 768 + 768 * 768 + 128 * 768) * 4  # a product reads all of its operands
+
+
+@needs_bf16
+def test_a_bf16_products_analytic_schedule_takes_its_design_space_of_most_accumulators():
+    """56 rows, 4 channel vectors: 4x4 tiles (16 accumulators) before 7x2, 2x4 and 4x2. MetaSchedule hands
+    the rule's spaces back in reverse; ResNet-18's bf16 convolutions took their smallest tiles so."""
+    configured = configure_kernel(dense_module(56, 64, 64), resolve_target("llvm"))
+    assert configured is not None
+    assert "tensor_tuner_bf16_r4_v4_p32" in str(configured.sch.trace)

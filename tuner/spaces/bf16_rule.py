@@ -24,7 +24,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.tirx import IndexMap, IterVar
 
 from codegen import amx_dot
-from codegen.bf16_dot import AMX, AVX512, LANES, PAIR, register_bf16_tile
+from codegen.bf16_dot import AMX, AVX512, LANES, PAIR, register_bf16_tile, tile_of
 
 BF16_GEMM_RULE = "tuner_bf16_gemm"
 UNIT_ANNOTATION = "tensor_tuner_bf16_unit"  # on the GEMM's block: the unit its micro-kernels run on
@@ -64,6 +64,17 @@ def tile_shapes(rows: int, channel_blocks: int, unit: str = AVX512) -> list[tupl
     shapes = [(r, v) for r, v in candidates if rows % r == 0 and channel_blocks % v == 0]
     shapes.sort(key=lambda shape: (-shape[0] * shape[1], -shape[1]))
     return shapes[:MAX_SPACES]
+
+
+def space_accumulators(space: Schedule) -> int:
+    """The accumulators (rows x vectors) of the register tile a design space of this rule tensorizes with; 0
+    for a space of any other rule."""
+    for inst in space.trace.insts:
+        if inst.kind.name == "Tensorize":
+            tile = tile_of(str(inst.attrs[0]))
+            if tile is not None:
+                return tile[0] * tile[1]
+    return 0
 
 
 def tile_efficiency(rows: int, channel_blocks: int, unit: str) -> float:
