@@ -102,3 +102,34 @@ def test_without_the_analytic_start_the_search_measures_none_of_the_analytic_can
     with sqlite3.connect(tmp_path / "tuning.db") as db:
         measured = {row[0] for row in db.execute("SELECT candidate FROM records")}
     assert len(measured) == 8 and not measured & {msc.structural_key(c.sch.mod) for c in around}
+
+
+def test_kernel_times_inside_the_model_are_timed_again_until_they_add_up_to_its_latency(tmp_path):
+    """Given a latency no pass can add up to, the kernels are timed IN_MODEL_PASSES times and the pass that
+    adds up to least is kept; given the model's own, one pass does where the machine is steady."""
+    from measure.engine.engine import MeasureEngine
+    from tuner.compile.phase import IN_MODEL_PASSES, _in_model_seconds
+    from tuner.progress import Progress
+    from tuner.tasks.extraction import extract_tasks
+
+    result = tune("tiny-resnet", trials=0, work_dir=tmp_path / "work", progress=False)
+    target = resolve_target("llvm")
+    workload = load_workload("tiny-resnet")
+    tasks = extract_tasks(workload, target)
+
+    class PassesCounted(MeasureEngine):
+        totals: list[float] = []
+
+        def kernel_times(self, *args, **kwargs):
+            times = super().kernel_times(*args, **kwargs)
+            self.totals.append(sum(times.values()))
+            return times
+
+    engine = PassesCounted(target, tmp_path / "engine")
+    try:
+        seconds = _in_model_seconds(engine, workload, result.artifact_path, tasks, Progress(False), latency=1e-9)
+        assert len(engine.totals) == IN_MODEL_PASSES
+        kept = sum(seconds[task.name] * task.weight for task in tasks if task.name in seconds)
+        assert seconds and math.isclose(kept, min(engine.totals), rel_tol=1e-9)
+    finally:
+        engine.close()

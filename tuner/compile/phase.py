@@ -111,7 +111,7 @@ def compile_and_time(
     latency_before = _untuned_latency(engine, workload, work_dir.untuned, report) if time_untuned else None
     probe = _speed_probe(target) if workload.kind == "relax" else None
     speed_before = _speed_now(engine, probe)
-    in_model = _in_model_seconds(engine, workload, work_dir.artifact, tasks, report)
+    in_model = _in_model_seconds(engine, workload, work_dir.artifact, tasks, report, latency_after)
     speed_after = _speed_now(engine, probe) if speed_before and in_model else None
     defaulted = {c.task.name: c.fell_back for c in choices if c.trace is None and c.fell_back}
     reasons = {**(untunable or {}), **defaulted, **check.left_out}
@@ -157,27 +157,49 @@ def _speed_now(engine: Engine, probe: SpeedProbe | None) -> float | None:
 
 
 PREPACKED_SUFFIX = "_prepacked"
+IN_MODEL_PASSES = 3  # the kernels timed inside the model at most this many times (``_in_model_seconds``)
+IN_MODEL_SLACK = 1.15  # what their sum may exceed the model's latency by (the hook runs Python between them)
+IN_MODEL_MAX_PASS_SECONDS = 5.0  # a pass this long or longer is not repeated
 
 
 def _in_model_seconds(
-    engine: Engine, workload: Workload, artifact: Path, tasks: list[Task], report: Progress
+    engine: Engine,
+    workload: Workload,
+    artifact: Path,
+    tasks: list[Task],
+    report: Progress,
+    latency: float | None = None,
 ) -> dict[str, float]:
     """Each task's seconds per launch as it runs inside the compiled model (its calls in one inference
-    over its weight), for the report; nothing where the model cannot be instrumented (a kernel)."""
+    over its weight), for the report; nothing where the model cannot be instrumented (a kernel). A VM's
+    small kernels slow down with it for minutes at a time while its product probe does not: MobileNetV1's
+    kernels once added up to 3.9 ms in a 2.8 ms model (its depthwise convolutions at 3-4x their time alone),
+    and to 2.7 ms in the same model an hour later. So where the kernels add up to more than
+    ``IN_MODEL_SLACK`` of the model's ``latency``, they are timed again, up to ``IN_MODEL_PASSES`` times, and
+    the pass that adds up to least is kept: the machine at its own speed, as the calibration keeps its
+    fastest repeat."""
     if workload.kind != "relax":
         return {}
     args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
-    try:
-        by_symbol = engine.kernel_times(artifact, args, IN_MODEL_RUNS)
-    except (WorkerError, WorkerTimeout) as err:
-        report.line(f"each kernel's time inside the model is not reported: {err}")
-        return {}
+    kept: dict[str, float] = {}
+    for _ in range(IN_MODEL_PASSES):
+        try:
+            by_symbol = engine.kernel_times(artifact, args, IN_MODEL_RUNS)
+        except (WorkerError, WorkerTimeout) as err:
+            report.line(f"each kernel's time inside the model is not reported: {err}")
+            return {}
+        if not kept or sum(by_symbol.values()) < sum(kept.values()):
+            kept = by_symbol
+        if latency is None or sum(kept.values()) <= IN_MODEL_SLACK * latency:
+            break
+        if latency * IN_MODEL_RUNS > IN_MODEL_MAX_PASS_SECONDS:  # a large model: one pass is what it affords
+            break
     seconds = {}
     for task in tasks:
         # TVM's SplitLayoutRewritePreproc renames a kernel whose weights are laid out once, at load
-        symbol = next((s for s in (task.name, task.name + PREPACKED_SUFFIX) if s in by_symbol), None)
+        symbol = next((s for s in (task.name, task.name + PREPACKED_SUFFIX) if s in kept), None)
         if symbol is not None:
-            seconds[task.name] = by_symbol[symbol] / task.weight
+            seconds[task.name] = kept[symbol] / task.weight
     return seconds
 
 
