@@ -24,7 +24,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from .copy_rule import copy_lanes
-from .rows_rule import MIN_VECTOR, reduces
+from .rows_rule import MIN_VECTOR, reduces, variables_of
 
 
 def norm_schedule(mod: tvm.IRModule, lanes: int, cores: int) -> Schedule | None:
@@ -84,13 +84,13 @@ def _reduces_the_row(sch: Schedule, block: SBlockRV, outer: list, along) -> bool
     reduction reads along an input's last axis, and every block reading it reads it at its own row."""
     *spatial, last = sch.get_loops(block)
     stmt = sch.get(block)
-    reduce_vars = [v.var for v in stmt.iter_vars if v.iter_type == tvm.tirx.IterVar.CommReduce]
+    reduce_vars = [v.var.name for v in stmt.iter_vars if v.iter_type == tvm.tirx.IterVar.CommReduce]
     if len(reduce_vars) != 1 or len(spatial) != len(outer):
         return False
     extents = [int(sch.get(loop).extent) for loop in (*spatial, last)]
     if extents != [int(sch.get(loop).extent) for loop in (*outer, along)]:
         return False
-    if not any(_uses(read.region[-1].min, reduce_vars[0]) for read in stmt.reads):
+    if not any(reduce_vars[0] in variables_of(read.region[-1].min) for read in stmt.reads):
         return False
     (written,) = stmt.writes
     return all(_reads_at_its_row(sch.get(reader), written.source) for reader in sch.get_consumers(block))
@@ -106,10 +106,6 @@ def _reads_at_its_row(block: tvm.tirx.Stmt, buffer: tvm.tirx.Buffer) -> bool:
             if len(indices) > len(rows) or not all(i.same_as(v) for i, v in zip(indices, rows, strict=False)):
                 return False
     return True
-
-
-def _uses(expr: tvm.tirx.Expr, var: tvm.tirx.Var) -> bool:
-    return any(v.same_as(var) for v in tvm.tirx.analysis.undefined_vars(expr, []))
 
 
 def _over_lanes(sch: Schedule, reduction: SBlockRV, vector: int) -> SBlockRV:

@@ -59,17 +59,18 @@ def reads_across(block: tvm.tirx.Stmt) -> bool:
     """Whether the block reads some input's last axis by another of its own variables than the one its
     output's last axis is written by (a transpose); broadcast reads that use none do not count."""
     (written,) = block.writes
-    along = _variables(written.region[-1].min)
+    along = variables_of(written.region[-1].min)
     if not along:
         return False
     for read in block.reads:
-        used = _variables(read.region[-1].min)
+        used = variables_of(read.region[-1].min)
         if used and not used & along:
             return True
     return False
 
 
-def _variables(expr: tvm.tirx.Expr) -> set[str]:
+def variables_of(expr: tvm.tirx.Expr) -> set[str]:
+    """The names of the variables ``expr`` uses."""
     return {var.name for var in tvm.tirx.analysis.undefined_vars(expr, [])}
 
 
