@@ -4,11 +4,19 @@ what the unscheduled one does."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
+
 import numpy as np
 import tvm
 from analytic_rules import configured_by_rule
 from tvm import te
 
+from tuner import tune
+from tuner.database.workdir import ANALYTIC_SEEDS_KEY
+from tuner.search.first_candidates import ANALYTIC_SEEDS
+from tuner.spaces import metaschedule as msc
+from tuner.spaces.analytic import configure_kernel
 from tuner.spaces.norm_rule import norm_schedule
 from tuner.targets import resolve_target
 
@@ -126,3 +134,15 @@ def test_a_residual_rms_norm_computes_the_same():
     added = x + r
     expected = added / np.sqrt((added**2).mean(axis=-1, keepdims=True) + 1e-6) * w
     np.testing.assert_allclose(_run(sch.mod, [x, r, w], (1, 50, 96)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_search_measures_the_norm_rules_schedule_first_as_the_kernels_analytic_one(tmp_path):
+    mod = _layer_norm()
+    rule_key = msc.structural_key(configure_kernel(mod, resolve_target("llvm")).sch.mod)
+    tune(mod, trials=8, batch_size=4, work_dir=tmp_path, progress=False)
+    with sqlite3.connect(tmp_path / "tuning.db") as db:
+        keys = [row[0] for row in db.execute("SELECT candidate FROM records WHERE status = 'ok' ORDER BY id")]
+        (seeds,) = db.execute("SELECT value FROM meta WHERE key = ?", (ANALYTIC_SEEDS_KEY,)).fetchone()
+    assert rule_key in keys[:ANALYTIC_SEEDS] and len(keys) == 8  # measured first, and the search went on from it
+    (seed,) = json.loads(seeds).values()
+    assert seed["candidate"] == rule_key and not seed["tiled"]

@@ -394,8 +394,17 @@ def configure_kernel(mod: tvm.IRModule, target: tvm.target.Target) -> AnalyticSc
     except RuntimeError:  # MetaSchedule refused the kernel or the target (one without num-cores, say)
         return None
     facts = MachineFacts.of(target)
-    for rule in (rows_schedule, norm_schedule) if facts is not None else ():  # kernels of a rule of our own
+    ruled = rule_schedule(mod, facts)
+    if ruled is not None:
+        return ruled
+    return analytic_schedule(mod, spaces, msc.postprocessors(context), facts)
+
+
+def rule_schedule(mod: tvm.IRModule, facts: MachineFacts | None) -> AnalyticSchedule | None:
+    """The schedule of one of our own rules (``rows_rule``, ``norm_rule``) where one takes the kernel: a schedule
+    MetaSchedule's design space cannot express, so its search never reaches it by itself."""
+    for rule in (rows_schedule, norm_schedule) if facts is not None else ():
         ruled = rule(mod, facts.registers.lanes, facts.cores)
         if ruled is not None:
             return AnalyticSchedule(ruled, ())
-    return analytic_schedule(mod, spaces, msc.postprocessors(context), facts)
+    return None
