@@ -48,3 +48,11 @@ def remove_model(library: str | Path) -> None:
     """Delete a compiled model: its library and its weights, where they exist."""
     for path in (Path(library), weights_path(library)):
         path.unlink(missing_ok=True)
+
+
+def move_model(library: str | Path, to: str | Path) -> None:
+    """Move a compiled model (its library, and its weights where it has them) to ``to``, replacing any there."""
+    remove_model(to)
+    for path, moved in ((Path(library), Path(to)), (weights_path(library), weights_path(to))):
+        if path.exists():
+            path.replace(moved)

@@ -43,6 +43,9 @@ class TaskResult:
     in_model_latency: float | None = None  # seconds per launch inside the compiled model
     peak_gflops: float | None = None  # of its precision on this machine
     tiled: bool = False  # a product whose analytic schedule has a register tile and cache blocks
+    # built with its analytic schedule, judged faster inside the model than its best tuned one: that one's
+    # seconds per launch there
+    tuned_in_model_latency: float | None = None
 
     @property
     def gflops(self) -> float | None:
@@ -204,6 +207,8 @@ def task_line(task: TaskResult, machine_speed: float | None = None) -> str:
     check = {True: "verified", False: "WRONG", None: "unverified"}[task.verified]
     if task.fell_back:
         check = f"default schedule (fell back: {task.fell_back})"
+    elif task.analytic and task.tuned_in_model_latency:
+        check = f"analytic schedule (its tuned one {format_latency(task.tuned_in_model_latency)} in the model)"
     elif task.analytic:
         check = "analytic schedule"
     figures = [
@@ -222,7 +227,7 @@ def task_line(task: TaskResult, machine_speed: float | None = None) -> str:
 def task_result(run: TaskRun, built: BuiltModel, fell_back_because: str | None) -> TaskResult:
     """A task's outcome: the schedule the model was built with (its best record, else its analytic
     schedule), or none where it fell back to TVM's default."""
-    if run.best is None or fell_back_because:
+    if run.best is None or fell_back_because or run.task.name in built.configured:
         return configured_task_result(run.task, built, fell_back_because, run.trials)
     return TaskResult(
         name=run.task.name,
@@ -263,4 +268,5 @@ def _figure_fields(built: BuiltModel, name: str) -> dict:
         "in_model_latency": figures.in_model,
         "peak_gflops": figures.peak_gflops,
         "tiled": figures.tiled,
+        "tuned_in_model_latency": figures.tuned_in_model,
     }

@@ -187,8 +187,9 @@ def _compile_seconds(built: BuiltModel, compiling: float) -> dict[str, float]:
     spent = time.monotonic() - compiling
     return {
         "analytic schedules": built.configure_seconds,
-        "compile and time": spent - built.check_seconds - built.configure_seconds,
+        "compile and time": spent - built.check_seconds - built.configure_seconds - built.judge_seconds,
         "end-to-end check": built.check_seconds,
+        **({"in-model choice": built.judge_seconds} if built.judged else {}),
     }
 
 
@@ -382,7 +383,9 @@ def call_clock(
     names = {db.kernel_id(task.mod, task.name): task.name for task in tasks.tasks}
     costs = KernelCosts.from_database(db, str(plan.target), names)
     timed = time_limit(tasks.objectives) is not None
-    estimate = CompileEstimate.of(plan.workload, tasks.tasks, engine, options.verify, options.time_untuned)
+    estimate = CompileEstimate.of(
+        plan.workload, tasks.tasks, engine, options.verify, options.time_untuned, plan.target.kind.name == "llvm"
+    )
     clock = CallClock(started, estimate)
     if timed and not costs.known and not met(tasks.objectives, Spending(seconds=clock.elapsed())):
         probe(engine, tasks.tasks, plan.target, costs)  # not where start-up alone used the budget

@@ -126,6 +126,7 @@ def _markdown(
     if failures:
         lines.append("- failed candidates: " + ", ".join(f"{n} {status}" for status, n in sorted(failures.items())))
     lines += _dop_summary(work_dir)
+    lines += _in_model_choice_summary(result.kernels)
     lines += [
         "",
         "| task | launches | trials | best | spread | samples | GFLOP/s | failed | verified | predicted "
@@ -162,6 +163,19 @@ def _figures_cells(figures: dict | None, flops: float, best: Record | None, mach
     seconds = [predicted, figures.get("analytic_measured"), figures.get("in_model")]
     cells = [format_latency(value) if value else "-" for value in seconds]
     return " | ".join([*cells, f"{fraction:.0%}" if fraction is not None else "-"])
+
+
+def _in_model_choice_summary(kernels: dict[str, dict]) -> list[str]:
+    """The kernels built with their analytic schedule for running faster inside the model than their tuned best
+    (``tuner.compile.in_model_choice``), with both times there."""
+    beaten = {name: figures for name, figures in kernels.items() if figures.get("tuned_in_model")}
+    if not beaten:
+        return []
+    times = ", ".join(
+        f"{name} {format_latency(figures['in_model'])} against {format_latency(figures['tuned_in_model'])}"
+        for name, figures in beaten.items()
+    )
+    return [f"- built with their analytic schedule, faster inside the model than their tuned best: {times}"]
 
 
 def _quality_summary(work_dir: WorkDir) -> list[str]:

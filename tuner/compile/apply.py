@@ -72,7 +72,7 @@ def _apply(
         choices = choose_schedules(db, tasks, tvm_target, verified_only=job.verify if job else True)
     finally:
         db.close()
-    if not any(choice.record for choice in choices):
+    if not any(choice.record or choice.beaten for choice in choices):
         tuned_for = job.model if job else "another model"
         raise TunerError(
             f"{run_dir} holds no verified schedule for any of the {len(tasks)} kernels of {workload.name} (it was "
@@ -80,6 +80,9 @@ def _apply(
         )
     tuned = sum(1 for choice in choices if choice.record)
     _say(f"{tuned} of {len(tasks)} kernels have verified schedules in {run_dir}")
+    judged = [choice.task.name for choice in choices if choice.beaten]
+    if judged:
+        _say(f"{len(judged)} kernel(s) take their analytic schedule, faster inside the model: {', '.join(judged)}")
     for name, why in fell_back(choices).items():
         _say(f"{name}: built with TVM's default schedule: no usable candidate ({why})")
     engine = MeasureEngine(tvm_target, run_dir.path, EngineConfig(build_workers=1))

@@ -16,7 +16,7 @@ import numpy as np
 import tvm
 
 from common.error_text import error_line
-from common.model_weights import remove_model
+from common.model_weights import move_model, remove_model
 from measure import Engine
 from measure.workers.worker import WorkerCrashed, WorkerError, WorkerTimeout
 from tuner.errors import TunerError
@@ -73,10 +73,14 @@ class CheckedBuild:
         self.check_seconds = 0.0  # spent running the model and its reference, and finding culprits
         self._probes = 0
 
-    def build(self, artifact: Path, check: bool = True) -> ModelCheck:
+    def build(self, artifact: Path, check: bool = True, compiled: Path | None = None) -> ModelCheck:
         """Compile into ``artifact`` (leaving out the schedules that break it), then check the model
-        against its reference (leaving out the schedules that make it wrong)."""
-        self._compile_leaving_out_breakers(artifact)
+        against its reference (leaving out the schedules that make it wrong). ``compiled``: the model compiled
+        with these choices already, moved into place instead."""
+        if compiled is not None:
+            move_model(compiled, artifact)
+        else:
+            self._compile_leaving_out_breakers(artifact)
         skipped = "a single kernel: checked while tuning" if self.workload.kind != "relax" else None
         skipped = skipped or (None if check else "turned off") or no_device_here(self.target)
         if skipped:

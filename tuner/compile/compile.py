@@ -18,6 +18,7 @@ from common.error_text import error_line
 from common.model_weights import save_weights
 from measure import Engine, TimingConfig
 from tuner.database.database import Record, TuningDatabase
+from tuner.database.workdir import IN_MODEL_CHOICES_KEY
 from tuner.search.parallel import parallel_map
 from tuner.spaces import metaschedule as msc
 from tuner.spaces.analytic import AnalyticSchedule, configure_kernel
@@ -37,12 +38,14 @@ UNTUNED_TIMEOUT_S = 300.0  # for the warm-up call and one timed call of TVM's de
 class KernelChoice:
     """What compile takes for one kernel: a tuned record, else its analytic schedule (``configured``, on a
     CPU), else TVM's default schedule; ``fell_back`` says why where tuned records existed but none could
-    be used."""
+    be used, ``beaten`` the tuned record its analytic schedule ran faster than inside the model
+    (``in_model_choice``)."""
 
     task: Task
     record: Record | None
     fell_back: str | None = None
     configured: AnalyticSchedule | None = None
+    beaten: Record | None = None
 
     @cached_property
     def trace(self) -> str | None:
@@ -76,6 +79,7 @@ def _recorded_choices(
     db: TuningDatabase, tasks: list[Task], target: tvm.target.Target, verified_only: bool
 ) -> list[KernelChoice]:
     key = str(target)
+    judged = db.get_meta(IN_MODEL_CHOICES_KEY, {})
     choices = []
     for task in tasks:
         kernel_id = db.find_kernel(task.mod)
@@ -86,6 +90,9 @@ def _recorded_choices(
             record = db.best_verified(kernel_id, key)
         else:
             record = next(iter(db.best(kernel_id, key, 1)), None)
+        if record is not None and judged.get(str(kernel_id), {}).get("beat") == record.id:
+            choices.append(KernelChoice(task, None, beaten=record))  # its analytic schedule ran faster in the model
+            continue
         if record is None:
             choices.append(KernelChoice(task, None, _why_none_usable(db, kernel_id, key)))
             continue
@@ -105,6 +112,15 @@ def _why_none_usable(db: TuningDatabase, kernel_id: int, key: str) -> str | None
     if unchecked:
         parts.append(f"{unchecked} not checked")
     return ", ".join(parts) or None
+
+
+PREPACKED_SUFFIX = "_prepacked"  # TVM's SplitLayoutRewritePreproc renames a kernel whose weights it lays out
+
+
+def in_model_seconds(times: dict[str, float], name: str) -> float | None:
+    """A kernel's seconds per inference in ``times`` (``Engine.kernel_times``: by symbol), under its own name
+    or the one TVM gives it where its weights are laid out once, at load."""
+    return next((times[symbol] for symbol in (name, name + PREPACKED_SUFFIX) if symbol in times), None)
 
 
 def schedules_of(choices: list[KernelChoice], leave_out: frozenset[str] = frozenset()) -> list[tuple]:

@@ -3,6 +3,9 @@ step as it runs: the model compiled in one build worker, kernel after kernel; it
 runs the build in a process of its own (and, for a model without a framework to compare with, compiles and
 runs its untuned build too); its timing, in windows. A time budget keeps this back (``tuner.search.reserve``).
 
+On a CPU a model's tuned kernels are judged inside it against their analytic schedules (``in_model_choice``):
+a second model compiled, both timed kernel by kernel, and the model compiled again where a kernel changes.
+
 What it cannot know before the end: the untuned program's seconds per call (``time_untuned``; only its
 compile is counted) and a bisection for a kernel that breaks the model (rare, and said when it happens).
 """
@@ -19,6 +22,7 @@ from tuner.tasks.extraction import Task
 from workloads import Workload
 
 from .compile import IN_MODEL_RUNS, MODEL_TIMING, MODEL_TIMING_WINDOWS
+from .in_model_choice import PASSES
 
 NO_CHECK, AGAINST_FRAMEWORK, AGAINST_UNTUNED = "none", "framework", "untuned"
 
@@ -45,12 +49,20 @@ class CompileEstimate:
     model: bool = True  # a Relax model; False: a single kernel
     check: str = AGAINST_FRAMEWORK  # or AGAINST_UNTUNED, NO_CHECK
     time_untuned: bool = False
+    judged: bool = False  # its tuned kernels judged inside the model against their analytic schedules
 
     @classmethod
     def of(
-        cls, workload: Workload, tasks: Sequence[Task], engine: Engine, verify: bool, time_untuned: bool
+        cls,
+        workload: Workload,
+        tasks: Sequence[Task],
+        engine: Engine,
+        verify: bool,
+        time_untuned: bool,
+        analytic: bool = True,
     ) -> CompileEstimate:
-        """The estimate for a run of ``workload``, checked as ``compile_and_time`` checks it."""
+        """The estimate for a run of ``workload``, checked as ``compile_and_time`` checks it (``analytic``: the
+        target has analytic schedules, which a model's tuned kernels are judged against)."""
         if not verify:
             check = NO_CHECK
         elif workload.kind == "relax" and (workload.reference is None or workload.precision == "bfloat16"):
@@ -58,13 +70,16 @@ class CompileEstimate:
         else:
             check = AGAINST_FRAMEWORK
         names = [task.name for task in tasks]
-        return cls(names, engine.process_start_seconds, workload.kind == "relax", check, time_untuned)
+        model = workload.kind == "relax"
+        return cls(names, engine.process_start_seconds, model, check, time_untuned, model and analytic)
 
     def __call__(self, costs: KernelCosts, model_latency: float) -> float:
         compile_model = sum(costs.build(kernel) for kernel in self.kernels)
         seconds = compile_model * (2 if self.time_untuned else 1) + timing_seconds(model_latency, costs.run())
         if self.model:  # each kernel timed inside the model, for the report (``IN_MODEL_RUNS`` calls)
             seconds += (IN_MODEL_RUNS + 1) * model_latency
+        if self.judged:  # the model with analytic schedules compiled, both timed in the model, one compiled again
+            seconds += 2 * compile_model + 2 * PASSES * (IN_MODEL_RUNS + 1) * model_latency
         if self.check == NO_CHECK:
             return seconds
         if not self.model:  # one kernel: its analytic schedule checked alone where it has no verified tuned one

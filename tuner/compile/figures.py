@@ -22,6 +22,9 @@ class KernelFigures:
     in_model: float | None = None  # seconds per launch inside the compiled model
     peak_gflops: float | None = None  # of its precision on this machine
     tiled: bool = False  # a product: its analytic schedule has a register tile and cache blocks
+    # built with its analytic schedule, judged faster inside the model than its best tuned one: that one's
+    # seconds per launch there (``in_model_choice``)
+    tuned_in_model: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -46,9 +49,11 @@ def kernel_figures(
     target: tvm.target.Target,
     configured: dict[str, AnalyticSchedule],
     in_model: dict[str, float],
+    beaten_in_model: dict[str, float] | None = None,
 ) -> dict[str, KernelFigures]:
     """The figures of every task: kernels built with their analytic schedule are predicted here; searched
-    ones carry the prediction the search kept beside their analytic candidate."""
+    ones carry the prediction the search kept beside their analytic candidate. ``beaten_in_model``: by kernel
+    built with its analytic schedule for running faster inside the model, its tuned one's seconds per launch there."""
     seeds = db.get_meta(ANALYTIC_SEEDS_KEY, {})
     latency = {(record.kernel_id, record.candidate): record.latency for record in db.records(str(target))}
     figures = {}
@@ -65,5 +70,6 @@ def kernel_figures(
                 predicted, tiled = seed["predicted"], seed.get("tiled", False)
                 measured = latency.get((kernel_id, seed["candidate"]))
         peak = peak_gflops(task.mod, target)
-        figures[task.name] = KernelFigures(predicted, measured, in_model.get(task.name), peak, tiled)
+        beaten = (beaten_in_model or {}).get(task.name)
+        figures[task.name] = KernelFigures(predicted, measured, in_model.get(task.name), peak, tiled, beaten)
     return figures

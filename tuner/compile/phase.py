@@ -30,10 +30,12 @@ from .compile import (
     KernelChoice,
     choose_schedules,
     compile_workload,
+    in_model_seconds,
     program_of,
     time_workload,
 )
 from .figures import KernelFigures, kernel_figures
+from .in_model_choice import Judgement, choose_in_model
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class BuiltModel:
     # this machine's speed against its calibration while the kernels were timed in the model (the predictions'
     # speed); None: not read (a kernel, a GPU)
     machine_speed: float | None = None
+    # by kernel: its tuned and its analytic schedule timed inside the model (``in_model_choice``)
+    judged: dict[str, Judgement] = field(default_factory=dict)
+    judge_seconds: float = 0.0  # of the compile and time, spent judging them
 
 
 def _untuned_latency(engine: Engine, workload: Workload, untuned: Path, report: Progress) -> float | None:
@@ -100,12 +105,20 @@ def compile_and_time(
         if choice.fell_back:
             kept = "its analytic schedule" if choice.configured else "TVM's default schedule"
             report.line(f"{choice.task.name}: built with {kept}: no usable candidate ({choice.fell_back})")
+        elif choice.beaten and choice.configured:
+            report.line(f"{choice.task.name}: built with its analytic schedule, judged faster inside the model")
     remove_model(work_dir.untuned)  # an earlier run's, of the same lowering or not
     with program_of(workload, lowered, work_dir.path) as program:
         if time_untuned:
             compile_workload(engine, program, [], work_dir.untuned)
+        judging = time.monotonic()
+        judged = choose_in_model(engine, workload, program, choices, target, work_dir.path, db, report.line, verify)
+        judge_seconds = time.monotonic() - judging
+        if judged.switched:
+            report.line(f"{len(judged.switched)} kernel(s) built with their analytic schedule, faster inside the model")
+        choices = judged.choices
         build = CheckedBuild(engine, workload, program, choices, target, work_dir.untuned, report.line)
-        check = build.build(work_dir.artifact, check=verify)
+        check = build.build(work_dir.artifact, check=verify, compiled=judged.tuned_model)
     _mark_wrong_in_model(db, choices, check)
     latency_after = _tuned_latency(engine, workload, work_dir.artifact, report)
     latency_before = _untuned_latency(engine, workload, work_dir.untuned, report) if time_untuned else None
@@ -116,7 +129,9 @@ def compile_and_time(
     defaulted = {c.task.name: c.fell_back for c in choices if c.trace is None and c.fell_back}
     reasons = {**(untunable or {}), **defaulted, **check.left_out}
     configured = {c.task.name: c.configured for c in choices if c.configured and c.task.name not in check.left_out}
-    figures = kernel_figures(tasks, db, target, configured, in_model)
+    switched = [c for c in choices if c.task.name in judged.switched and c.task.name in configured]
+    beaten = {c.task.name: judged.judged[c.task.name].tuned / c.task.weight for c in switched}
+    figures = kernel_figures(tasks, db, target, configured, in_model, beaten)
     return BuiltModel(
         work_dir.artifact,
         latency_before,
@@ -128,6 +143,8 @@ def compile_and_time(
         configure_seconds=configure_seconds,
         figures=figures,
         machine_speed=(speed_before + speed_after) / 2 if speed_before and speed_after else None,
+        judged=judged.judged,
+        judge_seconds=judge_seconds,
     )
 
 
@@ -156,7 +173,6 @@ def _speed_now(engine: Engine, probe: SpeedProbe | None) -> float | None:
         return None
 
 
-PREPACKED_SUFFIX = "_prepacked"
 IN_MODEL_PASSES = 3  # the kernels timed inside the model at most this many times (``_in_model_seconds``)
 IN_MODEL_SLACK = 1.15  # what their sum may exceed the model's latency by (the hook runs Python between them)
 IN_MODEL_MAX_PASS_SECONDS = 5.0  # a pass this long or longer is not repeated
@@ -196,10 +212,9 @@ def _in_model_seconds(
             break
     seconds = {}
     for task in tasks:
-        # TVM's SplitLayoutRewritePreproc renames a kernel whose weights are laid out once, at load
-        symbol = next((s for s in (task.name, task.name + PREPACKED_SUFFIX) if s in kept), None)
-        if symbol is not None:
-            seconds[task.name] = kept[symbol] / task.weight
+        total = in_model_seconds(kept, task.name)
+        if total is not None:
+            seconds[task.name] = total / task.weight
     return seconds
 
 

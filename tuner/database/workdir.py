@@ -190,6 +190,10 @@ FILTER_STATE_KEY = "trimmer_judged"
 # Each task's analytic schedule as the search measured it first: {kernel id: {"candidate": its structural
 # key, "predicted": seconds by the analytic model}}, for the report's predicted against measured.
 ANALYTIC_SEEDS_KEY = "analytic_seeds"
+# Kernels that keep their analytic schedule because it ran faster inside the model than their best record
+# (``tuner.compile.in_model_choice``): {kernel id: {"beat": the record's id, "tuned_s", "analytic_s": seconds
+# per inference of each in the model}}.
+IN_MODEL_CHOICES_KEY = "in_model_choices"
 
 
 # errno of a failure of the work dir's storage -> (what happened, what to do)
