@@ -78,8 +78,8 @@ class CompileEstimate:
         seconds = compile_model * (2 if self.time_untuned else 1) + timing_seconds(model_latency, costs.run())
         if self.model:  # each kernel timed inside the model, for the report (``IN_MODEL_RUNS`` calls)
             seconds += (IN_MODEL_RUNS + 1) * model_latency
-        if self.judged:  # the model with analytic schedules compiled, both timed in the model, one compiled again
-            seconds += 2 * compile_model + 2 * PASSES * (IN_MODEL_RUNS + 1) * model_latency
+        if self.judged:  # a second model compiled beside the first, both timed inside, the model compiled again
+            seconds += compile_model + 2 * PASSES * (IN_MODEL_RUNS + 1) * model_latency
         if self.check == NO_CHECK:
             return seconds
         if not self.model:  # one kernel: its analytic schedule checked alone where it has no verified tuned one

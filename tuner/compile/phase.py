@@ -112,7 +112,7 @@ def compile_and_time(
         if time_untuned:
             compile_workload(engine, program, [], work_dir.untuned)
         judging = time.monotonic()
-        judged = choose_in_model(engine, workload, program, choices, target, work_dir.path, db, report.line, verify)
+        judged = choose_in_model(engine, workload, program, choices, target, work_dir.path, db, report.line)
         judge_seconds = time.monotonic() - judging
         if judged.switched:
             report.line(f"{len(judged.switched)} kernel(s) built with their analytic schedule, faster inside the model")
