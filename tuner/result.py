@@ -15,8 +15,8 @@ from common.target_kind import is_cuda
 from tuner.compile.check import ModelCheck
 from tuner.compile.figures import KernelFigures, at_machine_speed, fraction_of_peak
 from tuner.compile.phase import BuiltModel
+from tuner.database.database import Record
 from tuner.runtime.compiled_model import CompiledModel, ModelDescription
-from tuner.search.task_run import TaskRun
 from tuner.spaces import metaschedule as msc
 from tuner.spaces.metaschedule import schedule_from_json
 from tuner.tasks.extraction import Task
@@ -224,27 +224,25 @@ def task_line(task: TaskResult, machine_speed: float | None = None) -> str:
     return f"{format_latency(task.best_latency)}{speed}, {task.trials} trials, {check}{tail}"
 
 
-def task_result(run: TaskRun, built: BuiltModel, fell_back_because: str | None) -> TaskResult:
-    """A task's outcome: the schedule the model was built with (its best record, else its analytic
-    schedule), or none where it fell back to TVM's default."""
-    if run.best is None or fell_back_because or run.task.name in built.configured:
-        return configured_task_result(run.task, built, fell_back_because, run.trials)
-    return TaskResult(
-        name=run.task.name,
-        weight=run.task.weight,
-        flops=run.task.flops,
-        trials=run.trials,
-        best_latency=run.best.latency,
-        verified=run.best.verified,
-        schedule="\n".join(schedule_from_json(run.task.mod, run.best.trace).trace.as_python()),
-        bytes=msc.kernel_bytes(run.task.mod),
-        **_figure_fields(built, run.task.name),
-    )
-
-
-def configured_task_result(task: Task, built: BuiltModel, fell_back_because: str | None, trials: int = 0) -> TaskResult:
-    """A task built with its analytic schedule, or with TVM's default where it fell back."""
+def task_result(
+    task: Task, built: BuiltModel, fell_back_because: str | None, trials: int = 0, best: Record | None = None
+) -> TaskResult:
+    """A task's outcome: the schedule the model was built with: its ``best`` record (a run's, else the one
+    ``built`` took from the work dir), else its analytic schedule; none where it fell back to TVM's default."""
+    best = best or built.records.get(task.name)
     configured = built.configured.get(task.name)
+    if best is not None and not fell_back_because and configured is None:
+        return TaskResult(
+            name=task.name,
+            weight=task.weight,
+            flops=task.flops,
+            trials=trials,
+            best_latency=best.latency,
+            verified=best.verified,
+            schedule="\n".join(schedule_from_json(task.mod, best.trace).trace.as_python()),
+            bytes=msc.kernel_bytes(task.mod),
+            **_figure_fields(built, task.name),
+        )
     return TaskResult(
         name=task.name,
         weight=task.weight,

@@ -53,7 +53,7 @@ from .errors import PARTITION_HINT, ModelError, NoDeviceError, TunerError
 from .options import TuneOptions
 from .progress import Progress
 from .quiet import native_logs_quiet
-from .result import TaskResult, TuneResult, configured_task_result, task_result
+from .result import TaskResult, TuneResult, task_result
 from .targets import require_device, resolve_target
 
 
@@ -145,7 +145,10 @@ def _run(plan: Plan, options: TuneOptions, started: float) -> TuneResult:
             }
             outcome = _outcome(built, loop.trials_done, seconds, stop_reason, options.scheduler, loop.device_seconds)
             write_meta(db, outcome)
-            task_results = [task_result(run, built, outcome.fell_back.get(run.task.name)) for run in loop.runs]
+            task_results = [
+                task_result(run.task, built, outcome.fell_back.get(run.task.name), run.trials, run.best)
+                for run in loop.runs
+            ]
             result = make_result(
                 plan, task_results, loop.ledger.as_dict(), built.artifact, outcome, time.monotonic() - started
             )
@@ -177,7 +180,7 @@ def _configure_only(
         built, 0, seconds, f"{no_time}: none measured" if no_time else "no trials (trials=0)", options.scheduler
     )
     write_meta(db, outcome)
-    task_results = [configured_task_result(task, built, outcome.fell_back.get(task.name)) for task in tasks.tasks]
+    task_results = [task_result(task, built, outcome.fell_back.get(task.name)) for task in tasks.tasks]
     result = make_result(plan, task_results, {}, built.artifact, outcome, time.monotonic() - started)
     report.line(result.summary())
     return result

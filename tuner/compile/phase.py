@@ -12,7 +12,7 @@ import tvm
 from common.model_weights import remove_model
 from measure import Engine, TimingConfig
 from measure.workers.worker import WorkerError, WorkerTimeout
-from tuner.database.database import TuningDatabase
+from tuner.database.database import Record, TuningDatabase
 from tuner.database.workdir import WorkDir
 from tuner.progress import Progress
 from tuner.search.final_choice import tolerance
@@ -55,6 +55,7 @@ class BuiltModel:
     # by kernel: its tuned and its analytic schedule timed inside the model (``in_model_choice``)
     judged: dict[str, Judgement] = field(default_factory=dict)
     judge_seconds: float = 0.0  # of the compile and time, spent judging them
+    records: dict[str, Record] = field(default_factory=dict)  # by kernel built with a tuned record: that record
 
 
 def _untuned_latency(engine: Engine, workload: Workload, untuned: Path, report: Progress) -> float | None:
@@ -144,6 +145,7 @@ def compile_and_time(
         figures=figures,
         machine_speed=(speed_before + speed_after) / 2 if speed_before and speed_after else None,
         judged=judged.judged,
+        records={c.task.name: c.record for c in choices if c.record is not None and c.task.name not in check.left_out},
         judge_seconds=judge_seconds,
     )
 
