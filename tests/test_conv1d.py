@@ -1,8 +1,11 @@
 """1-D convolutions lowered as 2-D ones one row high, channels-last (tuner.lowering.conv1d): which take
 that form, and that the model built from it by real TVM computes what PyTorch computes."""
 
+import re
+
 import numpy as np
 import pytest
+import tvm
 from lowered_models import error_against_torch
 
 from tuner.lowering import LoweringOptions
@@ -67,3 +70,24 @@ def test_a_sequence_transposed_without_convolutions_keeps_its_one_transpose(llvm
     lowered = lower_workload(load_workload(_TransposedSum(), [(1, 16, 24), (1, 24, 16)]), llvm_target)
     transposes = sum(func.script().count('T.sblock("T_transpose') for _, func in lowered.functions_items())
     assert transposes == 1
+
+
+def _conv2d_widths(lowered) -> list[int]:
+    """The output widths of the lowered model's 2-D convolutions (NHWC: the positions)."""
+    script = "".join(func.script() for _, func in lowered.functions_items() if isinstance(func, tvm.tirx.PrimFunc))
+    # the convolution's output: a parameter, or an intermediate buffer where its slice was fused after it
+    found = re.findall(
+        r"conv2d_nhwc\w*(?:: T.Buffer| = T.sblock_alloc_buffer)\(\((?:T.int64\(1\), ){2}T.int64\((\d+)\)", script
+    )
+    return [int(width) for width in found]
+
+
+def test_output_positions_that_tile_badly_are_computed_over_a_few_more_and_sliced_off(llvm_target):
+    """The first convolution's 79 positions (a prime) are computed as 80, the next's 39 (3 x 13) as they are;
+    the model still computes what PyTorch does."""
+    model, lowered = _lowered(llvm_target)
+    assert sorted(_conv2d_widths(lowered)) == [39, 39, 80]
+    x = np.random.default_rng(1).standard_normal((1, 1, 400)).astype("float32")
+    assert error_against_torch(model, lowered, llvm_target, x) < 1e-5
+    _, unpadded = _lowered(llvm_target, LoweringOptions(pad_conv1d_positions=False))
+    assert sorted(_conv2d_widths(unpadded)) == [39, 39, 79]

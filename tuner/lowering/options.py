@@ -25,6 +25,7 @@ class LoweringOptions:
     # layouts (``channels_last``, ``conv1d``, ``channel_norms``)
     channels_last: bool | None = None  # convolutions in NHWC
     conv1d_as_conv2d: bool | None = None  # 1-D convolutions as 2-D ones one row high; None: with channels_last
+    pad_conv1d_positions: bool = True  # ... over output positions that tile badly, a few zero positions more
     channels_last_resizes: bool = True  # image resizes and sequences reshaped into images kept channels-last
     channel_norms_as_products: bool = True  # channels-last group norms of a channel per group, sums as products
 
@@ -76,4 +77,5 @@ _PREDATING_RECORDS = {
     "channels_last_resizes": False,
     "pad_attention_tokens": False,
     "bf16_fuse_expand_depthwise": False,
+    "pad_conv1d_positions": False,
 }

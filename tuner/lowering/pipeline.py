@@ -92,7 +92,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         passes.append(SoftmaxByRows())
     if _on_cpus_by_default(options.channels_last, target):
         if _on_cpus_by_default(options.conv1d_as_conv2d, target):
-            passes.append(Conv1dAsConv2d())
+            passes.append(Conv1dAsConv2d(options.pad_conv1d_positions and not options.bfloat16))
         # biases must be constants to move past
         passes += [fold_constants(), ChannelsLastConvolutions(options.channels_last_resizes)]
         if options.channel_norms_as_products:
