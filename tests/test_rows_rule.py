@@ -77,3 +77,13 @@ def test_the_analytic_schedule_of_a_copy_across_axes_is_its_rows_and_computes_th
 def test_rows_a_whole_number_of_metaschedules_chunks_long_keep_its_schedule():
     """GPT-2's keys, 12 x 64 rows of 128 tokens: MetaSchedule's chunks of 64 do not cross rows there."""
     assert rows_schedule(_keys_transposed_scaled_and_padded(128, 12, 64, 128), lanes=16, cores=2) is None
+
+
+def test_a_kernel_reading_a_scalar_argument_is_judged_without_it():
+    """MPNet's attention mask: a broadcast of two masks choosing between two scalars the model passes in. A 0-d
+    buffer has no last axis: reading one raised IndexError (and trials=0 on the model with it)."""
+    rows = te.placeholder((128, 1), "bool", name="rows")
+    columns = te.placeholder((1, 128), "bool", name="columns")
+    yes, no = te.placeholder((), "float32", name="yes"), te.placeholder((), "float32", name="no")
+    y = te.compute((128, 128), lambda i, j: tvm.tirx.Select(rows[i, 0] & columns[0, j], yes[()], no[()]), name="where")
+    assert rows_schedule(tvm.IRModule({"main": te.create_prim_func([rows, columns, yes, no, y])}), 16, 2) is None

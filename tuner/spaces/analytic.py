@@ -9,8 +9,9 @@ nested S0 S1 R0 S2 R1 S3. The configuration sets every factor, BLIS's way (Low e
   register's lanes, the innermost other spatial loop in ``mr`` rows: ``mr x nv`` accumulators. As many
   as the registers hold beside a step's operands (``RegisterFile.holds``: at most 24 of AVX-512's 32,
   12 of AVX2's 16, and one register left for each of a step's weight vectors and one for the broadcast:
-  AVX2's 3x4 tile would need 17 and spill), and of those tiles the one with the fewest loads a step
-  (``mr + nv``: each step loads ``nv`` weight vectors and broadcasts ``mr`` inputs). ``nv`` is 1, 2 or 4:
+  AVX2's 3x4 tile would need 17 and spill), up to what keeps the FMA ports busy with a margin (12 on
+  AVX-512), and of those tiles the one with the most FMAs per load (``mr x nv`` over ``mr + nv``: each step
+  loads ``nv`` weight vectors and broadcasts ``mr`` inputs). ``nv`` is 1, 2 or 4:
   LLVM makes slow code of a vector loop three registers wide (BERT's 3072-wide products at 4 GFLOP/s with
   48 columns, 104 with 64).
   A loop that offers no such factors takes the nearest it has (197 rows: 1).
@@ -212,8 +213,11 @@ def _parallel_split(
 
 
 def _register_tile(vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts) -> tuple[int, int]:
-    """(rows, columns) of the register tile: the most accumulators the registers hold, then the fewest
-    loads a step."""
+    """(rows, columns) of the register tile: the most accumulators the registers hold, up to what keeps the
+    FMA ports busy with a margin (``RegisterFile.enough_accumulators``), then the most FMAs per load. Past that
+    many, more accumulators buy nothing and a tall thin tile costs a broadcast per FMA: wav2vec 2.0's encoder
+    convolutions over 399 and 1599 positions (3 x 7 x 19, 3 x 13 x 41) took 21 x 1 and 13 x 1 tiles over 3 x 4
+    ones and ran at 34% and 65% of the FMA peak (their rows 4 KiB apart, every one in the same L1 set)."""
     lanes = facts.registers.lanes
     widths = [
         d for d in divisors(vector.extent) if d % lanes == 0 and d <= vector.max_innermost and power_of_two(d // lanes)
@@ -228,7 +232,7 @@ def _register_tile(vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts
             accumulators = height * vectors
             if not facts.registers.holds(accumulators, vectors):
                 continue
-            key = (accumulators, -(height + vectors))
+            key = (min(accumulators, facts.registers.enough_accumulators), accumulators / (height + vectors))
             if best is None or key > best[0]:
                 best = (key, height, width)
     if best is None:  # even one row of the narrowest width is over: one row

@@ -42,6 +42,12 @@ class RegisterFile:
         return self.registers // 4  # two FMA ports x four cycles' latency on AVX-512
 
     @property
+    def enough_accumulators(self) -> int:
+        """Accumulators past which a tile's loads, not the FMA latency, decide its speed: the minimum and half
+        again, for the loads and stores between the FMAs."""
+        return self.min_accumulators * 3 // 2
+
+    @property
     def max_accumulators(self) -> int:
         return self.registers * 3 // 4  # the rest hold a step's weight vectors and broadcasts
 

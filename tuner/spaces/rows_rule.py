@@ -59,10 +59,14 @@ def reads_across(block: tvm.tirx.Stmt) -> bool:
     """Whether the block reads some input's last axis by another of its own variables than the one its
     output's last axis is written by (a transpose); broadcast reads that use none do not count."""
     (written,) = block.writes
+    if not written.region:  # a scalar written: no rows
+        return False
     along = variables_of(written.region[-1].min)
     if not along:
         return False
     for read in block.reads:
+        if not read.region:  # a scalar read (a constant of the kernel's): no axis at all
+            continue
         used = variables_of(read.region[-1].min)
         if used and not used & along:
             return True
