@@ -50,6 +50,7 @@ from tvm.s_tir.schedule import ScheduleError, Trace
 
 from . import metaschedule as msc
 from .bf16_rule import space_accumulators
+from .column_rule import column_schedule
 from .machine import MachineFacts
 from .norm_rule import norm_schedule
 from .register_tiles import TILING_ANNOTATION, RegisterFile, divisors, power_of_two, tile_roles
@@ -405,9 +406,9 @@ def configure_kernel(mod: tvm.IRModule, target: tvm.target.Target) -> AnalyticSc
 
 
 def rule_schedule(mod: tvm.IRModule, facts: MachineFacts | None) -> AnalyticSchedule | None:
-    """The schedule of one of our own rules (``rows_rule``, ``norm_rule``) where one takes the kernel: a schedule
-    MetaSchedule's design space cannot express, so its search never reaches it by itself."""
-    for rule in (rows_schedule, norm_schedule) if facts is not None else ():
+    """The schedule of one of our own rules (``rows_rule``, ``norm_rule``, ``column_rule``) where one takes the
+    kernel: a schedule MetaSchedule's design space cannot express, so its search never reaches it by itself."""
+    for rule in (rows_schedule, norm_schedule, column_schedule) if facts is not None else ():
         ruled = rule(mod, facts.registers.lanes, facts.cores)
         if ruled is not None:
             return AnalyticSchedule(ruled, ())

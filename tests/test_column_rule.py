@@ -1,0 +1,48 @@
+"""Sums over every axis but the last (channels-last global pools) as parallel vectors of channels
+(tuner.spaces.column_rule): which kernels take it, and that the built kernel computes what the unscheduled
+one does."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from analytic_rules import configured_by_rule
+from tvm import te
+
+from tuner.spaces.column_rule import column_schedule
+from tuner.targets import resolve_target
+
+
+def _channels_mean(height: int = 14, width: int = 14, channels: int = 128) -> tvm.IRModule:
+    """A squeeze-and-excite block's mean as Relax lowers it: the sums over the image, then a divide."""
+    x = te.placeholder((1, height, width, channels), "float32", name="x")
+    k1, k2 = te.reduce_axis((0, height), "k1"), te.reduce_axis((0, width), "k2")
+    sums = te.compute((1, 1, 1, channels), lambda n, a, b, c: te.sum(x[n, k1, k2, c], axis=[k1, k2]), name="sums")
+    mean = te.compute((1, 1, 1, channels), lambda n, a, b, c: sums[n, a, b, c] / float(height * width), name="mean")
+    return tvm.IRModule({"main": te.create_prim_func([x, mean])})
+
+
+def _row_sums(rows: int = 64, columns: int = 208) -> tvm.IRModule:
+    x = te.placeholder((rows, columns), "float32", name="x")
+    k = te.reduce_axis((0, columns), "k")
+    return tvm.IRModule({"main": te.create_prim_func([x, te.compute((rows,), lambda i: te.sum(x[i, k], axis=k))])})
+
+
+def test_a_channels_mean_takes_parallel_vectors_of_channels_and_computes_the_same_sums():
+    mod = _channels_mean()
+    scheduled = configured_by_rule(mod, parallel_rows=8)  # 128 channels, 16 lanes: 8 tasks
+    x = np.random.default_rng(0).standard_normal((1, 14, 14, 128)).astype("float32")
+    results = []
+    for built_mod in (mod, scheduled.mod):
+        out = tvm.runtime.tensor(np.full((1, 1, 1, 128), np.nan, "float32"))
+        tvm.compile(built_mod, target=resolve_target("llvm"))["main"](tvm.runtime.tensor(x), out)
+        results.append(out.numpy())
+    np.testing.assert_array_equal(results[1], results[0])  # each channel summed in the same order
+    np.testing.assert_allclose(results[0], x.mean(axis=(1, 2), keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_sums_along_the_last_axis_and_too_few_channels_are_left_alone():
+    assert column_schedule(_row_sums(), lanes=16, cores=2) is None  # a norm's kind of sum (norm_rule's)
+    assert column_schedule(_channels_mean(channels=16), lanes=16, cores=2) is None  # one vector for two cores
+    narrow = column_schedule(_channels_mean(channels=24), lanes=16, cores=2)  # vectors of 8 lanes: 3 tasks
+    assert narrow is not None and "T.parallel(3)" in narrow.mod.script()
