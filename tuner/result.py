@@ -231,30 +231,24 @@ def task_result(
     ``built`` took from the work dir), else its analytic schedule; none where it fell back to TVM's default."""
     best = best or built.records.get(task.name)
     configured = built.configured.get(task.name)
+    kernel = {
+        "name": task.name,
+        "weight": task.weight,
+        "flops": task.flops,
+        "trials": trials,
+        "bytes": msc.kernel_bytes(task.mod),
+        **_figure_fields(built, task.name),
+    }
     if best is not None and not fell_back_because and configured is None:
-        return TaskResult(
-            name=task.name,
-            weight=task.weight,
-            flops=task.flops,
-            trials=trials,
-            best_latency=best.latency,
-            verified=best.verified,
-            schedule="\n".join(schedule_from_json(task.mod, best.trace).trace.as_python()),
-            bytes=msc.kernel_bytes(task.mod),
-            **_figure_fields(built, task.name),
-        )
+        schedule = "\n".join(schedule_from_json(task.mod, best.trace).trace.as_python())
+        return TaskResult(**kernel, best_latency=best.latency, verified=best.verified, schedule=schedule)
     return TaskResult(
-        name=task.name,
-        weight=task.weight,
-        flops=task.flops,
-        trials=trials,
+        **kernel,
         best_latency=None,
         verified=None,
         schedule="\n".join(configured.sch.trace.as_python()) if configured else None,
-        bytes=msc.kernel_bytes(task.mod),
         fell_back=None if configured else fell_back_because,
         analytic=configured is not None,
-        **_figure_fields(built, task.name),
     )
 
 
