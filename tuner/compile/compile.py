@@ -166,6 +166,11 @@ def compile_workload(engine: Engine, program: Program, schedules: list, artifact
     return engine.compile_program(artifact, mod=program.mod, kind=program.kind, schedules=schedules, **weights)
 
 
+def input_args(workload: Workload) -> list[list]:
+    """A workload's inputs as the engine's workers take them ([dtype, shape] each, filled at random there)."""
+    return [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
+
+
 def time_workload(
     engine: Engine,
     workload: Workload,
@@ -178,7 +183,7 @@ def time_workload(
     ``windows`` separate timing windows. A shared machine's passing load (another process, a VM
     neighbour) lifts a window's median, never lowers it: one such window made a model tuned to
     12.5 ms report 26 ms."""
-    args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
+    args = input_args(workload)
     return min(
         statistics.median(engine.time_program(artifact, workload.kind, args, timing, timeout)) for _ in range(windows)
     )

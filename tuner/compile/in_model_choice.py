@@ -37,7 +37,15 @@ from tuner.spaces import metaschedule as msc
 from tuner.spaces.analytic import AnalyticSchedule, configure_kernel
 from workloads import Workload
 
-from .compile import IN_MODEL_RUNS, KernelChoice, Program, compile_workload, in_model_seconds, schedules_of
+from .compile import (
+    IN_MODEL_RUNS,
+    KernelChoice,
+    Program,
+    compile_workload,
+    in_model_seconds,
+    input_args,
+    schedules_of,
+)
 
 PASSES = 2  # each model's kernels timed this many times, in alternation with the other's
 # The analytic schedule is taken where it ran at most this share of the tuned one's time: between passes of
@@ -134,7 +142,7 @@ def choose_in_model(
         replace(c, record=None, configured=challengers[c.task.name]) if c.task.name in challengers else c
         for c in choices
     ]
-    args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
+    args = input_args(workload)
     try:
         # on two build workers at once: MobileViT-S's model took 17 s to compile, its probes one after the other 34
         pairs = ((choices, tuned_model), (challenged, analytic_model))

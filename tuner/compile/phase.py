@@ -31,6 +31,7 @@ from .compile import (
     choose_schedules,
     compile_workload,
     in_model_seconds,
+    input_args,
     program_of,
     time_workload,
 )
@@ -198,7 +199,7 @@ def _in_model_seconds(
     fastest repeat."""
     if workload.kind != "relax":
         return {}
-    args = [[spec.dtype, list(spec.shape)] for spec in workload.inputs]
+    args = input_args(workload)
     # a large model (or one not timed): one pass is what it affords
     repeatable = latency is not None and latency * IN_MODEL_RUNS <= IN_MODEL_MAX_PASS_SECONDS
     kept: dict[str, float] = {}
