@@ -10,8 +10,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from common.host import host_has_amx  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
-from experiments.machine_limits import MachineLimits, bf16_peak, fma_gflops  # noqa: E402
+from experiments.machine_limits import MachineLimits, bf16_peak  # noqa: E402
 from tuner.lowering.bf16.precision import host_has_bf16  # noqa: E402
 
 torch = pytest.importorskip("torch")
@@ -38,14 +39,15 @@ def _error(contender: fw.Contender, reference) -> float:
     return fw.relative_error(contender.call(), reference)
 
 
-def test_the_bf16_dot_product_peak_is_above_the_fma_peak():
+def test_the_bf16_peak_is_measured_on_the_unit_bf16_products_run_on():
     if not host_has_bf16():
         pytest.skip("this CPU has no avx512_bf16: the bf16 peak is reported absent")
-    bf16, why, _ = bf16_peak(threads=1, iterations=2_000_000)
+    bf16, why, unit = bf16_peak(threads=1, iterations=200_000)
     assert why == "" and bf16 is not None
-    # twice the FLOPs per instruction (vdpbf16ps on a Zen 4 or 5), or 256 times (AMX's tdpbf16ps); a
-    # Sapphire Rapids' vdpbf16ps alone is below its FMA peak
-    assert bf16 > fma_gflops(threads=1, iterations=2_000_000)
+    assert unit == ("tdpbf16ps" if host_has_amx() else "vdpbf16ps")
+    # not compared with the FMA peak: vdpbf16ps runs at twice it on a Zen 4, at about it on some Zen 5 and below
+    # it on a Sapphire Rapids; one core's kernel runs well above 1 GFLOP/s on any of them
+    assert 1.0 < bf16 < 1e5
 
 
 def test_the_bf16_peak_is_described_or_its_absence_explained():
