@@ -52,9 +52,28 @@ class _InvertedResidual(torch.nn.Module):
         return x + y if self.stride == 1 else y
 
 
-def _block(stride: int, side: int, llvm_target, options=None):
+class _SiluInvertedResidual(torch.nn.Module):
+    """MobileViT's and EfficientNet's block: the same convolutions, biased, with SiLUs between them (which
+    torch's export gives as x times its sigmoid)."""
+
+    def __init__(self, channels: int, expansion: int, stride: int):
+        super().__init__()
+        wide = channels * expansion
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(channels, wide, 1),
+            torch.nn.SiLU(),
+            torch.nn.Conv2d(wide, wide, 3, stride, 1, groups=wide),
+            torch.nn.SiLU(),
+            torch.nn.Conv2d(wide, channels, 1),
+        )
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _block(stride: int, side: int, llvm_target, options=None, block_type=None):
     """The block, its workload and the workload lowered."""
-    block = _InvertedResidual(8, 4, stride).eval()
+    block = (block_type or _InvertedResidual)(8, 4, stride).eval()
     workload = load_workload(block, [(1, 8, side, side)])
     return block, workload, lower_workload(workload, llvm_target, options)
 
@@ -126,12 +145,15 @@ def test_only_expansions_larger_than_a_cores_cache_are_fused(llvm_target):
     assert _fused_tasks(large, llvm_target, off) == []
 
 
-@pytest.mark.parametrize(("stride", "seed"), [(1, 3), (2, 5)])
-def test_in_bf16_a_fused_block_writes_bf16_for_its_projection(stride, seed, llvm_target, fuse_small_blocks):
+@pytest.mark.parametrize(
+    ("stride", "seed", "block_type"),
+    [(1, 3, _InvertedResidual), (2, 5, _InvertedResidual), (2, 5, _SiluInvertedResidual)],
+)
+def test_in_bf16_a_fused_block_writes_bf16_for_its_projection(stride, seed, block_type, llvm_target, fuse_small_blocks):
     """In a bf16 model the block stays one float32 kernel whose output is bf16, read as it is by the
     projection (a bf16 product): no kernel of its own casts it between them. With the option off, the
     block is two bf16 products and a depthwise kernel, as before."""
-    block, workload, lowered = _block(stride, 20, llvm_target, LoweringOptions(bfloat16=True))
+    block, workload, lowered = _block(stride, 20, llvm_target, LoweringOptions(bfloat16=True), block_type)
     tasks = extract_tasks(workload, llvm_target, lowered)
     (task,) = _fused(tasks)
     assert str(task.mod["main"].params[-1].dtype) == "bfloat16"
@@ -141,7 +163,30 @@ def test_in_bf16_a_fused_block_writes_bf16_for_its_projection(stride, seed, llvm
     assert _fused_tasks(workload, llvm_target, off) == []
 
 
-@pytest.mark.parametrize("option", ["fuse_expand_depthwise", "bf16_fuse_expand_depthwise"])
+@pytest.mark.parametrize(("stride", "seed", "fast_math"), [(1, 3, True), (2, 5, True), (2, 5, False)])
+def test_a_block_activated_by_silus_is_fused_and_computes_what_pytorch_computes(
+    stride, seed, fast_math, llvm_target, fuse_small_blocks
+):
+    """Both SiLUs go into the kernel (fast_math's polynomial one, or the exact one), leaving only the
+    projection beside it; built with a drawn schedule and with the analytic one, it matches PyTorch."""
+    options = LoweringOptions(fast_math=fast_math)
+    block, workload, lowered = _block(stride, 20, llvm_target, options, _SiluInvertedResidual)
+    tasks = extract_tasks(workload, llvm_target, lowered)
+    (task,) = _fused(tasks)
+    assert not [t.name for t in tasks if "sigmoid" in t.name or "silu" in t.name]
+    assert _error_with_sampled_schedule(block, lowered, task, llvm_target, stride, seed) < 1e-5
+    database = _database_holding(task, llvm_target, configure_kernel(task.mod, llvm_target).sch)
+    x = np.random.default_rng(stride).standard_normal((1, 8, 20, 20)).astype("float32")
+    assert error_against_torch(block, lowered, llvm_target, x, database) < 1e-5
+
+
+def test_with_the_option_off_a_silu_block_stays_apart(llvm_target, fuse_small_blocks):
+    _, workload, _ = _block(1, 20, llvm_target, block_type=_SiluInvertedResidual)
+    off = lower_workload(workload, llvm_target, LoweringOptions(fuse_silu_blocks=False))
+    assert _fused_tasks(workload, llvm_target, off) == []
+
+
+@pytest.mark.parametrize("option", ["fuse_expand_depthwise", "bf16_fuse_expand_depthwise", "fuse_silu_blocks"])
 def test_a_work_dir_tuned_before_the_fusion_existed_is_applied_without_it(option):
     before = {k: v for k, v in LoweringOptions().as_dict().items() if k != option}
     assert getattr(LoweringOptions.from_record(before), option) is False

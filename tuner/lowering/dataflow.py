@@ -4,6 +4,7 @@ merges a value that other operators might still read."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from tvm import relax
 from tvm.ir.module import IRModule
@@ -34,6 +35,14 @@ class Dataflow:
                     if not isinstance(var, relax.DataflowVar):
                         users[var].append(None)
         return cls(users, bound_to)
+
+    def binding(self, var: Expr) -> Expr | None:
+        """The value ``var`` is bound to in its dataflow block, if it is such a variable."""
+        return self._values.get(var)
+
+    @cached_property
+    def _values(self) -> dict[relax.Var, Expr]:
+        return {var: value for value, var in self.bound_to.items()}
 
     def sole_user(self, var: Expr) -> Expr | None:
         used_by = self.users.get(var, []) if isinstance(var, relax.DataflowVar) else []

@@ -16,16 +16,22 @@ one step of AMX's micro-kernel) but writes its output in bf16 for the projection
 product: as two kernels, that output's cast to bf16 would be a pass of its own. Its input stays fp32:
 read in bf16, each value's conversion in the expansion's inner loop made MobileNetV2's three fused
 kernels 1.07-1.5x slower alone with the same schedules (Emerald Rapids).
+
+The activations may be clips and ReLUs (MobileNetV2) or SiLUs (``silu``: MobileViT's and EfficientNet's
+blocks, where a depthwise convolution reading an 8 MB expansion ran at 2.3-3.2x its time alone inside the
+model). A SiLU's fast form is written over tensors (``fast_math``), so it comes as blocks of its own that the
+kernel's schedule inlines.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import tvm
-from tvm import relax, te, tirx
+from tvm import relax, te, tirx, topi
 from tvm.ir.expr import Constant
 from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
@@ -35,10 +41,19 @@ from tuner.spaces.metaschedule import FLOPS_ANNOTATION
 from tuner.spaces.schedule_rules import EXPAND_DEPTHWISE_RULE, VECTOR_LANES
 
 from .dataflow import Dataflow
+from .fast_math import FAST_FORMS, fast_form_named
 from .graph import op_name, static_shape
 
-# (low, high) bounds of a clip or ReLU; None where unbounded
-Activation = tuple[float | None, float | None]
+
+@dataclass(frozen=True)
+class Silu:
+    """x * sigmoid(x); ``fast``: with fast_math's polynomial exp, as the graph's own SiLU kernel computes it."""
+
+    fast: bool
+
+
+# (low, high) bounds of a clip or ReLU, None where unbounded; or a SiLU
+Activation = tuple[float | None, float | None] | Silu
 
 _CONV = "relax.nn.conv2d"
 _ADD = "relax.add"
@@ -66,13 +81,23 @@ class ExpandDepthwise:
     padding: tuple[int, int, int, int]  # top, left, bottom, right
 
 
-def _activate(value: tirx.PrimExpr, activation: Activation) -> tirx.PrimExpr:
+def _activate(value: tirx.PrimExpr, activation: tuple[float | None, float | None]) -> tirx.PrimExpr:
     low, high = activation
     if high is not None:
         value = tirx.min(value, tirx.const(high, "float32"))
     if low is not None:
         value = tirx.max(value, tirx.const(low, "float32"))
     return value
+
+
+def _activated(shape: tuple, biased, activation: Activation, name: str):
+    """``activation`` of ``biased`` (a function of the indices), as a function of the indices: a clip inline;
+    a SiLU through tensors of its own (``name`` and topi's), which ``schedule_expand_depthwise`` inlines."""
+    if not isinstance(activation, Silu):
+        return lambda *i: _activate(biased(*i), activation)
+    x = te.compute(shape, biased, name=name)
+    silu = FAST_FORMS["relax.nn.silu"](x) if activation.fast else topi.multiply(x, topi.sigmoid(x))
+    return lambda *i: silu(*i)
 
 
 def expand_depthwise(
@@ -114,11 +139,15 @@ def expand_depthwise(
         attrs={**ours, FLOPS_ANNOTATION: 2.0 * batch * height * width * channels * in_channels},
     )
     zero = tirx.const(0, data.dtype)
+    expand_activated = _activated(
+        (batch, padded_h, padded_w, channels),
+        lambda n, h, w, c: expanded[n, h, w, c] + expand_bias[c],
+        expand_activation,
+        "expand_biased",
+    )
     padded = te.compute(
         (batch, padded_h, padded_w, channels),
-        lambda n, h, w, c: tirx.if_then_else(
-            inside(h, w), _activate(expanded[n, h, w, c] + expand_bias[c], expand_activation), zero
-        ),
+        lambda n, h, w, c: tirx.if_then_else(inside(h, w), expand_activated(n, h, w, c), zero),
         name="expand_padded",
         attrs=ours,
     )
@@ -131,12 +160,28 @@ def expand_depthwise(
         name="depthwise",
         attrs={"schedule_rule": EXPAND_DEPTHWISE_RULE},
     )
+    depthwise_activated = _activated(
+        (batch, out_h, out_w, channels),
+        lambda n, h, w, c: filtered[n, h, w, c] + depthwise_bias[c],
+        depthwise_activation,
+        "depthwise_biased",
+    )
     return te.compute(
         (batch, out_h, out_w, channels),
-        lambda n, h, w, c: _activate(filtered[n, h, w, c] + depthwise_bias[c], depthwise_activation).astype(out_dtype),
+        lambda n, h, w, c: depthwise_activated(n, h, w, c).astype(out_dtype),
         name="depthwise_epilogue",
         attrs=ours,
     )
+
+
+def _fast_kernel_input(call: Expr, operator: str) -> Expr | None:
+    """The input of ``call`` where it calls fast_math's kernel for ``operator`` (``FAST_FORMS``)."""
+    if op_name(call) != "relax.call_tir" or not isinstance(call.args[0], relax.GlobalVar):
+        return None
+    args = call.args[1]
+    if fast_form_named(call.args[0].name_hint) is not FAST_FORMS[operator] or not isinstance(args, relax.Tuple):
+        return None
+    return args.fields[0] if len(args.fields) == 1 else None
 
 
 def _activation(call: Call) -> Activation | None:
@@ -213,10 +258,50 @@ def _continues(value: Expr, user: Expr | None) -> bool:
 
 @expr_functor.mutator
 class _FuseExpandDepthwise(PyExprMutator):
-    def __init__(self, mod: IRModule, out_dtype: str) -> None:
+    def __init__(self, mod: IRModule, out_dtype: str, silu: bool) -> None:
         super().__init__(mod)
         self.dataflow = Dataflow.of(mod)
         self.out_dtype = out_dtype
+        self.silu = silu
+
+    def _sigmoid(self, var: Expr) -> tuple[Expr, bool] | None:
+        """(x, fast) where ``var`` holds sigmoid(x): the operator, or fast_math's kernel of it."""
+        value = self.dataflow.binding(var)
+        if op_name(value) == "relax.sigmoid":
+            return value.args[0], False
+        x = None if value is None else _fast_kernel_input(value, "relax.sigmoid")
+        return None if x is None else (x, True)
+
+    def _silu(self, end: Expr) -> tuple[Expr, Silu] | None:
+        """(x, the SiLU) where ``end`` computes x * sigmoid(x) and nothing else reads x: the operator,
+        fast_math's kernel of it, or x times its sigmoid (as torch's export gives it), the sigmoid read by
+        nothing else."""
+        if op_name(end) == "relax.nn.silu":
+            x, silu, uses = end.args[0], Silu(fast=False), 1
+        elif (kernel_input := _fast_kernel_input(end, "relax.nn.silu")) is not None:
+            x, silu, uses = kernel_input, Silu(fast=True), 1
+        elif op_name(end) == "relax.multiply":
+            x, silu, uses = None, None, 2
+            for a, b in (end.args, end.args[::-1]):
+                sigmoid = self._sigmoid(b)
+                if sigmoid is not None and sigmoid[0].same_as(a) and self.dataflow.sole_user(b) is not None:
+                    x, silu = a, Silu(fast=sigmoid[1])
+            if x is None:
+                return None
+        else:
+            return None
+        read_by = self.dataflow.users.get(x, []) if isinstance(x, relax.DataflowVar) else []
+        return (x, silu) if len(read_by) == uses else None
+
+    def _continues(self, value: Expr, var: relax.Var) -> bool:
+        """Whether the block that ends at ``value`` (bound to ``var``) goes on after it: a SiLU of it (where
+        ``silu``) or what ``_continues`` takes."""
+        if self.silu and op_name(value) not in _ACTIVATIONS:
+            for user in self.dataflow.users.get(var, []):
+                silu = None if user is None else self._silu(user)
+                if silu is not None and silu[0].same_as(var):
+                    return True
+        return _continues(value, self.dataflow.sole_user(var))
 
     def _producer(self, expr: Expr) -> Expr | None:
         """The call that computes ``expr``, where ``expr`` is a variable used only once."""
@@ -227,7 +312,10 @@ class _FuseExpandDepthwise(PyExprMutator):
     def _bias_and_activation(self, end: Expr) -> tuple[Expr, Expr | None, Activation] | None:
         """``end`` read as ``act(add(x, bias))``, with either part optional: (x, bias or None, act)."""
         activation: Activation = (None, None)
-        if op_name(end) in _ACTIVATIONS:
+        silu = self._silu(end) if self.silu else None
+        if silu is not None:
+            activation, end = silu[1], self.lookup_binding(silu[0])
+        elif op_name(end) in _ACTIVATIONS:
             found = _activation(end)
             if found is None:
                 return None
@@ -274,23 +362,26 @@ class _FuseExpandDepthwise(PyExprMutator):
 
     def visit_call_(self, call: Call) -> Expr:
         var = self.dataflow.bound_to.get(call)
-        ends_block = var is not None and not _continues(call, self.dataflow.sole_user(var))
+        ends_block = var is not None and not self._continues(call, var)
         call = super().visit_call_(call)
         block = self.match(call) if ends_block and isinstance(call, Call) else None
         if block is None:
             return call
         fused = self.builder_.call_te(
-            expand_depthwise,
+            # bound here: call_te takes no argument of a type of ours (a ``Silu``)
+            partial(
+                expand_depthwise,
+                expand_activation=block.expand_activation,
+                depthwise_activation=block.depthwise_activation,
+            ),
             block.data,
             relax.const(block.expand_weight),
             relax.const(block.expand_bias),
             relax.const(block.depthwise_weight),
             relax.const(block.depthwise_bias),
-            block.expand_activation,
-            block.depthwise_activation,
-            block.stride,
-            block.padding,
-            self.out_dtype,
+            stride=block.stride,
+            padding=block.padding,
+            out_dtype=self.out_dtype,
             primfunc_name_hint="expand_depthwise",
             primfunc_attrs={"op_pattern": OPAQUE_PATTERN},
         )
@@ -303,12 +394,13 @@ class _FuseExpandDepthwise(PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="FuseExpandDepthwise")
 class FuseExpandDepthwise:
     """Each NHWC 1x1 expanding convolution followed by a depthwise convolution (biases and clip/ReLU
-    activations between and after them allowed), whose intermediate results have no other use, as one
-    ``expand_depthwise`` kernel, which writes ``out_dtype`` (widened to float32 after it where that is
-    not float32)."""
+    activations, and SiLUs where ``silu``, between and after them allowed), whose intermediate results have
+    no other use, as one ``expand_depthwise`` kernel, which writes ``out_dtype`` (widened to float32 after it
+    where that is not float32)."""
 
-    def __init__(self, out_dtype: str = "float32") -> None:
+    def __init__(self, out_dtype: str = "float32", silu: bool = True) -> None:
         self.out_dtype = out_dtype
+        self.silu = silu
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
-        return rewrite_functions(_FuseExpandDepthwise(mod, self.out_dtype), mod)
+        return rewrite_functions(_FuseExpandDepthwise(mod, self.out_dtype, self.silu), mod)

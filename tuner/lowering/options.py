@@ -32,6 +32,7 @@ class LoweringOptions:
     # algorithms (``winograd``, ``inverted_residual``, ``strassen``)
     winograd: bool | None = None  # channels-last 3x3 convolutions by Winograd's algorithm
     fuse_expand_depthwise: bool | None = None  # a 1x1 expanding convolution and the depthwise one after it, one kernel
+    fuse_silu_blocks: bool = True  # ... where their activations are SiLUs too (MobileViT, EfficientNet)
     strassen: bool | None = None  # large float32 matmuls by weights as 7 half-size products instead of 8
 
     # fusion and weights (``layout_fusion``, ``layout_free``)
@@ -78,4 +79,5 @@ _PREDATING_RECORDS = {
     "pad_attention_tokens": False,
     "bf16_fuse_expand_depthwise": False,
     "pad_conv1d_positions": False,
+    "fuse_silu_blocks": False,
 }

@@ -102,7 +102,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         if _on_cpus_by_default(options.fuse_expand_depthwise, target):
             passes += [
                 fold_constants(),  # the weights in HWIO
-                FuseExpandDepthwise("bfloat16" if options.bfloat16 else "float32"),
+                FuseExpandDepthwise("bfloat16" if options.bfloat16 else "float32", options.fuse_silu_blocks),
                 relax.transform.DeadCodeElimination(["main"]),
             ]
     # both take the weights, transposed, as constants

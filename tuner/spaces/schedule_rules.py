@@ -29,12 +29,19 @@ MAX_CHANNEL_VECTORS = 4  # channel vectors per tile
 EXPAND_PIXELS = (2, 4, 6, 8)  # pixels of the expanding GEMM's register tile
 
 
+# the fused kernel's own blocks (``inverted_residual.expand_depthwise``); any other is an activation's step
+_EXPAND_DEPTHWISE_BLOCKS = frozenset({"data_clamped", "expand", "expand_padded", "depthwise", "depthwise_epilogue"})
+
+
 def schedule_expand_depthwise(sch: Schedule, depthwise: SBlockRV) -> list[Schedule]:
     """A 1x1 expanding convolution and the depthwise convolution that consumes it, computed tile by tile
     (``tuner.lowering.inverted_residual``): each parallel task takes a band of output rows and a group of
     channels, computes the expanded activation that band needs (with its halo) into a buffer that
     stays in the core's cache, then the depthwise convolution over it. The expanded activation never
     goes to memory."""
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if sch.get(block).name_hint not in _EXPAND_DEPTHWISE_BLOCKS:  # a SiLU's element-wise steps
+            sch.compute_inline(block)
     expand = sch.get_sblock("expand")
     sch.compute_inline(sch.get_sblock("data_clamped"))
     depthwise_out = sch.cache_write(depthwise, 0, "local")
