@@ -175,10 +175,16 @@ def main() -> None:
     if args.tables or args.repredict:  # the tables again from the records, nothing measured
         return write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
     command = " ".join(["experiments/analytic.py", *sys.argv[1:]])
+    failed = []
     for model in args.models:  # a rerun of some models keeps the others' records
         earlier = next((r for r in records if (r["model"], r["cpu"]) == (_label(model, args), cpu)), None)
         searched = earlier if args.keep_searched else None
-        measured = _measure_model(model, args, searched)
+        try:
+            measured = _measure_model(model, args, searched)
+        except RuntimeError as err:  # a step that failed (its log named): the other models are still measured
+            failed.append(model)
+            print(f"{model}: {err}", file=sys.stderr, flush=True)
+            continue
         by = f"{searched['command']}; trials=0 again by {command}" if searched else command
         record = {**measured, "model": _label(model, args), "cpu": cpu, "command": by}
         records = [r for r in records if (r["model"], r["cpu"]) != (record["model"], cpu)] + [record]
@@ -186,6 +192,8 @@ def main() -> None:
         print(markdown_table([row], list(row)), flush=True)
         kept.write_text(json.dumps(records, indent=1, default=str))  # each model kept as soon as it is measured
     write_tables(args.out, records, f"{args.threads} threads, {args.rounds} interleaved rounds")
+    if failed:
+        raise SystemExit(f"analytic.py: {', '.join(failed)} failed (above); the others' records are kept")
 
 
 def _repredict(record: dict, out: Path) -> None:

@@ -46,3 +46,30 @@ def test_sums_along_the_last_axis_and_too_few_channels_are_left_alone():
     assert column_schedule(_channels_mean(channels=16), lanes=16, cores=2) is None  # one vector for two cores
     narrow = column_schedule(_channels_mean(channels=24), lanes=16, cores=2)  # vectors of 8 lanes: 3 tasks
     assert narrow is not None and "T.parallel(3)" in narrow.mod.script()
+
+
+def test_a_kernel_naming_a_design_space_of_its_own_keeps_it():
+    """A block annotated with a design space (a bf16 pool's rule) is that space's, as in norm_rule."""
+    sch = tvm.s_tir.Schedule(_channels_mean())
+    sch.annotate(sch.get_sblock("sums"), "schedule_rule", "a_space_of_its_own")
+    assert column_schedule(_channels_mean(), lanes=16, cores=2) is not None
+    assert column_schedule(sch.mod, lanes=16, cores=2) is None
+
+
+def test_a_reduction_of_two_outputs_is_left_alone():
+    """Sums and sums of squares in one block (HF MobileViTV2's channel norms) crashed the rule, and with it
+    trials=0 on the model."""
+    x = te.placeholder((1, 14, 14, 128), "float32", name="x")
+    k1, k2 = te.reduce_axis((0, 14), "k1"), te.reduce_axis((0, 14), "k2")
+    both = te.comm_reducer(
+        lambda a, b: (a[0] + b[0], a[1] + b[1]),
+        lambda t0, t1: (tvm.tirx.const(0, t0), tvm.tirx.const(0, t1)),
+    )
+    sums, squares = te.compute(
+        (1, 1, 1, 128),
+        lambda n, a, b, c: both((x[n, k1, k2, c], x[n, k1, k2, c] * x[n, k1, k2, c]), axis=[k1, k2]),
+        name="moments",
+    )
+    mod = tvm.IRModule({"main": te.create_prim_func([x, sums, squares])})
+    assert column_schedule(mod, lanes=16, cores=2) is None
+

@@ -393,15 +393,15 @@ def configure_kernel(mod: tvm.IRModule, target: tvm.target.Target) -> AnalyticSc
     keeps TVM's default schedule then."""
     if target.kind.name != "llvm":
         return None
+    facts = MachineFacts.of(target)
+    ruled = rule_schedule(mod, facts)  # before the design spaces, which such a kernel does not need
+    if ruled is not None:
+        return ruled
     try:
         context = msc.make_context(mod, target, ANALYTIC_SEED)
         spaces = msc.design_spaces(context)
     except RuntimeError:  # MetaSchedule refused the kernel or the target (one without num-cores, say)
         return None
-    facts = MachineFacts.of(target)
-    ruled = rule_schedule(mod, facts)
-    if ruled is not None:
-        return ruled
     return analytic_schedule(mod, spaces, msc.postprocessors(context), facts)
 
 

@@ -21,11 +21,14 @@ from .rows_rule import MIN_VECTOR, reduces, variables_of
 
 def column_schedule(mod: tvm.IRModule, lanes: int, cores: int) -> Schedule | None:
     """The schedule above, or None where the kernel is not one reduction over every axis but its input's last,
-    the element-wise blocks it feeds after it; or its channels are fewer than a vector per core."""
+    the element-wise blocks it feeds after it; where a block names a design space of its own (a bf16 pool's);
+    or its channels are fewer than a vector per core."""
     sch = Schedule(mod)
     try:
         root = sch.get_sblock("root")
         blocks = sch.get_child_blocks(root)
+        if any("schedule_rule" in sch.get(block).annotations for block in blocks):
+            return None
         first = next((i for i, block in enumerate(blocks) if reduces(sch.get(block))), None)
         if first is None or any(reduces(sch.get(block)) for block in blocks[first + 1 :]):
             return None
@@ -59,8 +62,10 @@ def column_schedule(mod: tvm.IRModule, lanes: int, cores: int) -> Schedule | Non
 def _sums_all_but_the_last_axis(block: tvm.tirx.Stmt) -> bool:
     """Whether the block reads one input whose last axis is its output's last axis (the same variable) and
     whose other axes are indexed by the reduction's variables, or by variables of extent one."""
+    if len(block.writes) != 1 or len(block.reads) != 1:  # a reduction of several outputs (a sum and its squares)
+        return False
     (written,) = block.writes
-    if len(block.reads) != 1 or not written.region:
+    if not written.region:
         return False
     (read,) = block.reads
     reduced = {iv.var.name for iv in block.iter_vars if iv.iter_type == tvm.tirx.IterVar.CommReduce}
