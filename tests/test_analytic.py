@@ -214,3 +214,30 @@ def test_a_bf16_products_analytic_schedule_takes_its_design_space_of_most_accumu
     configured = configure_kernel(dense_module(56, 64, 64), resolve_target("llvm"))
     assert configured is not None
     assert "tensor_tuner_bf16_r4_v4_p32" in str(configured.sch.trace)
+
+
+def _response_norm(height: int = 28, width: int = 28, channels: int = 192) -> tvm.IRModule:
+    """ConvNeXtV2's global response norm as Relax fuses it: the channels' mean of each channel's norm, read by
+    every element of the image."""
+    from tvm import te
+
+    x = te.placeholder((1, height, width, channels), "float32", name="x")
+    norms = te.placeholder((1, 1, 1, channels), "float32", name="norms")
+    k = te.reduce_axis((0, channels), "k")
+    total = te.compute((1, 1, 1, 1), lambda n, a, b, c: te.sum(norms[n, a, b, k], axis=k), name="total")
+    out = te.compute(
+        (1, height, width, channels),
+        lambda n, h, w, c: x[n, h, w, c] * (norms[0, 0, 0, c] / (total[0, 0, 0, 0] / channels + 1e-6)),
+        name="normed",
+    )
+    return tvm.IRModule({"main": te.create_prim_func([x, norms, out])})
+
+
+def test_a_reduction_read_by_every_element_is_computed_once_at_the_root():
+    """Computed inside its reader's loops, the sum is done again for each element (ConvNeXtV2's: 19 ms for
+    a 34 us kernel; T5's RMS norm 5.0 ms for 18 us)."""
+    configured = configure_kernel(_response_norm(), resolve_target("llvm"))
+    assert configured is not None
+    trace = configured.sch.trace
+    locations = [int(trace.decisions[i]) for i in trace.insts if i.kind.name == "SampleComputeLocation"]
+    assert locations and all(location == -1 for location in locations)

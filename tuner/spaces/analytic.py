@@ -282,14 +282,32 @@ class AnalyticDraw:
         if self.roles[index] == "unroll":
             limits = [int(limit) for limit in attrs[0]]
             return max(range(len(limits)), key=lambda i: (limits[i] <= UNROLL_STEPS, limits[i]))
-        if inst.kind.name == "SampleComputeLocation" and self._feeds_a_tiled_product(inputs[0]):
+        if inst.kind.name == "SampleComputeLocation" and (
+            self._feeds_a_tiled_product(inputs[0]) or self._read_broadcast(inputs[0])
+        ):
             return ROOT
         return None
+
+    def _read_broadcast(self, block_rv) -> bool:
+        """Whether a reduction's result is read by a block of more points (a row's sum by each of the row's
+        elements): computed inside that block's loops, the reduction would be done again for every point of
+        the axes it is broadcast along (T5's RMS norm summed its row once per column, 512 times: 2.7 ms for
+        an 8 us kernel; ConvNeXtV2's response norm averaged its channels once per element)."""
+        block = self.sch.get(block_rv)
+        if not any(v.iter_type == tvm.tirx.IterVar.CommReduce for v in block.iter_vars):
+            return False
+        points = _spatial_points(block)
+        return any(_spatial_points(self.sch.get(c)) > points for c in self.sch.get_consumers(block_rv))
 
     def _feeds_a_tiled_product(self, block_rv) -> bool:
         """Whether a block is read by a product this schedule tiles (a convolution's pad: see the module's
         docstring). Not a Winograd transform's input gather: at the root, a pass of its own (2x slower)."""
         return any(TILING_ANNOTATION in self.sch.get(c).annotations for c in self.sch.get_consumers(block_rv))
+
+
+def _spatial_points(block: tvm.tirx.Stmt) -> int:
+    extents = [v.dom.extent for v in block.iter_vars if v.iter_type == tvm.tirx.IterVar.DataPar]
+    return math.prod(int(e) if isinstance(e, tvm.tirx.IntImm) else 1 << 30 for e in extents)
 
 
 @dataclass(frozen=True)
