@@ -72,4 +72,3 @@ def test_a_reduction_of_two_outputs_is_left_alone():
     )
     mod = tvm.IRModule({"main": te.create_prim_func([x, sums, squares])})
     assert column_schedule(mod, lanes=16, cores=2) is None
-
