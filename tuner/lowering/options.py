@@ -13,11 +13,12 @@ class LoweringOptions:
     Grouped by the pass each option switches. ``None``: on where the target is a CPU.
     """
 
-    # inference rewrites of the imported graph (``rewrites``, ``fast_math``, ``row_padding``, ``softmax_rows``,
-    # ``attention_padding``, ``attention_blocks``)
+    # inference rewrites of the imported graph (``rewrites``, ``fast_math``, ``row_padding``, ``column_padding``,
+    # ``softmax_rows``, ``attention_padding``, ``attention_blocks``)
     fold_batch_norm: bool = True  # eval-mode batch norms folded into the convolutions before them
     fast_math: bool = True  # float32 exp/erf/tanh/sigmoid/softmax as vectorisable approximations
     pad_product_rows: bool = True  # float32 products by weights over row counts that tile badly, a few zero rows more
+    pad_product_columns: bool = True  # ... over column counts no vector divides, a few zero columns more
     softmax_by_rows: bool = True  # on CPUs, softmaxes a row per parallel task
     attention_blocks: bool = False  # attentions whose scores outgrow the caches, a block of queries at a time
     pad_attention_tokens: bool = True  # on CPUs, float32 attentions over token counts that tile badly, padded
@@ -80,4 +81,5 @@ _PREDATING_RECORDS = {
     "bf16_fuse_expand_depthwise": False,
     "pad_conv1d_positions": False,
     "fuse_silu_blocks": False,
+    "pad_product_columns": False,
 }

@@ -41,6 +41,7 @@ from .attention_blocks import AttentionInQueryBlocks
 from .attention_padding import PadAttentionTokens
 from .channel_norms import PerChannelNormsAsProducts
 from .channels_last import ChannelsLastConvolutions
+from .column_padding import PadProductColumns
 from .conv1d import Conv1dAsConv2d
 from .inverted_residual import FuseExpandDepthwise
 from .layout_free import KeepLayoutFreeWeightsOfReductions
@@ -108,12 +109,15 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     # both take the weights, transposed, as constants
     strassen = _on_cpus_by_default(options.strassen, target)
     pad_rows = options.pad_product_rows and not options.bfloat16 and _on_cpus_by_default(None, target)
-    if strassen or pad_rows:
+    pad_columns = options.pad_product_columns and not options.bfloat16 and _on_cpus_by_default(None, target)
+    if strassen or pad_rows or pad_columns:
         passes.append(fold_constants())
     if strassen:
         passes.append(StrassenMatmuls())
     if pad_rows:  # bf16 products pad their own rows
         passes.append(PadProductRows())
+    if pad_columns:
+        passes.append(PadProductColumns())
     if options.bfloat16:
         passes += [
             fold_constants(),
