@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 class _FirstLayer(torch.nn.Module):
     """wav2vec 2.0's first feature layer in small: a strided 1-D convolution, a group norm of one channel
     per group (its positions' mean and variance per channel), a GELU, the next convolution; then a group
-    norm of several channels per group, left as it is."""
+    norm of several channels per group."""
 
     def __init__(self):
         super().__init__()
@@ -39,7 +39,7 @@ def _lowered(llvm_target, options=None):
 
 
 def test_a_norm_of_a_channel_per_group_sums_by_products_and_matches_pytorch(llvm_target):
-    model, lowered = _lowered(llvm_target)
+    model, lowered = _lowered(llvm_target, LoweringOptions(group_norms_as_products=False))
     scripts = {gv.name_hint: func.script() for gv, func in lowered.functions_items()}
     assert sum("group_norm" in name for name in scripts) == 1, list(scripts)  # the grouped one
     sums = [name for name, script in scripts.items() if "matmul" in name and "conv" not in name]
@@ -64,13 +64,16 @@ def test_the_normalising_kernel_is_finite_on_the_random_inputs_tuning_times_it_w
     import tvm
 
     _, lowered = _lowered(llvm_target)
-    (name,) = [gv.name_hint for gv, _ in lowered.functions_items() if "rsqrt" in gv.name_hint]
-    func = lowered[name].with_attr("global_symbol", "main")
-    built = tvm.compile(tvm.IRModule({"main": func}), target=llvm_target)
-    rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.shape]).astype("float32")) for p in func.params]
-    built["main"](*args)
-    assert np.all(np.isfinite(args[-1].numpy()))
+    names = [gv.name_hint for gv, _ in lowered.functions_items() if "rsqrt" in gv.name_hint]
+    assert len(names) == 2  # a channel per group, and several
+    for name in names:
+        func = lowered[name].with_attr("global_symbol", "main")
+        built = tvm.compile(tvm.IRModule({"main": func}), target=llvm_target)
+        rng = np.random.default_rng(0)
+        shapes = [[int(d) for d in p.shape] for p in func.params]
+        args = [tvm.runtime.tensor(rng.standard_normal(shape).astype("float32")) for shape in shapes]
+        built["main"](*args)
+        assert np.all(np.isfinite(args[-1].numpy())), name
 
 
 class _PoolFormerBlock(torch.nn.Module):
@@ -104,4 +107,18 @@ def test_a_norm_of_one_group_sums_by_products_and_matches_pytorch(llvm_target):
     # the means over the channels end their kernels: no [N, P, C] step computes one again per element
     assert not [name for name in names if "mean" in name and ("subtract" in name or "rsqrt" in name)], names
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32") + 3
+    assert error_against_torch(model, lowered, llvm_target, x) < 1e-5
+
+
+def test_a_norm_of_several_channels_per_group_sums_by_products_and_matches_pytorch(llvm_target):
+    """BiT's 32-group norms: each channel's sums as products, then averaged over its group's channels."""
+    model, lowered = _lowered(llvm_target)
+    with torch.no_grad():
+        model.grouped_norm.weight.uniform_(0.5, 1.5)
+        model.grouped_norm.bias.uniform_(-0.5, 0.5)
+    lowered = lower_workload(load_workload(model, [(1, 1, 400)]), llvm_target)
+    names = [gv.name_hint for gv, _ in lowered.functions_items()]
+    assert not [name for name in names if "group_norm" in name], names
+    assert len([name for name in names if "matmul" in name and "conv" not in name]) == 4, names
+    x = np.random.default_rng(0).standard_normal((1, 1, 400)).astype("float32") + 3
     assert error_against_torch(model, lowered, llvm_target, x) < 1e-5

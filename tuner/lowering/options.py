@@ -29,6 +29,7 @@ class LoweringOptions:
     pad_conv1d_positions: bool = True  # ... over output positions that tile badly, a few zero positions more
     channels_last_resizes: bool = True  # image resizes and sequences reshaped into images kept channels-last
     channel_norms_as_products: bool = True  # channels-last group norms of a channel per group, sums as products
+    group_norms_as_products: bool = True  # ... of several channels per group too (BiT's)
 
     # algorithms (``winograd``, ``inverted_residual``, ``strassen``)
     winograd: bool | None = None  # channels-last 3x3 convolutions by Winograd's algorithm
@@ -82,4 +83,5 @@ _PREDATING_RECORDS = {
     "pad_conv1d_positions": False,
     "fuse_silu_blocks": False,
     "pad_product_columns": False,
+    "group_norms_as_products": False,
 }

@@ -97,7 +97,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         # biases must be constants to move past
         passes += [fold_constants(), ChannelsLastConvolutions(options.channels_last_resizes)]
         if options.channel_norms_as_products:
-            passes.append(PerChannelNormsAsProducts())
+            passes.append(PerChannelNormsAsProducts(options.group_norms_as_products))
         if _on_cpus_by_default(options.winograd, target):
             passes.append(WinogradConvolutions())
         if _on_cpus_by_default(options.fuse_expand_depthwise, target):
