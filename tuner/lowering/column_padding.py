@@ -36,8 +36,6 @@ def padded_column_count(columns: int) -> int:
 class _PadColumns(PyExprMutator):
     def visit_call_(self, call: Call) -> Expr:
         call = super().visit_call_(call)
-        if not isinstance(call, Call) or call.op != tvm.ir.Op.get("relax.matmul"):
-            return call
         shape = fp32_activation_by_weight(call)
         if shape is None:
             return call

@@ -46,6 +46,8 @@ def is_float32(call: Call) -> bool:
 def fp32_activation_by_weight(call: Call) -> tuple[int, ...] | None:
     """The activation's shape where ``call`` is a float32 matmul of an activation (any leading
     dimensions, its shape known) by a constant 2-D float32 weight; else None."""
+    if op_name(call) != "relax.matmul":
+        return None
     data, weight = call.args
     if not isinstance(weight, tvm.ir.expr.Constant) or len(weight.value.shape) != 2:
         return None

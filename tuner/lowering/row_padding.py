@@ -44,8 +44,6 @@ def _pads(call: Call) -> int | None:
 class _PadRows(PyExprMutator):
     def visit_call_(self, call: Call) -> Expr:
         call = super().visit_call_(call)
-        if not isinstance(call, Call) or call.op != tvm.ir.Op.get("relax.matmul"):
-            return call
         padded = _pads(call)
         if padded is None:
             return call
