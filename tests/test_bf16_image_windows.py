@@ -138,7 +138,9 @@ def test_a_stem_tuned_in_bf16_searches_its_first_convolution_in_place_and_matche
         stem, example_inputs=[x], target="llvm", dtype="bfloat16", trials_per_task=4, work_dir=tmp_path / "wd"
     )
     (first,) = [t for t in result.tasks if "bf16_conv2d" in t.name]
-    assert first.trials and first.verified and not first.fell_back, result.summary()
+    # verified, unless the in-model choice gave it back its analytic schedule (checked end to end)
+    taken_back = first.tuned_in_model_latency is not None
+    assert first.trials and (first.verified or taken_back) and not first.fell_back, result.summary()
     assert not any("patches" in t.name for t in result.tasks), result.summary()
     with torch.no_grad():
         expected = stem(x).numpy()
