@@ -54,7 +54,7 @@ from .column_rule import column_schedule
 from .machine import MachineFacts
 from .norm_rule import norm_schedule
 from .register_tiles import TILING_ANNOTATION, RegisterFile, divisors, power_of_two, tile_roles
-from .rows_rule import rows_schedule
+from .rows_rule import reduces, rows_schedule
 from .schedule_rules import ExpandDepthwiseDraw, is_expand_depthwise
 
 FLOAT_BYTES = 4
@@ -294,10 +294,12 @@ class AnalyticDraw:
         the axes it is broadcast along (T5's RMS norm summed its row once per column, 512 times: 2.7 ms for
         an 8 us kernel; ConvNeXtV2's response norm averaged its channels once per element)."""
         block = self.sch.get(block_rv)
-        if not any(v.iter_type == tvm.tirx.IterVar.CommReduce for v in block.iter_vars):
+        if not reduces(block):
             return False
-        points = _spatial_points(block)
-        return any(_spatial_points(self.sch.get(c)) > points for c in self.sch.get_consumers(block_rv))
+        points = _points(block, tvm.tirx.IterVar.DataPar)
+        return any(
+            _points(self.sch.get(c), tvm.tirx.IterVar.DataPar) > points for c in self.sch.get_consumers(block_rv)
+        )
 
     def _feeds_a_tiled_product(self, block_rv) -> bool:
         """Whether a block is read by a product this schedule tiles (a convolution's pad: see the module's
@@ -305,8 +307,9 @@ class AnalyticDraw:
         return any(TILING_ANNOTATION in self.sch.get(c).annotations for c in self.sch.get_consumers(block_rv))
 
 
-def _spatial_points(block: tvm.tirx.Stmt) -> int:
-    extents = [v.dom.extent for v in block.iter_vars if v.iter_type == tvm.tirx.IterVar.DataPar]
+def _points(block: tvm.tirx.Stmt, kind: int) -> int:
+    """The points a block's variables of ``kind`` (spatial, reduction) span; a dynamic extent counts as huge."""
+    extents = [v.dom.extent for v in block.iter_vars if v.iter_type == kind]
     return math.prod(int(e) if isinstance(e, tvm.tirx.IntImm) else 1 << 30 for e in extents)
 
 
@@ -374,11 +377,6 @@ def _epilogues_within_product(mod: tvm.IRModule) -> bool:
     """Whether every consumer of a product (a block with a reduction) spans no more points than the
     product's spatial loops."""
     sch = Schedule(mod)
-
-    def points(block, kind) -> int:
-        extents = [v.dom.extent for v in block.iter_vars if v.iter_type == kind]
-        return math.prod(int(e) if isinstance(e, tvm.tirx.IntImm) else 1 << 30 for e in extents)
-
     spatial, reduction = tvm.tirx.IterVar.DataPar, tvm.tirx.IterVar.CommReduce
     try:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
@@ -386,9 +384,11 @@ def _epilogues_within_product(mod: tvm.IRModule) -> bool:
         return True
     for block_rv in blocks:
         block = sch.get(block_rv)
-        if points(block, reduction) == 1:
+        if _points(block, reduction) == 1:
             continue
-        if any(points(sch.get(consumer), spatial) > points(block, spatial) for consumer in sch.get_consumers(block_rv)):
+        if any(
+            _points(sch.get(consumer), spatial) > _points(block, spatial) for consumer in sch.get_consumers(block_rv)
+        ):
             return False
     return True
 

@@ -16,7 +16,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 
 from .copy_rule import copy_lanes
-from .rows_rule import MIN_VECTOR, reduces, variables_of
+from .rows_rule import MIN_VECTOR, names_a_space_of_its_own, reduces, variables_of
 
 
 def column_schedule(mod: tvm.IRModule, lanes: int, cores: int) -> Schedule | None:
@@ -27,7 +27,7 @@ def column_schedule(mod: tvm.IRModule, lanes: int, cores: int) -> Schedule | Non
     try:
         root = sch.get_sblock("root")
         blocks = sch.get_child_blocks(root)
-        if any("schedule_rule" in sch.get(block).annotations for block in blocks):
+        if names_a_space_of_its_own(sch, blocks):
             return None
         first = next((i for i, block in enumerate(blocks) if reduces(sch.get(block))), None)
         if first is None or any(reduces(sch.get(block)) for block in blocks[first + 1 :]):

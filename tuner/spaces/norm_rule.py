@@ -24,7 +24,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from .copy_rule import copy_lanes
-from .rows_rule import MIN_VECTOR, reduces, variables_of
+from .rows_rule import MIN_VECTOR, names_a_space_of_its_own, reduces, variables_of
 
 
 def norm_schedule(mod: tvm.IRModule, lanes: int, cores: int) -> Schedule | None:
@@ -37,7 +37,7 @@ def norm_schedule(mod: tvm.IRModule, lanes: int, cores: int) -> Schedule | None:
     try:
         root = sch.get_sblock("root")
         blocks = sch.get_child_blocks(root)
-        if any("schedule_rule" in sch.get(block).annotations for block in blocks):
+        if names_a_space_of_its_own(sch, blocks):
             return None
         reductions = [block for block in blocks if reduces(sch.get(block))]
         if not reductions or reduces(sch.get(blocks[-1])):

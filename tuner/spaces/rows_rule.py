@@ -81,3 +81,9 @@ def variables_of(expr: tvm.tirx.Expr) -> set[str]:
 def reduces(block: tvm.tirx.Stmt) -> bool:
     """Whether a block (an ``SBlock``) has a reduction loop."""
     return any(var.iter_type == tvm.tirx.IterVar.CommReduce for var in block.iter_vars)
+
+
+def names_a_space_of_its_own(sch: Schedule, blocks: list) -> bool:
+    """Whether one of ``blocks`` names a design space of its own (a ``schedule_rule`` annotation: a bf16 pool's,
+    our fused blocks'), which a rule of ours then leaves the kernel to."""
+    return any("schedule_rule" in sch.get(block).annotations for block in blocks)
