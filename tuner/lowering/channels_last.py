@@ -42,7 +42,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 from common.relax_functions import rewrite_functions
 from tuner.spaces.schedule_rules import VECTOR_LANES
 
-from .fast_math import fast_form_call, fast_form_named
+from .fast_math import fast_form_applied, fast_form_call
 from .graph import conv2d_like, ints, op_name, static_shape
 from .numpy_folding import fold_constants
 
@@ -227,11 +227,11 @@ class _ChannelsLast(PyExprMutator):
 
     def _fast_form(self, call: Call) -> Expr:
         """An element-wise activation given its fast form before this pass (``rewrites``), as a unary op."""
-        callee, args = call.args[0], call.args[1]
-        form = fast_form_named(callee.name_hint) if isinstance(callee, relax.GlobalVar) else None
-        if form is None or not isinstance(args, relax.Tuple) or len(args.fields) != 1:
+        applied = fast_form_applied(call)
+        if applied is None:
             return call
-        source = self._nchw_source(args.fields[0], ELEMENT_WISE_RANKS)
+        form, x = applied
+        source = self._nchw_source(x, ELEMENT_WISE_RANKS)
         return call if source is None else self._to_nchw(fast_form_call(self.builder_, form, source))
 
     def _binary(self, call: Call) -> Expr:

@@ -100,3 +100,14 @@ def fast_form_named(kernel: str):
     """The fast form a kernel computes, by its name (``fast_gelu1``: ``_fast_gelu``), or None: a pass
     after the fast forms were given sees the kernel, not the operator."""
     return FAST_FORMS_BY_NAME.get(kernel.rstrip("0123456789"))
+
+
+def fast_form_applied(call: Expr):
+    """(the fast form, its input) where ``call`` calls a kernel ``fast_form_call`` made; else None."""
+    if not isinstance(call, relax.Call) or call.op != tvm.ir.Op.get("relax.call_tir"):
+        return None
+    callee, args = call.args[0], call.args[1]
+    form = fast_form_named(callee.name_hint) if isinstance(callee, relax.GlobalVar) else None
+    if form is None or not isinstance(args, relax.Tuple) or len(args.fields) != 1:
+        return None
+    return form, args.fields[0]

@@ -41,7 +41,7 @@ from tuner.spaces.metaschedule import FLOPS_ANNOTATION
 from tuner.spaces.schedule_rules import EXPAND_DEPTHWISE_RULE, VECTOR_LANES
 
 from .dataflow import Dataflow
-from .fast_math import FAST_FORMS, fast_form_named
+from .fast_math import FAST_FORMS, fast_form_applied
 from .graph import op_name, static_shape
 
 
@@ -176,12 +176,8 @@ def expand_depthwise(
 
 def _fast_kernel_input(call: Expr, operator: str) -> Expr | None:
     """The input of ``call`` where it calls fast_math's kernel for ``operator`` (``FAST_FORMS``)."""
-    if op_name(call) != "relax.call_tir" or not isinstance(call.args[0], relax.GlobalVar):
-        return None
-    args = call.args[1]
-    if fast_form_named(call.args[0].name_hint) is not FAST_FORMS[operator] or not isinstance(args, relax.Tuple):
-        return None
-    return args.fields[0] if len(args.fields) == 1 else None
+    applied = fast_form_applied(call)
+    return applied[1] if applied is not None and applied[0] is FAST_FORMS[operator] else None
 
 
 def _activation(call: Call) -> Activation | None:
