@@ -23,10 +23,11 @@ class LoweringOptions:
     attention_blocks: bool = False  # attentions whose scores outgrow the caches, a block of queries at a time
     pad_attention_tokens: bool = True  # on CPUs, float32 attentions over token counts that tile badly, padded
 
-    # layouts (``channels_last``, ``conv1d``, ``channel_norms``)
+    # layouts (``channels_last``, ``conv1d``, ``grouped_conv1d``, ``channel_norms``)
     channels_last: bool | None = None  # convolutions in NHWC
     conv1d_as_conv2d: bool | None = None  # 1-D convolutions as 2-D ones one row high; None: with channels_last
     pad_conv1d_positions: bool = True  # ... over output positions that tile badly, a few zero positions more
+    grouped_conv1d_channels_last: bool | None = None  # grouped ones (a positional embedding's) as a kernel of ours
     channels_last_resizes: bool = True  # image resizes and sequences reshaped into images kept channels-last
     channel_norms_as_products: bool = True  # channels-last group norms of a channel per group, sums as products
     group_norms_as_products: bool = True  # ... of several channels per group too (BiT's)
@@ -84,4 +85,5 @@ _PREDATING_RECORDS = {
     "fuse_silu_blocks": False,
     "pad_product_columns": False,
     "group_norms_as_products": False,
+    "grouped_conv1d_channels_last": False,
 }

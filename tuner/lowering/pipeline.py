@@ -43,6 +43,7 @@ from .channel_norms import PerChannelNormsAsProducts
 from .channels_last import ChannelsLastConvolutions
 from .column_padding import PadProductColumns
 from .conv1d import Conv1dAsConv2d
+from .grouped_conv1d import GroupedConv1dChannelsLast
 from .inverted_residual import FuseExpandDepthwise
 from .layout_free import KeepLayoutFreeWeightsOfReductions
 from .layout_fusion import FuseLayoutIntoConsumers
@@ -94,6 +95,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     if _on_cpus_by_default(options.channels_last, target):
         if _on_cpus_by_default(options.conv1d_as_conv2d, target):
             passes.append(Conv1dAsConv2d(options.pad_conv1d_positions and not options.bfloat16))
+        if not options.bfloat16 and _on_cpus_by_default(options.grouped_conv1d_channels_last, target):
+            passes.append(GroupedConv1dChannelsLast())
         # biases must be constants to move past
         passes += [fold_constants(), ChannelsLastConvolutions(options.channels_last_resizes)]
         if options.channel_norms_as_products:

@@ -64,6 +64,9 @@ MAX_WINDOW = 7  # a reduction loop this short is a convolution's window: its inp
 UNROLL_STEPS = 64
 ANALYTIC_SEED = 1
 ROOT = -1  # SampleComputeLocation's decision for the root (-2: inlined)
+# A block annotation: the spatial loop just outside the rows holds this many more vectors of weights (columns)
+# that share a step's broadcasts (``lowering.grouped_conv1d``'s output channels of a group), all in the tile.
+COLUMN_VECTORS_ATTR = "tuner.column_vectors"
 
 
 @dataclass(frozen=True)
@@ -122,21 +125,27 @@ def tiled_blocks(mod: tvm.IRModule, space: Schedule) -> list[list[TiledLoop]]:
     return blocks
 
 
-def plan_block(loops: Sequence[TiledLoop], facts: MachineFacts) -> BlockPlan:
-    """The factors of every loop of a CPU-tiled block (see the module's docstring)."""
+def plan_block(loops: Sequence[TiledLoop], facts: MachineFacts, column_vectors: int = 1) -> BlockPlan:
+    """The factors of every loop of a CPU-tiled block (see the module's docstring); with ``column_vectors``
+    (``COLUMN_VECTORS_ATTR``), the spatial loop outside the rows whole in the register tile."""
     spatial = [loop for loop in loops if loop.role != "reduction"]
     reductions = [loop for loop in loops if loop.role == "reduction"]
     vector = spatial[-1]
-    rows = [loop for loop in spatial[:-1] if loop.extent > 1]
+    columns = spatial[-3] if column_vectors > 1 and len(spatial) >= 3 else None
+    if columns is not None and columns.extent != column_vectors:
+        columns, column_vectors = None, 1
+    rows = [loop for loop in spatial[:-1] if loop.extent > 1 and loop is not columns]
     row = rows[-1] if rows else None
     inner = {loop.index: 1 for loop in loops}
 
-    mr, nr = _register_tile(vector, row, facts)
+    mr, nr = _register_tile(vector, row, facts, column_vectors)
     inner[vector.index] = nr
     if row is not None:
         inner[row.index] = mr
+    if columns is not None:
+        inner[columns.index] = column_vectors
     lanes = facts.registers.lanes
-    vectors = -(-nr // lanes)
+    vectors = -(-nr // lanes) * column_vectors
 
     run_budget = max(1, facts.l1_bytes // 2 // (vectors * lanes * FLOAT_BYTES))
     run = 1
@@ -213,12 +222,18 @@ def _parallel_split(
     return {**{loop.index: split.get(loop.index, 1) for loop in rows}, vector.index: columns}
 
 
-def _register_tile(vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts) -> tuple[int, int]:
+def _register_tile(
+    vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts, column_vectors: int = 1
+) -> tuple[int, int]:
     """(rows, columns) of the register tile: the most accumulators the registers hold, up to what keeps the
     FMA ports busy with a margin (``RegisterFile.enough_accumulators``), then the most FMAs per load. Past that
     many, more accumulators buy nothing and a tall thin tile costs a broadcast per FMA: wav2vec 2.0's encoder
     convolutions over 399 and 1599 positions (3 x 7 x 19, 3 x 13 x 41) took 21 x 1 and 13 x 1 tiles over 3 x 4
-    ones and ran at 34% and 65% of the FMA peak (their rows 4 KiB apart, every one in the same L1 set)."""
+    ones and ran at 34% and 65% of the FMA peak (their rows 4 KiB apart, every one in the same L1 set).
+
+    ``column_vectors`` more vectors of weights per step (a grouped convolution's output channels) multiply the
+    accumulators, and each row's broadcast then feeds several FMAs, so it stays in a register too: SEW's 3 x 8
+    tile (24 accumulators, 3 weights, 8 broadcasts) spilled and ran at half the speed of 3 x 6."""
     lanes = facts.registers.lanes
     widths = [
         d for d in divisors(vector.extent) if d % lanes == 0 and d <= vector.max_innermost and power_of_two(d // lanes)
@@ -228,10 +243,11 @@ def _register_tile(vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts
     heights = [d for d in divisors(row.extent) if d <= row.max_innermost] if row is not None else [1]
     best = None
     for width in widths:
-        vectors = -(-width // lanes)
+        vectors = -(-width // lanes) * column_vectors
         for height in heights:
             accumulators = height * vectors
-            if not facts.registers.holds(accumulators, vectors):
+            broadcasts = height if column_vectors > 1 else 0
+            if not facts.registers.holds(accumulators, vectors + broadcasts):
                 continue
             key = (min(accumulators, facts.registers.enough_accumulators), accumulators / (height + vectors))
             if best is None or key > best[0]:
@@ -336,10 +352,22 @@ def configure_in(
     mod: tvm.IRModule, space: Schedule, postprocs: Sequence, facts: MachineFacts | None
 ) -> AnalyticSchedule | None:
     """The analytic schedule of ``mod`` in one design space; None where the space does not take it."""
-    plans = tuple(plan_block(block, facts) for block in tiled_blocks(mod, space)) if facts is not None else ()
+    columns = column_vectors(mod)
+    plans = tuple(plan_block(block, facts, columns) for block in tiled_blocks(mod, space)) if facts is not None else ()
     ours = facts is not None and is_expand_depthwise(mod)  # our own space, configured from the registers
     sch = replay_plans(mod, space, plans, postprocs, facts.registers if ours else None)
     return AnalyticSchedule(sch, plans) if sch is not None else None
+
+
+def column_vectors(mod: tvm.IRModule) -> int:
+    """The ``COLUMN_VECTORS_ATTR`` a block of the kernel is annotated with; 1 where none is."""
+    sch = Schedule(mod)
+    try:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except ScheduleError:  # an extern kernel: one opaque block
+        return 1
+    annotated = [sch.get(block).annotations.get(COLUMN_VECTORS_ATTR) for block in blocks]
+    return max((int(value) for value in annotated if value is not None), default=1)
 
 
 def replay_plans(
