@@ -38,7 +38,8 @@ class LoweringOptions:
     fuse_silu_blocks: bool = True  # ... where their activations are SiLUs too (MobileViT, EfficientNet)
     strassen: bool | None = None  # large float32 matmuls by weights as 7 half-size products instead of 8
 
-    # fusion and weights (``layout_fusion``, ``layout_free``)
+    # fusion and weights (``reshapes``, ``layout_fusion``, ``layout_free``)
+    bounded_reshapes: bool = True  # reshapes read their input at indices simplified for the output's bounds
     fuse_layout: bool = True  # layout-only kernels pulled into the kernels that consume them
     fuse_layout_into_attention: bool = False  # ... into attention's fp32 products of two activations too
     layout_free_weights: bool = True  # weights' layouts chosen by the schedules, transformed once at compile
@@ -86,4 +87,5 @@ _PREDATING_RECORDS = {
     "pad_product_columns": False,
     "group_norms_as_products": False,
     "grouped_conv1d_channels_last": False,
+    "bounded_reshapes": False,
 }

@@ -50,6 +50,7 @@ from .layout_fusion import FuseLayoutIntoConsumers
 from .numpy_folding import fold_constants
 from .options import LoweringOptions
 from .pads import FoldPadsIntoConvolutions, KeepGrowingBlocksOutOfEpilogues
+from .reshapes import LEGALIZATIONS
 from .rewrites import SimplifyImportedGraph
 from .row_padding import PadProductRows
 from .softmax_rows import SoftmaxByRows
@@ -143,7 +144,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
 def fusion_passes(target: tvm.target.Target, options: LoweringOptions) -> list[tvm.transform.Pass]:
     passes = [
         *relax_pipeline.library_dispatch_passes(target),
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(LEGALIZATIONS if options.bounded_reshapes else None),
         relax.transform.AnnotateTIROpPattern(),
         KeepGrowingBlocksOutOfEpilogues(),
         relax.transform.FoldConstant(),
