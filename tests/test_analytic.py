@@ -15,7 +15,8 @@ from bf16_builds import dense_module, needs_bf16
 from common.host import CacheLevel, data_caches
 from tuner import tune
 from tuner.spaces import metaschedule as msc
-from tuner.spaces.analytic import TiledLoop, configure_kernel, plan_block
+from tuner.spaces.analytic import configure_kernel
+from tuner.spaces.block_plan import TiledLoop, plan_block
 from tuner.spaces.calibration import Calibration
 from tuner.spaces.machine import MachineFacts
 from tuner.spaces.prediction import lanes_used, predicted_seconds

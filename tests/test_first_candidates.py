@@ -12,7 +12,8 @@ from tuner.cli.report import write_report
 from tuner.progress import format_latency
 from tuner.search.first_candidates import ANALYTIC_SEEDS
 from tuner.spaces import metaschedule as msc
-from tuner.spaces.analytic import ANALYTIC_SEED, plan_block
+from tuner.spaces.analytic import ANALYTIC_SEED
+from tuner.spaces.block_plan import plan_block
 from tuner.spaces.machine import MachineFacts
 from tuner.spaces.neighbours import analytic_candidates, neighbour_plans
 from tuner.targets import resolve_target

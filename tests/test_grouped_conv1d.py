@@ -9,7 +9,8 @@ from lowered_models import error_against_torch
 from test_analytic import AVX2, AVX512, _check_factors
 
 from tuner.lowering import LoweringOptions
-from tuner.spaces.analytic import TiledLoop, configure_kernel, plan_block
+from tuner.spaces.analytic import configure_kernel
+from tuner.spaces.block_plan import TiledLoop, plan_block
 from tuner.targets import resolve_target
 from tuner.tasks.extraction import extract_tasks, lower_workload
 from workloads import load_workload

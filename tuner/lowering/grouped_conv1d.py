@@ -10,7 +10,7 @@ Here each output is computed channels-last, per group: ``out[n, g, jo, y, ji]`` 
 group's input channels, ``x[n, g * CG + c, y * stride + k]`` times ``w[g, k, c, jo, ji]``, with ``ji`` a vector
 of ``VECTOR_LANES`` output channels and ``jo`` the group's vectors of them. In a step of the reduction an input
 value is broadcast and multiplied into every output channel of its group, and the register tile
-(``spaces.analytic``, ``COLUMN_VECTORS_ATTR``) takes all of a group's vectors at once (3 of 48 channels) beside
+(``spaces.block_plan``, ``COLUMN_VECTORS_ATTR``) takes all of a group's vectors at once (3 of 48 channels) beside
 a few positions: 3 x 5 and 3 x 6 tiles, 0.54-0.59 ms where the NCW kernel took 1.9 (its analytic schedule, 2
 cores, Zen 5). Positions are loop ``y`` just outside the vector, so MetaSchedule never fuses ``jo`` with ``ji``
 into one vector loop three registers wide (20x slower in LLVM's hands). The transposed padded input and the
@@ -26,7 +26,7 @@ from tvm.ir.module import IRModule
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 from common.relax_functions import rewrite_functions
-from tuner.spaces.analytic import COLUMN_VECTORS_ATTR
+from tuner.spaces.block_plan import COLUMN_VECTORS_ATTR
 from tuner.spaces.schedule_rules import VECTOR_LANES
 
 from .graph import ints, static_shape
@@ -48,7 +48,9 @@ def grouped_conv1d_channels_last(
     transposed = te.compute(
         (batch, padded, channels),
         lambda n, i, c: tirx.if_then_else(
-            tirx.all(i >= left, i < left + width), data[n, c, tirx.max(i - left, 0)], tirx.const(0.0, data.dtype)
+            tirx.all(i >= left, i < left + width),
+            data[n, c, tirx.min(tirx.max(i - left, 0), width - 1)],  # in bounds where a vector loads both sides
+            tirx.const(0.0, data.dtype),
         ),
         name="pad_temp",
     )

@@ -3,28 +3,9 @@ loop extents and the machine's facts, with nothing measured.
 
 MetaSchedule's CPU design space tiles a product (a matmul, a convolution: any block MultiLevelTiling
 takes) as ``SSRSRS``: each spatial loop split in four (S0 S1 S2 S3), each reduction loop in two (R0 R1),
-nested S0 S1 R0 S2 R1 S3. The configuration sets every factor, BLIS's way (Low et al., TOMS 2016):
+nested S0 S1 R0 S2 R1 S3. The configuration sets every factor (``block_plan``: the register tile, the reduction
+run, the parallel tasks and the block of tiles, from the registers and the caches), and:
 
-- **S3, the register tile**: the last spatial loop (the one vectorised) in ``nv`` vectors of the
-  register's lanes, the innermost other spatial loop in ``mr`` rows: ``mr x nv`` accumulators. As many
-  as the registers hold beside a step's operands (``RegisterFile.holds``: at most 24 of AVX-512's 32,
-  12 of AVX2's 16, and one register left for each of a step's weight vectors and one for the broadcast:
-  AVX2's 3x4 tile would need 17 and spill), up to what keeps the FMA ports busy with a margin (12 on
-  AVX-512), and of those tiles the one with the most FMAs per load (``mr x nv`` over ``mr + nv``: each step
-  loads ``nv`` weight vectors and broadcasts ``mr`` inputs). ``nv`` is 1, 2 or 4:
-  LLVM makes slow code of a vector loop three registers wide (BERT's 3072-wide products at 4 GFLOP/s with
-  48 columns, 104 with 64).
-  A loop that offers no such factors takes the nearest it has (197 rows: 1).
-- **R1, the reduction run** between loading the accumulators and storing them: as long as the weights
-  it reads (R1 steps of ``nv`` vectors) fit in half of L1, at most MetaSchedule's innermost limit (64);
-  the innermost reduction loop first (a convolution's input channels), then the window's.
-- **S0, the parallel tasks**: as many as the cores divide evenly, at least one per core, split where the
-  least is read (a task over rows reads all the weights, one over columns all the inputs: a late
-  convolution's 9 MB of weights go by output channels, an early one's image by rows), then nearest
-  ``TASKS_PER_CORE`` per core.
-- **S2, the block of tiles one reduction run covers** (inside a task): weight columns while the block's
-  weights (R1 steps x its columns) fit in half of L2, then rows while its inputs and its outputs (kept
-  across the runs by MetaSchedule's write cache) fit in a quarter of L2; S1 takes the rest.
 - **Unroll**: ``UNROLL_STEPS`` (the register tile unrolled, the reduction run kept a loop).
 - **A tiled product's input producers** (a convolution's pad) are computed at the root: inlined, their
   bounds test sits in the innermost loop (ResNet-18's 7x7 3x3 convolutions 1.6x slower); inside the tiles,
@@ -50,45 +31,17 @@ from tvm.s_tir.schedule import ScheduleError, Trace
 
 from . import metaschedule as msc
 from .bf16_rule import space_accumulators
+from .block_plan import COLUMN_VECTORS_ATTR, BlockPlan, TiledLoop, plan_block
 from .column_rule import column_schedule
 from .machine import MachineFacts
 from .norm_rule import norm_schedule
-from .register_tiles import TILING_ANNOTATION, RegisterFile, divisors, power_of_two, tile_roles
+from .register_tiles import TILING_ANNOTATION, RegisterFile, tile_roles
 from .rows_rule import reduces, rows_schedule
 from .schedule_rules import ExpandDepthwiseDraw, is_expand_depthwise
 
-FLOAT_BYTES = 4
-TASKS_PER_CORE = 4  # parallel tasks per core where the loops allow: a slow core costs a quarter of a task
-MAX_JOBS_PER_CORE = 16  # MetaSchedule's limit on the parallel loop's extent, per core
-MAX_WINDOW = 7  # a reduction loop this short is a convolution's window: its inputs are re-read from cache
 UNROLL_STEPS = 64
 ANALYTIC_SEED = 1
 ROOT = -1  # SampleComputeLocation's decision for the root (-2: inlined)
-# A block annotation: the spatial loop just outside the rows holds this many more vectors of weights (columns)
-# that share a step's broadcasts (``lowering.grouped_conv1d``'s output channels of a group), all in the tile.
-COLUMN_VECTORS_ATTR = "tuner.column_vectors"
-
-
-@dataclass(frozen=True)
-class TiledLoop:
-    """One loop of a CPU-tiled block, as its design space splits it."""
-
-    index: int  # of its SamplePerfectTile instruction in the trace
-    role: str  # "spatial", "vector" (the block's last spatial loop) or "reduction"
-    extent: int
-    levels: int  # factors it is split into
-    max_innermost: int
-
-
-@dataclass(frozen=True)
-class BlockPlan:
-    """The configuration of one CPU-tiled block: each loop's factors, outermost level first."""
-
-    factors: dict[int, list[int]]  # by instruction index
-    accumulators: int  # of the register tile
-    reduction_run: int  # R1 steps
-    tasks: int  # parallel tasks S0 makes
-    loops: tuple[TiledLoop, ...] = ()
 
 
 def tiled_blocks(mod: tvm.IRModule, space: Schedule) -> list[list[TiledLoop]]:
@@ -123,149 +76,6 @@ def tiled_blocks(mod: tvm.IRModule, space: Schedule) -> list[list[TiledLoop]]:
         blocks[-1].append(TiledLoop(index, role, extents[index], int(inst.attrs[0]), int(inst.attrs[1])))
         previous = role
     return blocks
-
-
-def plan_block(loops: Sequence[TiledLoop], facts: MachineFacts, column_vectors: int = 1) -> BlockPlan:
-    """The factors of every loop of a CPU-tiled block (see the module's docstring); with ``column_vectors``
-    (``COLUMN_VECTORS_ATTR``), the spatial loop outside the rows whole in the register tile."""
-    spatial = [loop for loop in loops if loop.role != "reduction"]
-    reductions = [loop for loop in loops if loop.role == "reduction"]
-    vector = spatial[-1]
-    columns = spatial[-3] if column_vectors > 1 and len(spatial) >= 3 else None
-    if columns is not None and columns.extent != column_vectors:
-        columns, column_vectors = None, 1
-    rows = [loop for loop in spatial[:-1] if loop.extent > 1 and loop is not columns]
-    row = rows[-1] if rows else None
-    inner = {loop.index: 1 for loop in loops}
-
-    mr, nr = _register_tile(vector, row, facts, column_vectors)
-    inner[vector.index] = nr
-    if row is not None:
-        inner[row.index] = mr
-    if columns is not None:
-        inner[columns.index] = column_vectors
-    lanes = facts.registers.lanes
-    vectors = -(-nr // lanes) * column_vectors
-
-    run_budget = max(1, facts.l1_bytes // 2 // (vectors * lanes * FLOAT_BYTES))
-    run = 1
-    for loop in reversed(reductions):
-        factor = _largest_divisor(loop.extent, min(loop.max_innermost, max(1, run_budget // run)))
-        inner[loop.index] = factor
-        run *= factor
-
-    rest = {loop.index: loop.extent // inner[loop.index] for loop in spatial}
-    window = math.prod(loop.extent for loop in reductions if loop.extent <= MAX_WINDOW)
-    reduction = math.prod(loop.extent for loop in reductions)
-    weight_bytes = reduction * vector.extent * FLOAT_BYTES
-    input_bytes = math.prod(loop.extent for loop in rows) * (reduction // window) * FLOAT_BYTES
-    outer = {**dict.fromkeys(rest, 1), **_parallel_split(rows, vector, rest, weight_bytes, input_bytes, facts)}
-    tasks = math.prod(outer.values())
-    for index, factor in outer.items():
-        rest[index] //= factor
-
-    block = dict.fromkeys(rest, 1)
-    block[vector.index] = _largest_divisor(rest[vector.index], max(1, facts.l2_bytes // 2 // (run * nr * FLOAT_BYTES)))
-    width = nr * block[vector.index]
-    for loop in reversed(rows):
-        height = math.prod(inner[r.index] * block[r.index] for r in rows)
-        per_row = max(width, run) * FLOAT_BYTES
-        room = max(1, facts.l2_bytes // 4 // (height * per_row))
-        block[loop.index] = _largest_divisor(rest[loop.index], room)
-
-    factors = {}
-    for loop in spatial:
-        serial = rest[loop.index] // block[loop.index]
-        factors[loop.index] = _levels([outer[loop.index], serial, block[loop.index], inner[loop.index]], loop.levels)
-    for loop in reductions:
-        factors[loop.index] = _levels([loop.extent // inner[loop.index], inner[loop.index]], loop.levels)
-    return BlockPlan(factors, mr * vectors, run, tasks, tuple(loops))
-
-
-def _parallel_split(
-    rows: Sequence[TiledLoop],
-    vector: TiledLoop,
-    rest: dict[int, int],
-    weight_bytes: int,
-    input_bytes: int,
-    facts: MachineFacts,
-) -> dict[int, int]:
-    """S0's factors: the parallel tasks. A task count the cores divide evenly, at least one per core; of
-    those, the split that reads the least, counted in L2-fulls (a task over rows reads all the weights,
-    one over columns all the inputs: a late layer's 9 MB of weights are split by columns, an early
-    layer's image by rows); then the count nearest ``TASKS_PER_CORE`` per core."""
-    cores = facts.cores
-    limit = MAX_JOBS_PER_CORE * cores
-    row_splits: list[dict[int, int]] = [{}]
-    for loop in rows:  # every combination of the row loops' divisors, up to the limit
-        row_splits = [
-            {**split, loop.index: d}
-            for split in row_splits
-            for d in divisors(rest[loop.index])
-            if math.prod(split.values()) * d <= limit
-        ]
-
-    def key(split: dict[int, int], columns: int):
-        across_rows = math.prod(split.values())
-        tasks = across_rows * columns
-        imbalance = -(-tasks // cores) * cores / tasks
-        read = (across_rows * weight_bytes + columns * input_bytes) // facts.l2_bytes
-        return (tasks < cores, round(imbalance, 3), read, abs(tasks - TASKS_PER_CORE * cores))
-
-    options = [
-        (split, columns)
-        for split in row_splits
-        for columns in divisors(rest[vector.index])
-        if math.prod(split.values()) * columns <= limit
-    ]
-    split, columns = min(options, key=lambda option: key(*option))
-    return {**{loop.index: split.get(loop.index, 1) for loop in rows}, vector.index: columns}
-
-
-def _register_tile(
-    vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts, column_vectors: int = 1
-) -> tuple[int, int]:
-    """(rows, columns) of the register tile: the most accumulators the registers hold, up to what keeps the
-    FMA ports busy with a margin (``RegisterFile.enough_accumulators``), then the most FMAs per load. Past that
-    many, more accumulators buy nothing and a tall thin tile costs a broadcast per FMA: wav2vec 2.0's encoder
-    convolutions over 399 and 1599 positions (3 x 7 x 19, 3 x 13 x 41) took 21 x 1 and 13 x 1 tiles over 3 x 4
-    ones and ran at 34% and 65% of the FMA peak (their rows 4 KiB apart, every one in the same L1 set).
-
-    ``column_vectors`` more vectors of weights per step (a grouped convolution's output channels) multiply the
-    accumulators, and each row's broadcast then feeds several FMAs, so it stays in a register too: SEW's 3 x 8
-    tile (24 accumulators, 3 weights, 8 broadcasts) spilled and ran at half the speed of 3 x 6."""
-    lanes = facts.registers.lanes
-    widths = [
-        d for d in divisors(vector.extent) if d % lanes == 0 and d <= vector.max_innermost and power_of_two(d // lanes)
-    ]
-    if not widths:  # no whole vectors: the widest factor up to one vector
-        widths = [_largest_divisor(vector.extent, min(lanes, vector.max_innermost))]
-    heights = [d for d in divisors(row.extent) if d <= row.max_innermost] if row is not None else [1]
-    best = None
-    for width in widths:
-        vectors = -(-width // lanes) * column_vectors
-        for height in heights:
-            accumulators = height * vectors
-            broadcasts = height if column_vectors > 1 else 0
-            if not facts.registers.holds(accumulators, vectors + broadcasts):
-                continue
-            key = (min(accumulators, facts.registers.enough_accumulators), accumulators / (height + vectors))
-            if best is None or key > best[0]:
-                best = (key, height, width)
-    if best is None:  # even one row of the narrowest width is over: one row
-        return 1, min(widths)
-    return best[1], best[2]
-
-
-def _largest_divisor(n: int, limit: int) -> int:
-    return max(d for d in divisors(n) if d <= max(1, limit))
-
-
-def _levels(factors: list[int], levels: int) -> list[int]:
-    """Four factors (S0 S1 S2 S3) or two (R0 R1) fitted to a split of ``levels``: the outer ones merged."""
-    while len(factors) > levels:
-        factors = [factors[0] * factors[1], *factors[2:]]
-    return [1] * (levels - len(factors)) + factors
 
 
 class AnalyticDraw:

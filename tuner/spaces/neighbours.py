@@ -10,7 +10,8 @@ from collections.abc import Sequence
 import tvm
 from tvm.s_tir import Schedule
 
-from .analytic import AnalyticSchedule, BlockPlan, by_fusion, configure_in, replay_plans, rule_schedule
+from .analytic import AnalyticSchedule, by_fusion, configure_in, replay_plans, rule_schedule
+from .block_plan import BlockPlan
 from .machine import MachineFacts
 from .register_tiles import divisors
 

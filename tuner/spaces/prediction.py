@@ -39,7 +39,8 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 
 from . import metaschedule as msc
-from .analytic import AnalyticSchedule, BlockPlan
+from .analytic import AnalyticSchedule
+from .block_plan import BlockPlan
 from .calibration import Calibration, calibration
 from .machine import MachineFacts
 from .rows_rule import reduces
