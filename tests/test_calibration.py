@@ -59,7 +59,9 @@ def test_the_fma_peak_is_not_below_what_a_product_reaches(tmp_path):
     read 13 GFLOP/s where products ran at 110, every fraction of peak 8x too high."""
     measured = cal.calibration(TARGET, tmp_path / cal.CALIBRATION_FILE)
     assert measured.fma_peak_gflops is not None
-    assert measured.fma_peak_gflops > 0.5 * measured.product_gflops  # half: room for a machine's noise
+    # a quarter: the spill read 8x low; the two are timed moments apart, and under the test run's other worker
+    # CI read the peak at 0.49 of the product (119 against 241 GFLOP/s, 1.9 busy threads per core)
+    assert measured.fma_peak_gflops > 0.25 * measured.product_gflops
 
 
 def test_the_machine_speed_is_the_calibration_product_timed_again_against_the_calibrated_rate(tmp_path):
