@@ -1,7 +1,8 @@
-"""What the tests of our own analytic rules (rows_rule, norm_rule) share."""
+"""What the tests of our own analytic rules (rows_rule, norm_rule) and of analytic schedules share."""
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm.s_tir import Schedule
 
@@ -19,3 +20,18 @@ def configured_by_rule(mod: tvm.IRModule, parallel_rows: int) -> Schedule:
     replayed = msc.schedule_from_json(mod, msc.trace_to_json(configured.sch))
     tvm.ir.assert_structural_equal(replayed.mod, configured.sch.mod)
     return configured.sch
+
+
+def unscheduled_and_scheduled_outputs(
+    mod: tvm.IRModule, scheduled: tvm.IRModule, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The last output of ``mod`` unscheduled and of its ``scheduled`` form, built for this CPU and run on the
+    same random float32 arguments."""
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in mod["main"].params]
+    outputs = []
+    for built in (mod, scheduled):
+        tensors = [tvm.runtime.tensor(a.copy()) for a in arrays]
+        tvm.compile(built, target=resolve_target("llvm"))["main"](*tensors)
+        outputs.append(tensors[-1].numpy())
+    return outputs[0], outputs[1]

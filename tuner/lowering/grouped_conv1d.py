@@ -29,7 +29,7 @@ from common.relax_functions import rewrite_functions
 from tuner.spaces.block_plan import COLUMN_VECTORS_ATTR
 from tuner.spaces.schedule_rules import VECTOR_LANES
 
-from .graph import ints, static_shape
+from .graph import ints, is_float32, op_name, static_shape
 
 OUT_EWISE_FUSABLE = 4  # relax's kOutEWiseFusable: the element-wise ops after the convolution fuse into its kernel
 MIN_WINDOW = 8  # a shorter window is cheap enough as TVM's own grouped convolution
@@ -72,23 +72,23 @@ def grouped_conv1d_channels_last(
     )
 
 
-def _takes(call: Call) -> tuple[int, int, int] | None:
-    """(groups, output channels per group, window) of a float32 NCW grouped 1-D convolution this kernel
-    computes; None for any other call."""
-    if not isinstance(call, Call) or call.op != tvm.ir.Op.get("relax.nn.conv1d"):
+def _takes(call: Call) -> tuple[int, int, int, int] | None:
+    """(groups, input and output channels per group, window) of a float32 NCW grouped 1-D convolution this
+    kernel computes; None for any other call."""
+    if op_name(call) != "relax.nn.conv1d":
         return None
     attrs = call.attrs
     data, weight = call.args
     shapes = static_shape(data), static_shape(weight)
     if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCW", "OIW", "NCW") or None in shapes:
         return None
-    if any(str(t.dtype) != "float32" for t in (data.ty, weight.ty, call.ty)):
+    if not all(is_float32(tensor) for tensor in (data, weight, call)):
         return None
     groups = int(attrs.groups)
-    (_, channels, _), (outputs, _, kernel) = shapes
+    (_, channels, _), (outputs, group_channels, kernel) = shapes
     if groups == 1 or groups == channels or outputs % groups or (outputs // groups) % VECTOR_LANES:
         return None
-    return (groups, outputs // groups, kernel) if kernel >= MIN_WINDOW else None
+    return (groups, group_channels, outputs // groups, kernel) if kernel >= MIN_WINDOW else None
 
 
 @expr_functor.mutator
@@ -98,9 +98,8 @@ class _GroupedConv1dChannelsLast(PyExprMutator):
         taken = _takes(call)
         if taken is None:
             return call
-        groups, per_group, kernel = taken
+        groups, group_channels, per_group, kernel = taken
         data, weight = call.args
-        group_channels = static_shape(weight)[1]
         # OIW -> [G, OG, CG, K] -> [G, K, CG, OG] -> [G, K, CG, OG / lanes, lanes] (folded where a constant)
         grouped = relax.op.reshape(weight, (groups, per_group, group_channels, kernel))
         arranged = relax.op.reshape(

@@ -43,7 +43,7 @@ def bounded_reshape(data: te.Tensor, shape: list[tirx.PrimExpr]) -> te.Tensor:
 def legalize_reshape(bb: BlockBuilder, call: Call) -> Expr:
     """``relax.reshape`` (and ``relax.flatten``) of static shapes as ``bounded_reshape``; others as TVM does."""
     data = call.args[0]
-    if static_shape(data) is None or static_shape(call) is None or not static_shape(call):
+    if static_shape(data) is None or not static_shape(call):  # symbolic, or a scalar
         return call.op.get_attr("FLegalize")(bb, call)
     return bb.call_te(bounded_reshape, data, list(call.ty.shape.values), primfunc_name_hint="reshape")
 

@@ -111,12 +111,12 @@ class AnalyticDraw:
         if inst.kind.name == "SampleComputeLocation" and (
             self._feeds_a_tiled_product(inputs[0])
             or self._read_broadcast(inputs[0])
-            or self._read_through_division(inputs[0])
+            or self._read_through_remainder(inputs[0])
         ):
             return ROOT
         return None
 
-    def _read_through_division(self, block_rv) -> bool:
+    def _read_through_remainder(self, block_rv) -> bool:
         """Whether a consumer reads the block's output at indices that take a remainder (a flat offset
         unravelled, as TVM's reshape leaves one it cannot simplify: ``(c * 49 + x // 96 + h) % 196``): TVM
         cannot bound the region a loop of the consumer reads through it, so computed at one of its loops the
@@ -184,8 +184,10 @@ def configure_in(
     mod: tvm.IRModule, space: Schedule, postprocs: Sequence, facts: MachineFacts | None
 ) -> AnalyticSchedule | None:
     """The analytic schedule of ``mod`` in one design space; None where the space does not take it."""
-    columns = column_vectors(mod)
-    plans = tuple(plan_block(block, facts, columns) for block in tiled_blocks(mod, space)) if facts is not None else ()
+    plans = ()
+    if facts is not None:
+        columns = column_vectors(mod)
+        plans = tuple(plan_block(block, facts, columns) for block in tiled_blocks(mod, space))
     ours = facts is not None and is_expand_depthwise(mod)  # our own space, configured from the registers
     sch = replay_plans(mod, space, plans, postprocs, facts.registers if ours else None)
     return AnalyticSchedule(sch, plans) if sch is not None else None
