@@ -7,6 +7,8 @@ without them (``common.model_weights`` says why). Scalars stay constants: they a
 
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import relax
 from tvm.ir import GenericConst
@@ -51,6 +53,12 @@ def detach_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[tvm.runtime.Te
     mod = mod.clone()
     mod["main"] = detached
     return mod, lifter.weights
+
+
+def weight_bytes(mod: tvm.IRModule) -> int:
+    """The bytes of the weights ``detach_weights`` takes out of ``mod`` (what a compile reads and writes)."""
+    _, weights = detach_weights(mod)
+    return sum(math.prod(w.shape) * tvm.DataType(str(w.dtype)).bits // 8 for w in weights)
 
 
 def attach_weights(mod: tvm.IRModule, weights: list[tvm.runtime.Tensor]) -> tvm.IRModule:

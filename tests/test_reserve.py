@@ -5,11 +5,19 @@ import pytest
 
 from measure import TimingConfig
 from tuner.compile.compile import IN_MODEL_RUNS
-from tuner.compile.estimate import AGAINST_UNTUNED, NO_CHECK, CompileEstimate, timing_seconds
-from tuner.search.final_choice import check_seconds, task_seconds
+from tuner.compile.estimate import (
+    AGAINST_UNTUNED,
+    NO_CHECK,
+    WEIGHT_BYTES_PER_SECOND,
+    CompileEstimate,
+    timing_seconds,
+)
+from tuner.compile.in_model_choice import PASSES
+from tuner.search.final_choice import UNSCHEDULED_FLOPS_PER_SECOND, check_seconds, task_seconds
 from tuner.search.kernel_costs import KernelCosts
 from tuner.search.objectives import Objectives, Spending, met, short_of_time, time_left, time_limit
 from tuner.search.reserve import MARGIN, reserve
+from tuner.tasks.extraction import Task
 
 
 def _costs() -> KernelCosts:
@@ -31,12 +39,24 @@ def test_a_kernel_costs_its_median_and_one_not_measured_the_mean_over_kernels():
 
 def test_a_tasks_final_choice_re_times_its_top_and_checks_its_best():
     costs, timing = _costs(), TimingConfig(budget_seconds=0.25)
-    check = check_seconds(costs, "conv")
+    conv = Task("conv", None, 1, 0.0)
+    check = check_seconds(costs, "conv", 0.0)
     assert check == pytest.approx(2.0 + 2 * 0.2)  # the candidate built and run, the unscheduled kernel run
-    assert task_seconds(costs, "conv", 1, timing, rebuilt=False, verified=True) == pytest.approx(0.2 + 0.25)
+    assert task_seconds(costs, conv, 1, timing, rebuilt=False, verified=True) == pytest.approx(0.2 + 0.25)
     # resumed: the top five's libraries are an earlier process's, so built again; its best not checked yet
-    resumed = task_seconds(costs, "conv", 5, timing, rebuilt=True, verified=False)
+    resumed = task_seconds(costs, conv, 5, timing, rebuilt=True, verified=False)
     assert resumed == pytest.approx(5 * (0.2 + 0.25 + 2.0) + check)
+
+
+def test_a_check_counts_the_unscheduled_kernels_plain_loops_by_its_flops():
+    # DeBERTa-v2's FFN product (2.4 GFLOP): its unscheduled loops ran 7.3 s, its candidates built in 0.1 s
+    costs = _costs()
+    product = check_seconds(costs, "conv", 2.4e9)
+    assert product - check_seconds(costs, "conv", 0.0) == pytest.approx(2.4e9 / UNSCHEDULED_FLOPS_PER_SECOND)
+    assert product > 5.0
+    slow = Task("conv", None, 1, 2.4e9)
+    timing = TimingConfig(budget_seconds=0.25)
+    assert task_seconds(costs, slow, 1, timing, rebuilt=False, verified=False) == pytest.approx(0.45 + product)
 
 
 def test_the_compile_phase_is_its_kernels_builds_a_fresh_process_and_the_timing_windows():
@@ -55,8 +75,26 @@ def test_the_compile_phase_is_its_kernels_builds_a_fresh_process_and_the_timing_
     unchecked = CompileEstimate(["conv", "add"], lambda: None, check=NO_CHECK)(costs, 0.01)
     assert unchecked == pytest.approx(2.2 + timing + in_model)
     assert CompileEstimate(["conv", "add"], lambda: None)(costs, 0.01) == pytest.approx(2.2 + timing + in_model + 0.01)
-    kernel = CompileEstimate(["conv"], lambda: 4.0, model=False)(costs, 0.01)
-    assert kernel == pytest.approx(2.0 + timing + check_seconds(costs, "conv"))  # checked alone, no process
+    kernel = CompileEstimate(["conv"], lambda: 4.0, model=False, kernel_flops=1e9)(costs, 0.01)
+    assert kernel == pytest.approx(2.0 + timing + check_seconds(costs, "conv", 1e9))  # checked alone, no process
+
+
+def test_a_models_weights_cost_each_write_read_and_load():
+    costs, gigabyte = _costs(), 10**9
+    pass_seconds = gigabyte / WEIGHT_BYTES_PER_SECOND
+
+    def extra(**fields) -> float:
+        """What a model of a gigabyte of weights adds to the same model without weights."""
+        with_weights = CompileEstimate(["conv", "add"], lambda: 4.0, weight_bytes=gigabyte, **fields)(costs, 0.01)
+        return with_weights - CompileEstimate(["conv", "add"], lambda: 4.0, **fields)(costs, 0.01)
+
+    # written for the build workers, read and written by the compile, loaded to time it and to check it
+    assert extra() == pytest.approx((1 + 2 + 2) * pass_seconds)
+    # judged: two models compiled (the tuned one kept), each loaded PASSES times, in alternation
+    assert extra(judged=True) == pytest.approx((1 + 2 * 2 + 1 + 2 * PASSES + 1) * pass_seconds)
+    # no framework to check against: the untuned build compiled, and loaded beside the tuned one to compare
+    assert extra(check=AGAINST_UNTUNED) == pytest.approx((1 + 2 * 2 + 1 + 2) * pass_seconds)
+    assert extra(check=NO_CHECK) == pytest.approx((1 + 2 + 1) * pass_seconds)
 
 
 def test_the_budget_counts_the_reserve_and_says_so():
@@ -73,3 +111,20 @@ def test_the_budget_counts_the_reserve_and_says_so():
     assert time_limit(money) == pytest.approx(180.0) and met(money, spent).startswith("money budget")
     assert time_limit(Objectives(seconds=180, money=0.05, price_per_hour=2.0)) == pytest.approx(90.0)
     assert time_limit(Objectives(trials=10)) is None and time_left(Objectives(trials=10), spent) is None
+
+
+def test_a_models_weight_bytes_are_its_distinct_tensor_constants():
+    import numpy as np
+    from tvm import relax
+
+    from codegen.weights import weight_bytes
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    bias = relax.const(np.ones((16,), "float16"))
+    with bb.function("main", [x]):
+        y = bb.emit(relax.op.matmul(x, relax.const(np.ones((8, 16), "float32"))))
+        y = bb.emit(relax.op.add(y, relax.op.astype(bias, "float32")))
+        y = bb.emit(relax.op.add(y, relax.op.astype(bias, "float32")))  # the same bias again: one weight
+        bb.emit_func_output(relax.op.multiply(y, relax.const(2.0, "float32")))  # a scalar: no weight
+    assert weight_bytes(bb.get()) == 8 * 16 * 4 + 16 * 2

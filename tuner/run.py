@@ -16,6 +16,7 @@ from typing import Any
 
 import tvm
 
+from codegen.weights import weight_bytes
 from common.target_kind import is_cuda
 from costmodel import CostModel
 from measure import DeviceUnavailable, Engine, EngineConfig, MeasureEngine, TimingConfig
@@ -386,8 +387,10 @@ def call_clock(
     names = {db.kernel_id(task.mod, task.name): task.name for task in tasks.tasks}
     costs = KernelCosts.from_database(db, str(plan.target), names)
     timed = time_limit(tasks.objectives) is not None
+    weights = weight_bytes(tasks.lowered) if timed and plan.workload.kind == "relax" else 0
+    analytic = plan.target.kind.name == "llvm"
     estimate = CompileEstimate.of(
-        plan.workload, tasks.tasks, engine, options.verify, options.time_untuned, plan.target.kind.name == "llvm"
+        plan.workload, tasks.tasks, engine, options.verify, options.time_untuned, analytic, weights
     )
     clock = CallClock(started, estimate)
     if timed and not costs.known and not met(tasks.objectives, Spending(seconds=clock.elapsed())):

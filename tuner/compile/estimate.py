@@ -6,6 +6,12 @@ runs its untuned build too); its timing, in windows. A time budget keeps this ba
 On a CPU a model's tuned kernels are judged inside it against their analytic schedules (``in_model_choice``):
 a second model compiled, both timed kernel by kernel, and the model compiled again where a kernel changes.
 
+A model's weights cost each step that handles them, whatever its kernels: written once for the build workers,
+read and written again by every compile, loaded by every process that runs the model (a measuring worker
+keeps one model loaded: the judged models, timed in alternation, load theirs at each timing). DeBERTa-v2's
+1 GB of weights (Zen 5, 2026-12-04): 4.0 s to write, 13.6 s for two compiles side by side whose kernels build
+in 1.3, 0.8-0.9 s a load; 27 s of compile phase estimated at 9 without them, the call 33 s past its budget.
+
 What it cannot know before the end: the untuned program's seconds per call (``time_untuned``; only its
 compile is counted) and a bisection for a kernel that breaks the model (rare, and said when it happens).
 """
@@ -25,6 +31,10 @@ from .compile import IN_MODEL_RUNS, MODEL_TIMING, MODEL_TIMING_WINDOWS
 from .in_model_choice import PASSES
 
 NO_CHECK, AGAINST_FRAMEWORK, AGAINST_UNTUNED = "none", "framework", "untuned"
+# A model's weights written, read or loaded per second by one of the steps above, leaning low: DeBERTa-v2's steps
+# (the module's docstring) came to 1.7 s per GB and pass, this VM's fresh memory at 0.3-15 GB/s from one minute
+# to the next
+WEIGHT_BYTES_PER_SECOND = 0.5e9
 
 
 def timing_seconds(
@@ -50,6 +60,8 @@ class CompileEstimate:
     check: str = AGAINST_FRAMEWORK  # or AGAINST_UNTUNED, NO_CHECK
     time_untuned: bool = False
     judged: bool = False  # its tuned kernels judged inside the model against their analytic schedules
+    weight_bytes: int = 0  # a model's weights (``codegen.weights.weight_bytes``)
+    kernel_flops: float = 0.0  # a single kernel's (``model`` False), checked against its unscheduled loops
 
     @classmethod
     def of(
@@ -60,9 +72,11 @@ class CompileEstimate:
         verify: bool,
         time_untuned: bool,
         analytic: bool = True,
+        weight_bytes: int = 0,
     ) -> CompileEstimate:
-        """The estimate for a run of ``workload``, checked as ``compile_and_time`` checks it (``analytic``: the
-        target has analytic schedules, which a model's tuned kernels are judged against)."""
+        """The estimate for a run of ``workload`` (``weight_bytes``: its lowered model's weights), checked as
+        ``compile_and_time`` checks it (``analytic``: the target has analytic schedules, which a model's tuned
+        kernels are judged against)."""
         if not verify:
             check = NO_CHECK
         elif workload.kind == "relax" and (workload.reference is None or workload.precision == "bfloat16"):
@@ -71,7 +85,9 @@ class CompileEstimate:
             check = AGAINST_FRAMEWORK
         names = [task.name for task in tasks]
         model = workload.kind == "relax"
-        return cls(names, engine.process_start_seconds, model, check, time_untuned, model and analytic)
+        judged = model and analytic
+        flops = 0.0 if model else tasks[0].flops
+        return cls(names, engine.process_start_seconds, model, check, time_untuned, judged, weight_bytes, flops)
 
     def __call__(self, costs: KernelCosts, model_latency: float) -> float:
         compile_model = sum(costs.build(kernel) for kernel in self.kernels)
@@ -80,11 +96,24 @@ class CompileEstimate:
             seconds += (IN_MODEL_RUNS + 1) * model_latency
         if self.judged:  # a second model compiled beside the first, both timed inside, the model compiled again
             seconds += compile_model + 2 * PASSES * (IN_MODEL_RUNS + 1) * model_latency
+        seconds += self._weight_passes() * self.weight_bytes / WEIGHT_BYTES_PER_SECOND
         if self.check == NO_CHECK:
             return seconds
         if not self.model:  # one kernel: its analytic schedule checked alone where it has no verified tuned one
-            return seconds + check_seconds(costs, self.kernels[0])
+            return seconds + check_seconds(costs, self.kernels[0], self.kernel_flops)
         run_alone = (self.process_start() or 0.0) + model_latency
         if self.check == AGAINST_UNTUNED:
             seconds += run_alone + (0.0 if self.time_untuned else compile_model)
         return seconds + run_alone
+
+    def _weight_passes(self) -> int:
+        """How often the weights are written, read or loaded (the module's docstring): once for the build
+        workers; twice (read, written) by each compile: the model's (the judged pair's, where no kernel changes:
+        the tuned one of the pair is kept), the untuned one's; once by each load: the model's timing, each judged
+        model's ``PASSES`` timings, each checking process."""
+        if not self.weight_bytes:
+            return 0
+        compiles = (2 if self.judged else 1) + (1 if self.time_untuned or self.check == AGAINST_UNTUNED else 0)
+        loads = 1 + (2 * PASSES if self.judged else 0) + (1 if self.time_untuned else 0)
+        loads += {NO_CHECK: 0, AGAINST_FRAMEWORK: 1, AGAINST_UNTUNED: 2}[self.check]
+        return 1 + 2 * compiles + loads

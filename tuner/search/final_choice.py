@@ -28,6 +28,7 @@ from measure import Engine, MeasureInput, TimingConfig, VerifyResult
 from tuner.database.database import Record, TuningDatabase
 from tuner.progress import Progress
 from tuner.spaces import metaschedule as msc
+from tuner.tasks.extraction import Task
 
 from .kernel_costs import KernelCosts
 from .retiming import retime
@@ -38,6 +39,10 @@ VERIFY_ATTEMPTS = 3  # tries at checking a candidate's output when the check its
 # A task under this share of the model's estimated latency re-measures only its best candidate at the end: picking
 # its second-best instead could not change the model by more than timing noise does.
 MINOR_SHARE = 0.01
+# What an unscheduled kernel (TVM's plain loops, one thread), the reference a candidate is checked against, computes
+# per second, leaning low: DeBERTa-v2's products ran theirs at 0.33-0.75 GFLOP/s (Zen 5, 2026-12-04), 7.3 s for the
+# largest, 13 s of a final choice estimated at 21 s in all without them (the call returned 33 s past its budget).
+UNSCHEDULED_FLOPS_PER_SECOND = 0.4e9
 
 
 def tolerance(mod: tvm.IRModule) -> float:
@@ -52,14 +57,14 @@ def tolerance(mod: tvm.IRModule) -> float:
 
 
 def task_seconds(
-    costs: KernelCosts, kernel: str, retimed: int, timing: TimingConfig, rebuilt: bool, verified: bool
+    costs: KernelCosts, task: Task, retimed: int, timing: TimingConfig, rebuilt: bool, verified: bool
 ) -> float:
     """One task's final choice, estimated: ``retimed`` candidates timed alone with ``timing`` (built again
     first where ``rebuilt``: their libraries were not kept, an earlier run's), and unless its best is
     ``verified`` already, the check of its best."""
-    build, run = costs.build(kernel), costs.run(kernel)
+    build, run = costs.build(task.name), costs.run(task.name)
     seconds = retimed * (run + timing.budget_seconds + (build if rebuilt else 0.0))
-    return seconds if verified else seconds + check_seconds(costs, kernel)
+    return seconds if verified else seconds + check_seconds(costs, task.name, task.flops)
 
 
 def checking_order(retimed: Sequence[Record], ranked: Sequence[Record]) -> list[Record]:
@@ -72,11 +77,12 @@ def checking_order(retimed: Sequence[Record], ranked: Sequence[Record]) -> list[
     ]
 
 
-def check_seconds(costs: KernelCosts, kernel: str) -> float:
-    """A candidate of ``kernel`` checked against the unscheduled kernel, estimated: the candidate built and
-    run, the kernel run. (The kernel's build, of plain loops, is a fraction of a candidate's: counting two
-    candidates' builds made 2.3 s of a check that took 1.2, tiny-resnet on 2 cores.)"""
-    return costs.build(kernel) + 2 * costs.run(kernel)
+def check_seconds(costs: KernelCosts, kernel: str, flops: float) -> float:
+    """A candidate of ``kernel`` (of ``flops`` a launch) checked against the unscheduled kernel, estimated: the
+    candidate built and run, the unscheduled kernel run once (its plain loops at ``UNSCHEDULED_FLOPS_PER_SECOND``,
+    its library loaded as a candidate's is). (The kernel's build, of plain loops, is a fraction of a candidate's:
+    counting two candidates' builds made 2.3 s of a check that took 1.2, tiny-resnet on 2 cores.)"""
+    return costs.build(kernel) + 2 * costs.run(kernel) + flops / UNSCHEDULED_FLOPS_PER_SECOND
 
 
 class FinalChoice:
@@ -135,7 +141,7 @@ class FinalChoice:
     def _task_seconds(self, run: TaskRun, costs: KernelCosts, retimed: int) -> float:
         best = self.db.best(run.kernel_id, self.target_key, 1)
         verified = not self.verify or bool(best and best[0].verified)
-        return task_seconds(costs, run.task.name, retimed, self.timing, not run.measured_here, verified)
+        return task_seconds(costs, run.task, retimed, self.timing, not run.measured_here, verified)
 
     def _choose(self, run: TaskRun, retimed: int) -> None:
         top = self.db.best(run.kernel_id, self.target_key, retimed)
