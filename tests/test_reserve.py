@@ -42,10 +42,22 @@ def test_a_tasks_final_choice_re_times_its_top_and_checks_its_best():
     conv = Task("conv", None, 1, 0.0)
     check = check_seconds(costs, "conv", 0.0)
     assert check == pytest.approx(2.0 + 2 * 0.2)  # the candidate built and run, the unscheduled kernel run
-    assert task_seconds(costs, conv, 1, timing, rebuilt=False, verified=True) == pytest.approx(0.2 + 0.25)
+    # not measured yet: its re-timing's whole budget
+    assert task_seconds(costs, conv, None, 1, timing, rebuilt=False, verified=True) == pytest.approx(0.2 + 0.25)
     # resumed: the top five's libraries are an earlier process's, so built again; its best not checked yet
-    resumed = task_seconds(costs, conv, 5, timing, rebuilt=True, verified=False)
+    resumed = task_seconds(costs, conv, None, 5, timing, rebuilt=True, verified=False)
     assert resumed == pytest.approx(5 * (0.2 + 0.25 + 2.0) + check)
+
+
+def test_a_small_kernels_re_timing_ends_at_its_most_samples_not_at_the_budget():
+    costs = _costs()
+    timing = TimingConfig(min_repeats=5, max_repeats=50, budget_seconds=0.25, warmup_seconds=0.01)
+    conv = Task("conv", None, 1, 0.0)
+    small = task_seconds(costs, conv, 20e-6, 1, timing, rebuilt=False, verified=True)
+    assert small == pytest.approx(0.2 + 0.01 + 20e-6 + 50 * 1e-3)  # 50 samples of 1 ms at least
+    large = task_seconds(costs, conv, 0.1, 1, timing, rebuilt=False, verified=True)
+    assert large == pytest.approx(0.2 + 0.01 + 0.1 + 5 * 0.1)  # a slow one: its 5 samples outlast the budget
+    assert timing.seconds_for(2e-3) == pytest.approx(0.01 + 2e-3 + 0.1)  # 50 samples of 2 ms, under the budget
 
 
 def test_a_check_counts_the_unscheduled_kernels_plain_loops_by_its_flops():
@@ -56,7 +68,7 @@ def test_a_check_counts_the_unscheduled_kernels_plain_loops_by_its_flops():
     assert product > 5.0
     slow = Task("conv", None, 1, 2.4e9)
     timing = TimingConfig(budget_seconds=0.25)
-    assert task_seconds(costs, slow, 1, timing, rebuilt=False, verified=False) == pytest.approx(0.45 + product)
+    assert task_seconds(costs, slow, None, 1, timing, rebuilt=False, verified=False) == pytest.approx(0.45 + product)
 
 
 def test_the_compile_phase_is_its_kernels_builds_a_fresh_process_and_the_timing_windows():

@@ -45,6 +45,14 @@ class TimingConfig:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def seconds_for(self, latency: float) -> float:
+        """The longest this config times a kernel of ``latency`` seconds a call (``time_with_evaluator``):
+        its warm-up, then samples of ``min_sample_seconds`` at least until ``min_repeats`` and the budget
+        (or ``max_repeats``) are reached."""
+        sample = max(latency, self.min_sample_seconds)
+        sampled = max(self.min_repeats * sample, min(self.budget_seconds, self.max_repeats * sample))
+        return self.warmup_seconds + latency + sampled
+
     def for_device(self, device_kind: str) -> TimingConfig:
         """This config with ``flush_cache`` decided for the device ("cpu" or "cuda")."""
         return replace(self, flush_cache=device_kind == "cuda" if self.flush_cache is None else self.flush_cache)

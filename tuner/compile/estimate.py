@@ -41,12 +41,9 @@ def timing_seconds(
     model_latency: float, load: float, timing: TimingConfig = MODEL_TIMING, windows: int = MODEL_TIMING_WINDOWS
 ) -> float:
     """``time_workload``'s windows for a model of ``model_latency`` seconds per call: each loads the library
-    in the measuring worker (``load``: what a candidate's timing took there, its loading included), warms up,
-    then samples until ``min_repeats`` and the budget (or ``max_repeats``) are reached; a sample of a fast
-    model is several calls."""
-    sample = max(model_latency, timing.min_sample_seconds)
-    sampled = max(timing.min_repeats * sample, min(timing.budget_seconds, timing.max_repeats * sample))
-    return windows * (load + timing.warmup_seconds + model_latency + sampled)
+    in the measuring worker (``load``: what a candidate's timing took there, its loading included), then
+    times the model (``TimingConfig.seconds_for``: a sample of a fast model is several calls)."""
+    return windows * (load + timing.seconds_for(model_latency))
 
 
 @dataclass(frozen=True)

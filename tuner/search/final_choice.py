@@ -57,13 +57,22 @@ def tolerance(mod: tvm.IRModule) -> float:
 
 
 def task_seconds(
-    costs: KernelCosts, task: Task, retimed: int, timing: TimingConfig, rebuilt: bool, verified: bool
+    costs: KernelCosts,
+    task: Task,
+    latency: float | None,
+    retimed: int,
+    timing: TimingConfig,
+    rebuilt: bool,
+    verified: bool,
 ) -> float:
-    """One task's final choice, estimated: ``retimed`` candidates timed alone with ``timing`` (built again
-    first where ``rebuilt``: their libraries were not kept, an earlier run's), and unless its best is
-    ``verified`` already, the check of its best."""
+    """One task's final choice, estimated: ``retimed`` candidates of about ``latency`` (None: not measured
+    yet, its whole budget counted) timed alone with ``timing`` (built again first where ``rebuilt``: their
+    libraries were not kept, an earlier run's), and unless its best is ``verified`` already, the check of its
+    best. (A small kernel's re-timing ends at ``max_repeats``, not at the budget: counting the budget for each
+    of BiT's 73 kernels kept 68 s for what took 44.)"""
     build, run = costs.build(task.name), costs.run(task.name)
-    seconds = retimed * (run + timing.budget_seconds + (build if rebuilt else 0.0))
+    timed = timing.budget_seconds if latency is None else timing.seconds_for(latency)
+    seconds = retimed * (run + timed + (build if rebuilt else 0.0))
     return seconds if verified else seconds + check_seconds(costs, task.name, task.flops)
 
 
@@ -141,7 +150,7 @@ class FinalChoice:
     def _task_seconds(self, run: TaskRun, costs: KernelCosts, retimed: int) -> float:
         best = self.db.best(run.kernel_id, self.target_key, 1)
         verified = not self.verify or bool(best and best[0].verified)
-        return task_seconds(costs, run.task, retimed, self.timing, not run.measured_here, verified)
+        return task_seconds(costs, run.task, run.progress.best, retimed, self.timing, not run.measured_here, verified)
 
     def _choose(self, run: TaskRun, retimed: int) -> None:
         top = self.db.best(run.kernel_id, self.target_key, retimed)
