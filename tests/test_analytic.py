@@ -19,7 +19,7 @@ from tuner.spaces.analytic import configure_kernel
 from tuner.spaces.block_plan import TiledLoop, plan_block
 from tuner.spaces.calibration import Calibration
 from tuner.spaces.machine import MachineFacts
-from tuner.spaces.prediction import lanes_used, predicted_seconds
+from tuner.spaces.prediction import lanes_used, materialized_bytes, predicted_seconds
 from tuner.spaces.register_tiles import RegisterFile
 from tuner.targets import resolve_target
 from workloads import load_workload
@@ -84,6 +84,34 @@ def test_a_products_prediction_counts_the_vector_lanes_its_columns_leave_empty()
     balance = ragged_plan.tasks / (math.ceil(ragged_plan.tasks / AVX512.cores) * AVX512.cores)
     expected = flops / (200e9 * balance * 7 / 16) + 1e-6
     assert predicted_seconds(flops, 0, [ragged_plan], AVX512, measured) == pytest.approx(expected)
+
+
+def _reshaped_row_product() -> tvm.IRModule:
+    """A row vector times an image read through a reshape (BiT's group-norm statistics): an intermediate
+    the product reads, which a schedule may copy whole first or compute inside the product's loops."""
+    from tvm import te
+
+    image = te.placeholder((14, 14, 64), "float32", name="image")
+    row = te.placeholder((196,), "float32", name="row")
+    flat = te.compute((196, 64), lambda p, c: image[p // 14, p % 14, c], name="flat")
+    k = te.reduce_axis((0, 196), "k")
+    sums = te.compute((64,), lambda c: te.sum(row[k] * flat[k, c], axis=k), name="sums")
+    return tvm.IRModule({"main": te.create_prim_func([image, row, sums])})
+
+
+def test_an_intermediate_left_whole_by_the_schedule_is_a_pass_over_memory():
+    """Copied whole before the product, the reshape is written and read once more; computed inside the
+    product's loop nest, its values stay in the caches and nothing is counted."""
+    mod = _reshaped_row_product()
+    whole = tvm.s_tir.Schedule(mod)
+    assert materialized_bytes(mod, whole) == 196 * 64 * 4
+    inside = tvm.s_tir.Schedule(mod)
+    (columns, _) = inside.get_loops(inside.get_sblock("sums"))
+    inside.compute_at(inside.get_sblock("flat"), columns)
+    assert materialized_bytes(mod, inside) == 0
+    inlined = tvm.s_tir.Schedule(mod)
+    inlined.compute_inline(inlined.get_sblock("flat"))
+    assert materialized_bytes(mod, inlined) == 0
 
 
 def test_fewer_registers_make_a_smaller_tile():

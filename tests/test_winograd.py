@@ -92,14 +92,23 @@ def test_a_work_dir_tuned_before_winograd_existed_is_applied_without_it():
 
 
 def test_a_winograd_kernels_prediction_counts_its_transformed_tensors_as_memory_passes(llvm_target):
-    """The transformed input and the batched product's output are each written and read once; the
-    convolution's own output, which its epilogue reads inside the tiles, is not counted."""
-    from tuner.spaces.prediction import handed_between_reductions
+    """The analytic schedule computes the transformed input and the batched product each in a loop nest
+    of its own (and the padded input and the inverse transform's tiles): each written and read once. The
+    convolution's own output, which its epilogue reads inside the tiles, is not counted; a direct
+    convolution's only pass of its own is its padded input."""
+    from tuner.spaces.analytic import configure_kernel
+    from tuner.spaces.prediction import materialized_bytes
+
+    def counted(task):
+        return materialized_bytes(task.mod, configure_kernel(task.mod, llvm_target).sch)
 
     workload = load_workload(torch.nn.Conv2d(64, 64, 3, padding=1).eval(), [(1, 64, 56, 56)])
     tasks = extract_tasks(workload, llvm_target)
     (winograd,) = [t for t in tasks if "winograd" in t.name]
     tiles, channels, alpha = 14 * 14, 64, 6
-    assert handed_between_reductions(winograd.mod) == 2 * alpha**2 * tiles * channels * 4
+    transformed = alpha**2 * tiles * channels * 4
+    padded, inverse = 58 * 58 * channels * 4, 4 * 4 * tiles * channels * 4  # each in a nest of its own too
+    assert counted(winograd) == 2 * transformed + padded + inverse  # not the output: its epilogue's tiles
     direct = load_workload(torch.nn.Conv2d(64, 64, 3, stride=2, padding=1).eval(), [(1, 64, 56, 56)])
-    assert all(handed_between_reductions(t.mod) == 0 for t in extract_tasks(direct, llvm_target))
+    (convolution,) = [t for t in extract_tasks(direct, llvm_target) if "conv2d" in t.name]
+    assert counted(convolution) == 58 * 58 * channels * 4

@@ -10,15 +10,17 @@ whatever the loop's extent, so a column count the lanes do not divide wastes the
 49 tokens, tiled 7 wide: 7 of AVX-512's 16 lanes; EfficientNet's 40 channels, 10 wide). A kernel with no tiled
 block (element-wise, reductions, depthwise convolutions, the bf16 products of their own rule, whose tiles
 reach 93-97% of the bf16 unit) takes its FLOPs at its precision's measured peak instead. The bytes are its
-arguments, and the intermediates one reduction hands another (a Winograd kernel's transformed input and its
-batched product's output, each written and read once).
+arguments, and the intermediates its schedule computes in a loop nest of their own, each written and read
+once (a Winograd kernel's transformed input and batched product, a reshape or slice left un-inlined).
 
 Memory is added to compute, not overlapped with it: inside a model a kernel's weights and inputs come
 from memory, not from the caches the calibration's product ran in, and the loops TVM makes do not
 prefetch them. Counted so, the prediction came within 25% of the kernel's time in the model for 161 of
 212 products of 15 models (the roofline's maximum of the two: 102) and for 83 of 144 of five models
 measured afterwards; the lanes, added next (planned before it was tried on them), took the 365 products
-of those 21 models from 249 within 25% to 261 (ragged column counts: 6 of 23 to 17). The rest are
+of those 21 models from 249 within 25% to 261 (ragged column counts: 6 of 23 to 17). Counting every
+intermediate the schedule leaves whole (until December 2026 only those one reduction handed another) took
+the 601 recorded products of 38 models on a Zen 5 from 466 within 25% to 477. The rest are
 where the schedule is what is slow, or where the kernel's time in the model is not one figure: a short
 kernel's time on a VM moves with the machine more than a product's (Hugging Face's MobileNetV2 read its
 depthwise kernels at 2.8-3.6x their prediction in one run and within 25% in the next; called in the same
@@ -43,7 +45,6 @@ from .analytic import AnalyticSchedule
 from .block_plan import BlockPlan
 from .calibration import Calibration, calibration
 from .machine import MachineFacts
-from .rows_rule import reduces
 
 
 def predicted_seconds(
@@ -83,27 +84,42 @@ def predict_kernel(
     facts = MachineFacts.of(target)
     if facts is None:
         return None
-    moved = msc.kernel_bytes(mod) + 2 * handed_between_reductions(mod)
+    moved = msc.kernel_bytes(mod) + 2 * materialized_bytes(mod, configured.sch)
     return predicted_seconds(flops, moved, configured.plans, facts, calibration(target), precision(mod))
 
 
-def handed_between_reductions(mod: tvm.IRModule) -> int:
-    """Bytes of the kernel's intermediate buffers that a reduction writes and another reduction reads (a
-    Winograd kernel's transformed input and batched product): passes of their own over memory, where an
-    epilogue's input stays in the product's tiles."""
-    sch = Schedule(mod)
+def materialized_bytes(mod: tvm.IRModule, sch: Schedule) -> int:
+    """Bytes of ``mod``'s intermediate buffers that its schedule ``sch`` computes in a loop nest of their own
+    and reads in another: each a pass of its own over memory, written once and read once. A producer
+    computed inside its consumer's tiles (an epilogue, a padded tile) hands its values over in the caches and
+    is not counted; one left whole is: a Winograd kernel's transformed input and batched product, a reshape
+    or a slice the schedule did not inline (BiT's group-norm statistics read their input through a reshape
+    copied whole first: 0.8 MB each way, 10 us predicted without it, 27 with it, 32-67 measured in the model)."""
+    intermediates = {buffer.name for buffer in mod["main"].body.block.alloc_buffers}
     try:
         root = sch.get_sblock("root")
     except ScheduleError:  # no block named root (an extern kernel, one opaque block)
         return 0
-    intermediates = list(sch.get(root).alloc_buffers)
+    blocks = sch.get_child_blocks(root)
+
+    def outermost_loop(block):
+        loops = sch.get_loops(block)
+        return sch.get(loops[0]) if loops else None
+
     total = 0
-    for block_rv in sch.get_child_blocks(root):
-        block = sch.get(block_rv)
-        if not reduces(block) or not any(reduces(sch.get(consumer)) for consumer in sch.get_consumers(block_rv)):
+    for buffer in sch.get(root).alloc_buffers:
+        if buffer.name not in intermediates:  # the schedule's own: a layout rewrite's, a tile's accumulator
             continue
-        written = [region.source for region in block.writes]
-        total += sum(_tensor_bytes(buffer) for buffer in intermediates if any(buffer.same_as(w) for w in written))
+        writers = [b for b in blocks if any(region.source.same_as(buffer) for region in sch.get(b).writes)]
+        readers = [b for b in blocks if any(region.source.same_as(buffer) for region in sch.get(b).reads)]
+        if not writers or not readers:
+            continue
+        nest = outermost_loop(writers[0])
+        shared = nest is not None and all(
+            (loop := outermost_loop(reader)) is not None and nest.same_as(loop) for reader in readers
+        )
+        if not shared:
+            total += _tensor_bytes(buffer)
     return total
 
 
