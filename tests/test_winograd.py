@@ -33,8 +33,8 @@ def _winograd_kernels(workload, target, lowered) -> list[str]:
 @pytest.mark.parametrize(("side", "tile"), [(16, 4), (14, 2)])
 def test_a_residual_block_in_winograd_form_computes_what_pytorch_computes(side, tile, llvm_target):
     assert tile_size(side, side) == tile
-    block = _Block(16).eval()
-    shape = (1, 16, side, side)
+    block = _Block(32).eval()
+    shape = (1, 32, side, side)
     workload = load_workload(block, [shape])
     lowered = lower_workload(workload, llvm_target)
     kernels = _winograd_kernels(workload, llvm_target, lowered)
@@ -46,13 +46,19 @@ def test_a_residual_block_in_winograd_form_computes_what_pytorch_computes(side, 
 def test_only_stride_one_3x3_convolutions_over_enough_positions_take_winograd_form(llvm_target):
     """A stride-2 convolution stays direct; so does one over 7x7 positions, whose transformed
     weights would outweigh the arithmetic saved; and every convolution with the option off."""
-    strided = load_workload(_Block(16, stride=2).eval(), [(1, 16, 32, 32)])
+    strided = load_workload(_Block(32, stride=2).eval(), [(1, 32, 32, 32)])
     assert len(_winograd_kernels(strided, llvm_target, lower_workload(strided, llvm_target))) == 1
     small = load_workload(_Block(64).eval(), [(1, 64, 7, 7)])
     assert _winograd_kernels(small, llvm_target, lower_workload(small, llvm_target)) == []
-    large = load_workload(_Block(16).eval(), [(1, 16, 16, 16)])
+    large = load_workload(_Block(32).eval(), [(1, 32, 16, 16)])
     off = lower_workload(large, llvm_target, LoweringOptions(winograd=False))
     assert _winograd_kernels(large, llvm_target, off) == []
+
+
+def test_a_convolution_with_few_channels_stays_direct(llvm_target):
+    """SqueezeNet's 16 -> 64 convolutions: the transforms of 16 channels cost more than the product saves."""
+    few = load_workload(_Block(16).eval(), [(1, 16, 56, 56)])
+    assert _winograd_kernels(few, llvm_target, lower_workload(few, llvm_target)) == []
 
 
 def test_tile_sizes_follow_the_waste_on_the_image_edge():

@@ -43,8 +43,10 @@ MAX_TILE_WASTE = 0.125
 # 49 times over 7x7, where the larger transformed weights dominate the time.
 MIN_USES_PER_WEIGHT = 150
 # The transforms cost about as much per tile as the GEMM does per input and output channel, so a
-# convolution with few channels (an RGB stem's 3) gains nothing.
-MIN_CHANNELS = 16
+# convolution with few channels (an RGB stem's 3) gains nothing. At 16: SqueezeNet 1.1's 16 -> 64
+# convolutions over 55x55 ran at 16% of the FMA peak in Winograd form (0.32 ms a launch, the model's
+# largest kernel); direct, the analytic model ran 0.85-0.89x as long (three readings, Zen 5, 2026-12-04).
+MIN_CHANNELS = 32
 
 
 def tile_size(out_height: int, out_width: int) -> int:
