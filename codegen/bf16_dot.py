@@ -409,6 +409,12 @@ def tile_of(name: str) -> tuple[int, int] | None:
     return (int(match.group(2)), int(match.group(3))) if match else None
 
 
+def unit_of(name: str) -> str | None:
+    """The unit (``AVX512``, ``AMX``) one of these intrinsics runs on, by its name; None for any other name."""
+    match = _NAME.fullmatch(name)
+    return match.group(1) if match else None
+
+
 def register_if_ours(name: str) -> bool:
     """Register ``name`` if it is the name of one of these intrinsics (a stored trace tensorizes with it);
     whether it was."""

@@ -205,7 +205,7 @@ def _repredict(record: dict, out: Path) -> None:
     step = ["--dtype", dtype or "float32", "--step", "predict", model]
     predicted = run_step(Path(__file__), step, out / f"{model}{dtype and '-' + dtype}-predict.log")
     for kernel in record["zero"]["kernels"]:
-        kernel["predicted"] = predicted.get(kernel["name"], kernel["predicted"])
+        kernel["predicted"], kernel["tiled"] = predicted.get(kernel["name"], (kernel["predicted"], kernel["tiled"]))
     kernels = record["zero"]["kernels"]
     if all(k["predicted"] for k in kernels):
         record["zero"]["predicted_ms"] = sum(k["predicted"] * k["weight"] for k in kernels) * 1e3
@@ -214,8 +214,9 @@ def _repredict(record: dict, out: Path) -> None:
     record["predicted_by"] = f"the analytic model of {revision}"
 
 
-def step_predict(model: str, target_text: str, dtype: str) -> dict[str, float]:
-    """Each kernel of ``model`` (lowered as tune() lowers it) predicted by the analytic model, by name."""
+def step_predict(model: str, target_text: str, dtype: str) -> dict[str, tuple[float, bool]]:
+    """Each kernel of ``model`` (lowered as tune() lowers it) predicted by the analytic model, by name, with
+    whether the model counts it a product (``AnalyticSchedule.product``)."""
     subject, keywords, _ = _model(model)
     from tuner.lowering import LoweringOptions
     from tuner.spaces.analytic import configure_kernel
@@ -230,7 +231,7 @@ def step_predict(model: str, target_text: str, dtype: str) -> dict[str, float]:
     for task in extract_tasks(workload, target, lower_workload(workload, target, lowering)):
         configured = configure_kernel(task.mod, target)
         if configured is not None:
-            predicted[task.name] = predict_kernel(task.mod, task.flops, configured, target)
+            predicted[task.name] = (predict_kernel(task.mod, task.flops, configured, target), configured.product)
     return predicted
 
 

@@ -27,8 +27,7 @@ from common.host import cpu_model  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
 from experiments.harness import markdown_table  # noqa: E402
 from tuner.lowering import LoweringOptions  # noqa: E402
-from tuner.lowering.bf16.precision import bf16_unit  # noqa: E402
-from tuner.targets import resolve_target  # noqa: E402
+from tuner.targets import bf16_unit, resolve_target  # noqa: E402
 
 STEMS = {
     "resnet": lambda: [torch.nn.Conv2d(3, 64, 7, 2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1)],

@@ -28,9 +28,9 @@ from codegen.amx_dot import fits
 from codegen.bf16_dot import AMX, AVX512, PAIR
 from tuner.errors import TargetError
 from tuner.lowering.bf16.kernels import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
-from tuner.lowering.bf16.precision import bf16_unit, check_bf16, has_bf16_dot_product
+from tuner.lowering.bf16.precision import check_bf16
 from tuner.spaces.bf16_rule import padded_rows, tile_shapes
-from tuner.targets import host_features_missing
+from tuner.targets import bf16_unit, has_bf16_dot_product, host_features_missing
 
 
 @needs_bf16

@@ -16,9 +16,9 @@ from tvm import te
 from codegen.bf16_dot import AMX, AVX512
 from common.host import host_has_amx
 from tuner.lowering.bf16.kernels import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
-from tuner.lowering.bf16.precision import bf16_unit, host_has_bf16
+from tuner.lowering.bf16.precision import host_has_bf16
 from tuner.spaces.bf16_rule import _tile, padded_rows, tile_shapes
-from tuner.targets import resolve_target
+from tuner.targets import bf16_unit, resolve_target
 
 
 def test_amx_takes_the_products_over_a_whole_step_of_the_reduction_and_avx512_the_rest() -> None:

@@ -14,7 +14,9 @@ from typing import Any
 
 import tvm
 from tvm.target import Target
+from tvm.target import codegen as llvm_features
 
+from codegen.bf16_dot import AMX, AVX512
 from common.error_text import error_line
 from common.host import cpu_flags, physical_cores
 from measure.cuda.runtime import no_gpu_reason, runtime_problem
@@ -44,6 +46,10 @@ _CUDA_DEFAULT_LIMITS = {
     "registers_per_block": 65536,
     "thread_warp_size": 32,
 }
+
+
+BF16_FEATURE = "avx512bf16"  # LLVM's name; /proc/cpuinfo says avx512_bf16
+AMX_FEATURES = ("amx-tile", "amx-bf16")  # /proc/cpuinfo: amx_tile, amx_bf16
 
 
 def requested_config(spec: str | dict | Target) -> dict[str, Any]:
@@ -187,7 +193,7 @@ def host_features_missing(mcpu: str, flags: set[str] | None = None) -> list[str]
     return [
         f"+{feature}"
         for flag, feature in _HOST_FEATURES.items()
-        if flag in flags and not tvm.target.codegen.target_has_features(feature, named)
+        if flag in flags and not llvm_features.target_has_features(feature, named)
     ]
 
 
@@ -256,6 +262,21 @@ def require_device(spec: str | dict | Target) -> None:
         "them "
         "needs one, so run on a GPU host (`tuner doctor --target cuda` checks one) or use --target llvm"
     )
+
+
+def has_bf16_dot_product(target: Target | None) -> bool:
+    """Whether kernels for ``target`` may use ``vdpbf16ps`` (its -mcpu has AVX512_BF16)."""
+    if target is None or target.kind.name != "llvm":
+        return False
+    return bool(llvm_features.target_has_features(BF16_FEATURE, target))
+
+
+def bf16_unit(target: Target | None) -> str | None:
+    """The unit bf16 products run on for ``target``: AMX's tiles where its -mcpu (or -mattr) has them
+    (``tdpbf16ps``: 16 times the work of a ``vdpbf16ps``), AVX512_BF16, or None (fp32 arithmetic)."""
+    if not has_bf16_dot_product(target):
+        return None
+    return AMX if all(llvm_features.target_has_features(feature, target) for feature in AMX_FEATURES) else AVX512
 
 
 def cuda_arch_number(target: Target) -> int | None:

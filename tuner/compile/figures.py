@@ -21,7 +21,7 @@ class KernelFigures:
     analytic_measured: float | None = None  # of its analytic schedule, measured alone by the search
     in_model: float | None = None  # seconds per launch inside the compiled model
     peak_gflops: float | None = None  # of its precision on this machine
-    tiled: bool = False  # a product: its analytic schedule has a register tile and cache blocks
+    tiled: bool = False  # a product: its analytic schedule has a tile of its own (``AnalyticSchedule.product``)
     # built with its analytic schedule, judged faster inside the model than its best tuned one: that one's
     # seconds per launch there (``in_model_choice``)
     tuned_in_model: float | None = None
@@ -62,7 +62,7 @@ def kernel_figures(
         tiled = False
         if task.name in configured:
             predicted = predict_kernel(task.mod, task.flops, configured[task.name], target)
-            tiled = bool(configured[task.name].plans)
+            tiled = configured[task.name].product
         else:
             kernel_id = db.find_kernel(task.mod)
             seed = seeds.get(str(kernel_id))

@@ -33,9 +33,9 @@ from tvm.relax import pipeline as relax_pipeline
 
 from codegen.bf16_dot import AMX
 from tuner.lowering.bf16.pool import Bf16MaxPools
-from tuner.lowering.bf16.precision import bf16_unit
 from tuner.lowering.bf16.products import Bfloat16Products
 from tuner.lowering.bf16.rounding import RoundBeforeMoves
+from tuner.targets import bf16_unit
 
 from .attention_blocks import AttentionInQueryBlocks
 from .attention_padding import PadAttentionTokens

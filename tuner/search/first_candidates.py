@@ -35,7 +35,7 @@ def queue_first_candidates(
         seeds[str(run.kernel_id)] = {
             "candidate": msc.structural_key(around[0].sch.mod),
             "predicted": predicted,
-            "tiled": bool(around[0].plans),
+            "tiled": around[0].product,
         }
         db.set_meta(ANALYTIC_SEEDS_KEY, seeds)
     traces = sibling_traces(run, runs, db, str(target))

@@ -30,7 +30,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError, Trace
 
 from . import metaschedule as msc
-from .bf16_rule import space_accumulators
+from .bf16_rule import space_accumulators, space_unit
 from .block_plan import COLUMN_VECTORS_ATTR, BlockPlan, TiledLoop, plan_block
 from .column_rule import column_schedule
 from .machine import MachineFacts
@@ -165,6 +165,16 @@ def _points(block: tvm.tirx.Stmt, kind: int) -> int:
 class AnalyticSchedule:
     sch: Schedule
     plans: tuple[BlockPlan, ...]  # of its CPU-tiled blocks (none for other kernels)
+
+    @property
+    def bf16_unit(self) -> str | None:
+        """The unit (``AVX512``, ``AMX``) whose tiles of our bf16 rule compute its product; None for another kernel."""
+        return space_unit(self.sch)
+
+    @property
+    def product(self) -> bool:
+        """Whether it is a product with a tile of its own: a register tile and cache blocks, or our bf16 rule's."""
+        return bool(self.plans) or self.bf16_unit is not None
 
 
 def analytic_schedule(

@@ -24,7 +24,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.tirx import IndexMap, IterVar
 
 from codegen import amx_dot
-from codegen.bf16_dot import AMX, AVX512, LANES, PAIR, register_bf16_tile, tile_of
+from codegen.bf16_dot import AMX, AVX512, LANES, PAIR, register_bf16_tile, tile_of, unit_of
 
 BF16_GEMM_RULE = "tuner_bf16_gemm"
 UNIT_ANNOTATION = "tensor_tuner_bf16_unit"  # on the GEMM's block: the unit its micro-kernels run on
@@ -69,12 +69,19 @@ def tile_shapes(rows: int, channel_blocks: int, unit: str = AVX512) -> list[tupl
 def space_accumulators(space: Schedule) -> int:
     """The accumulators (rows x vectors) of the register tile a design space of this rule tensorizes with; 0
     for a space of any other rule."""
-    for inst in space.trace.insts:
-        if inst.kind.name == "Tensorize":
-            tile = tile_of(str(inst.attrs[0]))
-            if tile is not None:
-                return tile[0] * tile[1]
-    return 0
+    tile = tile_of(_tensorized(space))
+    return tile[0] * tile[1] if tile is not None else 0
+
+
+def space_unit(space: Schedule) -> str | None:
+    """The unit (``AVX512``, ``AMX``) a design space of this rule computes on; None for a space of any other rule."""
+    return unit_of(_tensorized(space))
+
+
+def _tensorized(space: Schedule) -> str:
+    """The name of the first of our bf16 intrinsics ``space`` tensorizes with; "" where it takes none."""
+    names = (str(inst.attrs[0]) for inst in space.trace.insts if inst.kind.name == "Tensorize")
+    return next((name for name in names if tile_of(name) is not None), "")
 
 
 def tile_efficiency(rows: int, channel_blocks: int, unit: str) -> float:

@@ -22,11 +22,15 @@ import tvm
 from tvm import te
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+from codegen.bf16_dot import AMX, AVX512, LANES, PAIR
 from common.environment import environment
 from common.host import cpu_model, user_cache_dir, write_atomically
 from common.peaks import bf16_peak, fma_gflops
+from tuner.targets import bf16_unit
 
 from .analytic import configure_kernel
+from .bf16_rule import BF16_GEMM_RULE, UNIT_ANNOTATION
+from .metaschedule import FLOPS_ANNOTATION
 
 CALIBRATION_FILE = "machine.json"
 # BERT-base's attention output projection (128 tokens, 768 -> 768), its weights in the layout its schedule
@@ -37,7 +41,7 @@ _PRODUCT = (128, 768, 768)  # rows, columns, reduction
 _PRODUCT_FLOPS = 2 * _PRODUCT[0] * _PRODUCT[1] * _PRODUCT[2]
 _COPY_FLOATS = 16 << 20  # 64 MB each way: far past the last-level cache
 # in the key: a change remeasures
-_METHOD = "a model's product (128x768x768, layout-free weights), host-wide peaks, fastest of repeats"
+_METHOD = "a model's product (128x768x768, layout-free weights; in bf16 too), host-wide peaks, fastest of repeats"
 BUSY_LOAD_PER_CORE = 0.5  # runnable processes per core (the 1-minute load average) above which a machine is busy
 
 
@@ -52,6 +56,10 @@ class Calibration:
     fma_peak_gflops: float | None = None  # independent FMA chains on every core; None: no C compiler
     bf16_peak_gflops: float | None = None  # the bf16 unit's (AMX or vdpbf16ps); None where the CPU has none
     load_per_core: float | None = None  # the machine's load when measured; None: not recorded (an older cache)
+    # the same product in bf16, in our rule's tiles (``bf16_rule``) on each unit the CPU has: what a model's bf16
+    # products reach, which the AMX peak does not say (ResNet-18's kernels at 13-35% of ``tdpbf16ps``'s peak)
+    bf16_product_gflops: float | None = None  # vdpbf16ps
+    amx_product_gflops: float | None = None
 
     @property
     def taken_busy(self) -> bool:
@@ -66,6 +74,8 @@ class Calibration:
         peaks = f", FMA peak {self.fma_peak_gflops:.0f} GFLOP/s" if self.fma_peak_gflops else ""
         if self.bf16_peak_gflops:
             peaks += f", bf16 peak {self.bf16_peak_gflops:.0f}"
+        for unit, rate in (("vdpbf16ps", self.bf16_product_gflops), ("AMX", self.amx_product_gflops)):
+            peaks += f", bf16 products on {unit} {rate:.0f}" if rate else ""
         busy = (
             f" (taken while the machine was busy, {self.load_per_core:.1f} runnable per core: measured again on the "
             "first run that finds it quiet)"
@@ -91,7 +101,13 @@ class Calibration:
             fma_peak_gflops=most(self.fma_peak_gflops, other.fma_peak_gflops),
             bf16_peak_gflops=most(self.bf16_peak_gflops, other.bf16_peak_gflops),
             load_per_core=other.load_per_core,
+            bf16_product_gflops=most(self.bf16_product_gflops, other.bf16_product_gflops),
+            amx_product_gflops=most(self.amx_product_gflops, other.amx_product_gflops),
         )
+
+    def bf16_product_rate(self, unit: str) -> float | None:
+        """What our bf16 rule's products reach on ``unit`` (``AVX512``, ``AMX``); None where not measured."""
+        return self.amx_product_gflops if unit == AMX else self.bf16_product_gflops
 
     def peak_gflops(self, dtype: str) -> float | None:
         """The compute peak a kernel of ``dtype`` (its products' inputs) is judged against."""
@@ -199,10 +215,33 @@ def _calibration_product() -> tvm.IRModule:
     return tvm.IRModule({"main": func})
 
 
-def _configured_product(target: tvm.target.Target) -> tvm.IRModule:
+def _bf16_calibration_product(unit: str) -> tvm.IRModule:
+    """The calibration's product as bf16 lowering makes a model's (``tuner.lowering.bf16.kernels``): bf16
+    activations times the weight packed [N/16, K/2, 16, 2], summed in fp32 by our bf16 rule on ``unit``."""
+    rows, columns, depth = _PRODUCT
+    a = te.placeholder((rows, depth), "bfloat16", name="a")
+    w = te.placeholder((columns // LANES, depth // PAIR, LANES, PAIR), "bfloat16", name="w")
+    k = te.reduce_axis((0, depth), "k")
+
+    def packed(j, k):
+        return w[j // LANES, k // PAIR, j % LANES, k % PAIR]
+
+    rule = {"schedule_rule": BF16_GEMM_RULE, UNIT_ANNOTATION: unit, FLOPS_ANNOTATION: float(_PRODUCT_FLOPS)}
+    c = te.compute(
+        (rows, columns),
+        lambda i, j: te.sum(a[i, k].astype("float32") * packed(j, k).astype("float32"), axis=k),
+        name="gemm",
+        attrs=rule,
+    )
+    func = te.create_prim_func([a, w, c]).with_attr("layout_free_buffers", [1])
+    return tvm.IRModule({"main": func})
+
+
+def _configured_product(target: tvm.target.Target, unit: str | None = None) -> tvm.IRModule:
     """The calibration's product with its analytic schedule, its weights taken in the layout the schedule
-    chose (a compiled model rewrites them once, ahead of time), as the engine builds a candidate."""
-    product = _calibration_product()
+    chose (a compiled model rewrites them once, ahead of time), as the engine builds a candidate; with a bf16
+    ``unit``, the product in bf16 on it."""
+    product = _calibration_product() if unit is None else _bf16_calibration_product(unit)
     configured = configure_kernel(product, target)
     if configured is None:
         return product
@@ -217,6 +256,8 @@ def _measure_with_threads(target: tvm.target.Target) -> Calibration:
     copy_seconds = _seconds(copy, target)
     tiny = te.placeholder((1024,), "float32", name="t")
     launch_seconds = _seconds(_parallel_vectorized(te.compute((1024,), lambda i: tiny[i] + 1.0), tiny, target), target)
+    units = {None: (), AVX512: (AVX512,), AMX: (AVX512, AMX)}[bf16_unit(target)]
+    bf16_rates = {unit: _PRODUCT_FLOPS / _seconds(_configured_product(target, unit), target) / 1e9 for unit in units}
     threads = _threads(target)
     try:
         fma_peak = fma_gflops(threads)
@@ -228,6 +269,8 @@ def _measure_with_threads(target: tvm.target.Target) -> Calibration:
         launch_seconds=launch_seconds,
         fma_peak_gflops=fma_peak,
         bf16_peak_gflops=bf16_peak(threads)[0],
+        bf16_product_gflops=bf16_rates.get(AVX512),
+        amx_product_gflops=bf16_rates.get(AMX),
     )
 
 

@@ -8,8 +8,11 @@ share of the cores its parallel tasks keep busy (7 tasks on 2 cores: 7/8) and ``
 vector register's lanes its register tile's columns fill: a vector instruction takes the register's width
 whatever the loop's extent, so a column count the lanes do not divide wastes the rest (Swin-T's attention over
 49 tokens, tiled 7 wide: 7 of AVX-512's 16 lanes; EfficientNet's 40 channels, 10 wide). A kernel with no tiled
-block (element-wise, reductions, depthwise convolutions, the bf16 products of their own rule, whose tiles
-reach 93-97% of the bf16 unit) takes its FLOPs at its precision's measured peak instead. The bytes are its
+block (element-wise kernels, reductions, depthwise convolutions) takes its FLOPs at its precision's measured
+peak instead, and a bf16 product in our rule's tiles (``bf16_rule``) at the rate the
+calibration's product reaches in bf16 on the kernel's unit: ``vdpbf16ps``'s tiles run near its peak, AMX's
+far below it (the unit's peak counts tiles already in registers; the calibration's product reached 1,240-2,300
+of 3,600-6,900 GFLOP/s on a 2-core Xeon, ResNet-18's convolutions 13-35%). The bytes are its
 arguments, and the intermediates its schedule computes in a loop nest of their own, each written and read
 once (a Winograd kernel's transformed input and batched product, a reshape or slice left un-inlined).
 
@@ -54,9 +57,15 @@ def predicted_seconds(
     facts: MachineFacts,
     measured: Calibration,
     dtype: str = "float32",
+    bf16_unit: str | None = None,
 ) -> float:
+    """Seconds per launch of a kernel of ``flops`` moving ``bytes_moved``: tiled by ``plans``, in our bf16 rule's
+    tiles on ``bf16_unit``, or neither (the module's docstring)."""
     memory = bytes_moved / (measured.bandwidth_gbs * 1e9)
-    if plans:
+    bf16_rate = measured.bf16_product_rate(bf16_unit) if bf16_unit is not None else None
+    if bf16_rate:
+        compute = flops / (bf16_rate * 1e9)
+    elif plans:
         tasks = min(plan.tasks for plan in plans)
         balance = tasks / (math.ceil(tasks / facts.cores) * facts.cores)
         lanes = min(lanes_used(plan, facts.registers.lanes) for plan in plans)
@@ -85,7 +94,8 @@ def predict_kernel(
     if facts is None:
         return None
     moved = msc.kernel_bytes(mod) + 2 * materialized_bytes(mod, configured.sch)
-    return predicted_seconds(flops, moved, configured.plans, facts, calibration(target), precision(mod))
+    measured = calibration(target)
+    return predicted_seconds(flops, moved, configured.plans, facts, measured, precision(mod), configured.bf16_unit)
 
 
 def materialized_bytes(mod: tvm.IRModule, sch: Schedule) -> int:

@@ -10,31 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import tvm
-from tvm.target import codegen
 
-from codegen.bf16_dot import AMX, AVX512
 from common.host import cpu_flags
 from tuner.errors import TargetError
-from tuner.targets import requested_config
+from tuner.targets import has_bf16_dot_product, requested_config
 
-BF16_FEATURE = "avx512bf16"  # LLVM's name; /proc/cpuinfo says avx512_bf16
-AMX_FEATURES = ("amx-tile", "amx-bf16")  # /proc/cpuinfo: amx_tile, amx_bf16
 BF16_MIN_CUDA_ARCH = 80
-
-
-def has_bf16_dot_product(target: tvm.target.Target | None) -> bool:
-    """Whether kernels for ``target`` may use ``vdpbf16ps`` (its -mcpu has AVX512_BF16)."""
-    if target is None or target.kind.name != "llvm":
-        return False
-    return bool(codegen.target_has_features(BF16_FEATURE, target))
-
-
-def bf16_unit(target: tvm.target.Target | None) -> str | None:
-    """The unit bf16 products run on for ``target``: AMX's tiles where its -mcpu (or -mattr) has them
-    (``tdpbf16ps``: 16 times the work of a ``vdpbf16ps``), AVX512_BF16, or None (fp32 arithmetic)."""
-    if not has_bf16_dot_product(target):
-        return None
-    return AMX if all(codegen.target_has_features(feature, target) for feature in AMX_FEATURES) else AVX512
 
 
 def host_has_bf16() -> bool | None:
