@@ -35,6 +35,7 @@ from .block_plan import COLUMN_VECTORS_ATTR, BlockPlan, TiledLoop, plan_block
 from .column_rule import column_schedule
 from .machine import MachineFacts
 from .norm_rule import norm_schedule
+from .pool_rule import max_pool_schedule
 from .register_tiles import TILING_ANNOTATION, RegisterFile, tile_roles
 from .rows_rule import reduces, rows_schedule
 from .schedule_rules import ExpandDepthwiseDraw, is_expand_depthwise
@@ -296,9 +297,10 @@ def configure_kernel(mod: tvm.IRModule, target: tvm.target.Target) -> AnalyticSc
 
 
 def rule_schedule(mod: tvm.IRModule, facts: MachineFacts | None) -> AnalyticSchedule | None:
-    """The schedule of one of our own rules (``rows_rule``, ``norm_rule``, ``column_rule``) where one takes the
-    kernel: a schedule MetaSchedule's design space cannot express, so its search never reaches it by itself."""
-    for rule in (rows_schedule, norm_schedule, column_schedule) if facts is not None else ():
+    """The schedule of one of our own rules (``rows_rule``, ``norm_rule``, ``column_rule``, ``pool_rule``) where
+    one takes the kernel: a schedule MetaSchedule's design space cannot express, or its seeded draw does not find,
+    so its search does not start from it by itself."""
+    for rule in (rows_schedule, norm_schedule, column_schedule, max_pool_schedule) if facts is not None else ():
         ruled = rule(mod, facts.registers.lanes, facts.cores)
         if ruled is not None:
             return AnalyticSchedule(ruled, ())
