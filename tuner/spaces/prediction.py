@@ -9,10 +9,10 @@ vector register's lanes its register tile's columns fill: a vector instruction t
 whatever the loop's extent, so a column count the lanes do not divide wastes the rest (Swin-T's attention over
 49 tokens, tiled 7 wide: 7 of AVX-512's 16 lanes; EfficientNet's 40 channels, 10 wide). A kernel with no tiled
 block (element-wise kernels, reductions, depthwise convolutions) takes its FLOPs at its precision's measured
-peak instead, and a bf16 product in our rule's tiles (``bf16_rule``) at the rate the
-calibration's product reaches in bf16 on the kernel's unit: ``vdpbf16ps``'s tiles run near its peak, AMX's
-far below it (the unit's peak counts tiles already in registers; the calibration's product reached 1,880-1,940
-of 6,200-6,900 GFLOP/s on a 2-core Xeon, ResNet-18's convolutions 13-35%). The bytes are its
+peak instead, and a bf16 product in our rule's tiles (``bf16_rule``) at the rate the calibration's product
+reaches in bf16 on the kernel's unit: ``vdpbf16ps``'s tiles run near its peak on Zen 4 and 5, AMX's far below it
+(the unit's peak counts tiles already in registers; the calibration's product reached 1,880-2,310 of
+6,200-6,900 GFLOP/s on a 2-core Xeon in six quiet readings, ResNet-18's convolutions 13-35%). The bytes are its
 arguments, and the intermediates its schedule computes in a loop nest of their own, each written and read
 once (a Winograd kernel's transformed input and batched product, a reshape or slice left un-inlined).
 
