@@ -7,8 +7,9 @@ weight converted once, here. On a CPU with AVX512_BF16 the weight is packed [N/1
 (convolutions [KH, KW, N/16, C/2, 16, 2]) and the product is a kernel of ours whose schedule uses
 the micro-kernels of ``vdpbf16ps``, or of AMX's ``tdpbf16ps`` where the CPU has it (``tuner.spaces.bf16_rule``;
 an odd channel count gets a zero channel, the outputs zero ones up to a multiple of 16, sliced off
-after; a grouped convolution of wide groups, one such kernel per group). Elsewhere, and for the products
-those kernels do not take (dilated convolutions, grouped ones of narrow groups or many, an odd reduction in
+after; a grouped convolution of wide groups, one such kernel per group, or for two, one over zero weights
+across the groups). Elsewhere, and for the products
+those kernels do not take (dilated convolutions, grouped ones of narrow or small groups, an odd reduction in
 a matmul), Relax's own operator with bf16 operands and a float32 result: bf16 storage, fp32 arithmetic,
 as PyTorch computes bf16 on such CPUs. Matmuls of two activations (attention's) are bf16 products too, with the
 second operand packed inside the kernel.
@@ -64,9 +65,12 @@ PATCHES_BELOW_CHANNELS = 8  # a first convolution's (RGB): its products over its
 # the least reduction of a product of two activations on vdpbf16ps (attention's head dimensions are 32-128, its
 # tokens more): a guard against products of a few channels, where the pack in the kernel would be most of it
 MIN_ACTIVATION_PRODUCT_REDUCTION = 16
-# a grouped convolution split into one of ours per group (``wide_groups``). RegNet's groups of 64 channels on a
-# 2-core Xeon (2026-12-05), against its fp32 grouped convolutions: 2 of 231 MFLOP each 0.6 ms with the split and
-# the concatenation, against 1.9; 8 of 14.5 MFLOP each 0.6 ms against 1.0; 17 of 3.6 MFLOP each 0.36 against 0.26
+# a grouped convolution on our kernels (``wide_groups``), split into one per group, or for up to
+# ``BLOCK_DIAGONAL_GROUPS``, one over the whole channels with zero weights across the groups (twice the FLOPs; no
+# split, no concatenation, its epilogue merged). RegNet's groups of 64 channels in bf16 on a 2-core Xeon
+# (2026-12-05), against its fp32 grouped convolutions: 2 of 231 MFLOP each 0.68 ms split with the split and the
+# concatenation, 0.62 block-diagonal, against 1.9 in fp32; 8 of 14.5 MFLOP each 0.6 ms split against 1.0; 17 of
+# 3.6 MFLOP each 0.36 split against 0.26 (the launches)
 MIN_GROUP_CHANNELS = 16
 MIN_GROUP_FLOPS = 8e6
 BLOCK_DIAGONAL_GROUPS = 2
