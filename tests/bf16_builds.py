@@ -11,7 +11,8 @@ from tvm import te
 from codegen.bf16_dot import AMX, AVX512
 from common.host import host_has_amx
 from tuner.lowering.bf16.precision import host_has_bf16
-from tuner.spaces.bf16_rule import BF16_GEMM_RULE, _tile
+from tuner.spaces.bf16_product import packed_product
+from tuner.spaces.bf16_rule import _tile
 from tuner.targets import resolve_target
 
 needs_bf16 = pytest.mark.skipif(not host_has_bf16(), reason="this CPU has no AVX512_BF16 (vdpbf16ps)")
@@ -27,16 +28,7 @@ def te_module(tensors: list[te.Tensor]) -> tvm.IRModule:
 def dense_module(m: int, n: int, k: int) -> tvm.IRModule:
     data = te.placeholder((m, k), "bfloat16", name="data")
     packed = te.placeholder((n // 16, k // 2, 16, 2), "bfloat16", name="packed")
-    r = te.reduce_axis((0, k), "r")
-    out = te.compute(
-        (m, n),
-        lambda i, j: te.sum(
-            data[i, r].astype("float32") * packed[j // 16, r // 2, j % 16, r % 2].astype("float32"), axis=r
-        ),
-        name="gemm",
-        attrs={"schedule_rule": BF16_GEMM_RULE},
-    )
-    return te_module([data, packed, out])
+    return te_module([data, packed, packed_product(data, packed, name="gemm")])
 
 
 def bf16_array(shape: tuple[int, ...], seed: int) -> np.ndarray:

@@ -83,6 +83,7 @@ def _amx_space_intrinsics(mod: tvm.IRModule, block: str) -> list[set[str]]:
     from tuner.spaces.bf16_rule import UNIT_ANNOTATION, schedule_bf16_gemm
 
     sch = tvm.s_tir.Schedule(mod, seed=1)
+    sch.unannotate(sch.get_sblock(block), UNIT_ANNOTATION)
     sch.annotate(sch.get_sblock(block), UNIT_ANNOTATION, AMX)
     return [
         set(re.findall(r"tensor_tuner_amx_\w+", str(space.trace)))

@@ -244,3 +244,50 @@ def test_a_product_of_two_activations_packs_its_second_operand_in_the_kernel(uni
     # the unscheduled kernel, which verification checks candidates against, computes the same
     reference = tvm.compile(module, target=resolve_target("llvm"))
     np.testing.assert_allclose(run_built(reference, as_bf16, (2, 3, 20, 30)), expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("unit", [AMX, AVX512])
+def test_a_grouped_convolution_of_wide_groups_is_one_of_ours_per_group(unit: str) -> None:
+    # RegNet's shape: groups of many channels, each a convolution of its own over its slice of the channels
+    from tvm import relax
+
+    from tuner.lowering.bf16.products import Bfloat16Products
+
+    groups, channels, outputs = 3, 32, 32  # per group: 10.6 MFLOP each
+    image = np.random.default_rng(1).standard_normal((1, 24, 24, groups * channels)).astype(np.float32)
+    weight = np.random.default_rng(2).standard_normal((3, 3, channels, groups * outputs)).astype(np.float32)
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(image.shape, "float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            conv = relax.op.nn.conv2d(
+                x, relax.const(weight), padding=1, groups=groups, data_layout="NHWC", kernel_layout="HWIO"
+            )
+            out = builder.emit_output(builder.emit(conv))
+        builder.emit_func_output(out)
+    lowered = Bfloat16Products(unit=unit)(builder.get())
+    text = lowered.script()
+    assert "R.nn.conv2d" not in text and text.count("bf16_conv2d") >= groups
+    run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
+    got = run["main"](tvm.runtime.tensor(image)).numpy()
+    image_bf16, weight_bf16 = (
+        torch.from_numpy(a.astype(ml_dtypes.bfloat16).astype(np.float32)) for a in (image, weight)
+    )
+    expected = torch.nn.functional.conv2d(
+        image_bf16.permute(0, 3, 1, 2), weight_bf16.permute(3, 2, 0, 1), padding=1, groups=groups
+    ).permute(0, 2, 3, 1)
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_a_convolution_of_narrow_or_small_groups_stays_relaxs_own() -> None:
+    from tuner.lowering.bf16.products import wide_groups
+
+    def grouped(groups: int, channels: int, size: int) -> bool:  # a 3x3 window, as many outputs as channels
+        weight = np.zeros((3, 3, channels, groups * channels), np.float32)
+        return wide_groups(groups, weight, (1, size, size, groups * channels), 1, (1, 1, 1, 1))
+
+    assert grouped(2, 64, 56) and grouped(8, 64, 14)  # RegNet's: 231 and 14.5 MFLOP a group
+    assert not grouped(1, 64, 56)  # not grouped: our convolution as it is
+    assert not grouped(96, 1, 56)  # depthwise
+    assert not grouped(17, 64, 7)  # 3.6 MFLOP a group: the split and the launches cost more than fp32 does
+    assert not grouped(4, 8, 56)  # too narrow for our tiles

@@ -246,7 +246,7 @@ def test_tvm_runs_a_second_build_of_a_model_with_the_first_ones_kernels(tmp_path
     after the default-schedule build of the same model, a wrong build returns the right outputs.
     (Exporting each build's kernels under names of their own did not change that.)"""
     from codegen.build import _memory_database, build_lowered_model
-    from tuner.compile.check import run_compiled
+    from tuner.compile.check import run_compiled, run_compiled_sets
 
     workload, target = load_model(ConvThenPad), tvm.target.Target({"kind": "llvm"})
     lowered = lower_workload(workload, target, None)
@@ -258,6 +258,12 @@ def test_tvm_runs_a_second_build_of_a_model_with_the_first_ones_kernels(tmp_path
     inputs = [rng.standard_normal((1, 4, 8, 8)).astype("float32"), rng.standard_normal((8, 4, 1, 1)).astype("float32")]
     alone = [run_compiled(tmp_path / name, workload, target, inputs)[0] for name in ("default.so", "wrong.so")]
     assert not np.allclose(alone[1], alone[0])  # in processes of their own, the wrong build shows
+    # several input sets in one process, the check's reference on its inputs and on others: each as if alone
+    others = [2 * x for x in inputs]
+    both = run_compiled_sets(tmp_path / "default.so", workload, target, [inputs, others])
+    np.testing.assert_array_equal(both[0][0], alone[0])
+    np.testing.assert_array_equal(both[1][0], run_compiled(tmp_path / "default.so", workload, target, others)[0])
+    assert not np.allclose(both[1][0], both[0][0])
     from tuner.runtime.compiled_model import CompiledModel, ModelDescription
 
     description = ModelDescription(workload.name, "relax", str(target), workload.inputs)

@@ -16,7 +16,7 @@ from tuner.compile.in_model_choice import PASSES
 from tuner.search.final_choice import UNSCHEDULED_FLOPS_PER_SECOND, check_seconds, task_seconds
 from tuner.search.kernel_costs import KernelCosts
 from tuner.search.objectives import Objectives, Spending, met, short_of_time, time_left, time_limit
-from tuner.search.reserve import MARGIN, reserve
+from tuner.search.reserve import MARGIN, reserve, reserve_parts
 from tuner.tasks.extraction import Task
 
 
@@ -82,8 +82,9 @@ def test_the_compile_phase_is_its_kernels_builds_a_fresh_process_and_the_timing_
     against_framework = model(costs, 0.01)
     in_model = (IN_MODEL_RUNS + 1) * 0.01  # each kernel timed inside the model, for the report
     assert against_framework == pytest.approx(2.2 + timing + in_model + 4.0 + 0.01)
-    untuned = CompileEstimate(["conv", "add"], lambda: 4.0, check=AGAINST_UNTUNED)(costs, 0.01)
-    assert untuned == pytest.approx(against_framework + 2.2 + 4.0 + 0.01)  # the untuned build compiled and run too
+    untuned = CompileEstimate(["conv", "add"], lambda: 4.0, check=AGAINST_UNTUNED, untuned_run=0.5)(costs, 0.01)
+    # the untuned build compiled too, and run twice (the check's inputs and others) in a process of its own
+    assert untuned == pytest.approx(against_framework + 2.2 + 4.0 + 2 * 0.5)
     unchecked = CompileEstimate(["conv", "add"], lambda: None, check=NO_CHECK)(costs, 0.01)
     assert unchecked == pytest.approx(2.2 + timing + in_model)
     assert CompileEstimate(["conv", "add"], lambda: None)(costs, 0.01) == pytest.approx(2.2 + timing + in_model + 0.01)
@@ -111,14 +112,14 @@ def test_a_models_weights_cost_each_write_read_and_load():
 
 def test_the_budget_counts_the_reserve_and_says_so():
     assert reserve(10.0, 20.0) == pytest.approx(MARGIN * 30.0)
+    assert reserve_parts(10.0, 20.0) == pytest.approx((MARGIN * 30.0, MARGIN * 10.0))
     budget = Objectives(seconds=180)
-    spent = Spending(seconds=150.0, reserved=25.0)
+    spent = Spending(seconds=150.0, reserved=25.0, reserved_for_choice=10.0)
     assert met(budget, spent) is None and time_left(budget, spent) == pytest.approx(5.0)
-    assert short_of_time(budget, spent) == (
-        "time budget: 150 s of 180 s, 25 s kept for the final compile, too little left for another batch"
-    )
+    kept = "25 s kept for the final choice (10 s) and the compile, check and in-model choice (15 s)"
+    assert short_of_time(budget, spent) == f"time budget: 150 s of 180 s, {kept}, too little left for another batch"
     spent.seconds = 160.0
-    assert met(budget, spent) == "time budget: 160 s of 180 s, 25 s kept for the final compile"
+    assert met(budget, spent) == f"time budget: 160 s of 180 s, {kept}"
     money = Objectives(money=0.05, price_per_hour=1.0)  # 180 s of device time
     assert time_limit(money) == pytest.approx(180.0) and met(money, spent).startswith("money budget")
     assert time_limit(Objectives(seconds=180, money=0.05, price_per_hour=2.0)) == pytest.approx(90.0)

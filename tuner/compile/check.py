@@ -150,25 +150,39 @@ def relative_error(outputs: list[np.ndarray], expected: list[np.ndarray]) -> flo
 
 
 def run_compiled(artifact, workload: Workload, target: tvm.target.Target, inputs: Sequence[np.ndarray]) -> list:
-    """The compiled model's outputs on ``inputs``, run in a process of its own (``tuner.runtime.run_model``
-    says why), from a copy of the library (and a link to its weights)."""
+    """The compiled model's outputs on ``inputs``, run in a process of its own (``run_compiled_sets``)."""
+    return run_compiled_sets(artifact, workload, target, [inputs])[0]
+
+
+def run_compiled_sets(
+    artifact, workload: Workload, target: tvm.target.Target, input_sets: Sequence[Sequence[np.ndarray]]
+) -> list[list[np.ndarray]]:
+    """The compiled model's outputs on each of ``input_sets``, run in one process of its own
+    (``tuner.runtime.run_model`` says why), from a copy of the library (and a link to its weights): the
+    process's start and the weights' load paid once."""
     with tempfile.TemporaryDirectory(prefix="tuner-check-") as scratch:
         library = Path(scratch) / "model.so"
         shutil.copyfile(artifact, library)
         if weights_path(artifact).exists():
             weights_path(library).symlink_to(weights_path(artifact).resolve())
         ModelDescription.of(workload, target).save(library)
-        np.savez(Path(scratch) / "in.npz", *inputs)
+        paths = []
+        for index, inputs in enumerate(input_sets):
+            np.savez(Path(scratch) / f"in{index}.npz", *inputs)
+            paths += [f"{scratch}/in{index}.npz", f"{scratch}/out{index}.npz"]
         ran = subprocess.run(
-            [sys.executable, "-m", "tuner.runtime.run_model", str(library), f"{scratch}/in.npz", f"{scratch}/out.npz"],
+            [sys.executable, "-m", "tuner.runtime.run_model", str(library), *paths],
             capture_output=True,
             text=True,
             check=False,
         )
         if ran.returncode != 0:
             raise TunerError(f"running the compiled model {artifact} failed: {error_line(ran.stderr, last=True)}")
-        with np.load(Path(scratch) / "out.npz") as saved:
-            return [widened(saved[f"arr_{i}"]) for i in range(len(saved.files))]
+        outputs = []
+        for index in range(len(input_sets)):
+            with np.load(Path(scratch) / f"out{index}.npz") as saved:
+                outputs.append([widened(saved[f"arr_{i}"]) for i in range(len(saved.files))])
+        return outputs
 
 
 def no_device_here(target: tvm.target.Target) -> str | None:
@@ -203,27 +217,32 @@ def reference_label(workload: Workload) -> str:
     return workload.reference_name or "the model's reference"
 
 
-def make_referee(workload: Workload, run_untuned: Callable[[list[np.ndarray]], list[np.ndarray]]) -> Referee:
+def make_referee(
+    workload: Workload, run_untuned: Callable[[list[list[np.ndarray]]], list[list[np.ndarray]]]
+) -> Referee:
     """The reference of ``workload`` (its framework's, else ``run_untuned``: the default-schedule
-    build) on its check inputs, with the reason a match would prove nothing, if there is one. A bf16
+    build, run on each of a list of input sets) on its check inputs, with the reason a match would
+    prove nothing, if there is one. A bf16
     model is checked against its own lowering built with the default schedules: against its framework
     in fp32 it differs by bf16's rounding (0.2 of the output on a ResNet-50, as OpenVINO's bf16 does),
-    which would hide a wrong schedule rather than find it."""
+    which would hide a wrong schedule rather than find it. The reference is computed on other inputs too
+    (``_perturbed``) in the same go: the default-schedule build is run once, in one process, for both."""
     inputs = check_inputs(workload)
+    other = _perturbed(inputs)
+    sets = [inputs] if other is None else [inputs, other]
     if workload.reference is not None and workload.precision != "bfloat16":
         name = reference_label(workload)
-
-        def compute(xs: list[np.ndarray]) -> list[np.ndarray]:
-            return as_outputs(workload.reference(*xs))
+        outputs = [as_outputs(workload.reference(*xs)) for xs in sets]
     else:
-        name, compute = DEFAULT_SCHEDULES, run_untuned
-    expected = compute(inputs)
-    referee = Referee(name, inputs, expected, tolerance_for(workload))
-    referee.degenerate = _degenerate(referee, compute)
+        name, outputs = DEFAULT_SCHEDULES, run_untuned(sets)
+    referee = Referee(name, inputs, outputs[0], tolerance_for(workload))
+    referee.degenerate = _degenerate(referee, outputs[1] if other is not None else None)
     return referee
 
 
-def _degenerate(referee: Referee, compute: Callable[[list[np.ndarray]], list[np.ndarray]]) -> str | None:
+def _degenerate(referee: Referee, perturbed: list[np.ndarray] | None) -> str | None:
+    """Why a match of ``referee``'s outputs would prove nothing, if it would not; ``perturbed``: the reference's
+    outputs on other inputs (None where the model's inputs have no others)."""
     scale = referee.scale
     if scale < 1e-6:
         return f"the model's output is all (near) zero (largest |value| {scale:.1e}): give it weights or inputs that " \
@@ -231,7 +250,6 @@ def _degenerate(referee: Referee, compute: Callable[[list[np.ndarray]], list[np.
     spread = max((float(np.ptp(e)) for e in referee.expected if e.size), default=0.0)
     if spread <= 1e-6 * scale:
         return "the model's output is constant"
-    other = _perturbed(referee.inputs)
-    if other is not None and relative_error(compute(other), referee.expected) <= 1e-6:
+    if perturbed is not None and relative_error(perturbed, referee.expected) <= 1e-6:
         return "the model's output does not depend on its input"
     return None

@@ -31,6 +31,7 @@ from .check import (
     reference_label,
     relative_error,
     run_compiled,
+    run_compiled_sets,
     tolerance_for,
 )
 from .compile import KernelChoice, Program, compile_workload, schedules_of
@@ -134,10 +135,10 @@ class CheckedBuild:
     def _outputs(self, artifact: Path, inputs: list[np.ndarray]) -> list[np.ndarray]:
         return run_compiled(artifact, self.workload, self.target, inputs)
 
-    def _run_untuned(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def _run_untuned(self, input_sets: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
         if not self.untuned.exists():
             compile_workload(self.engine, self.program, [], self.untuned)
-        return self._outputs(self.untuned, inputs)
+        return run_compiled_sets(self.untuned, self.workload, self.target, input_sets)
 
     def _check(self, artifact: Path) -> ModelCheck:
         referee = make_referee(self.workload, self._run_untuned)
@@ -153,7 +154,7 @@ class CheckedBuild:
         if result.ok:
             return result
         self.say(f"the compiled model differs from {referee.name} by {error:.1e}: finding the kernel(s) responsible")
-        if referee.name != DEFAULT_SCHEDULES and not referee.matches(self._run_untuned(referee.inputs)):
+        if referee.name != DEFAULT_SCHEDULES and not referee.matches(self._run_untuned([referee.inputs])[0]):
             return replace(result, lowering_wrong=True)
 
         def wrong_with(kept: list[str]) -> bool:

@@ -12,8 +12,10 @@ keeps one model loaded: the judged models, timed in alternation, load theirs at 
 1 GB of weights (Zen 5, 2026-12-04): 4.0 s to write, 13.6 s for two compiles side by side whose kernels build
 in 1.3, 0.8-0.9 s a load; 27 s of compile phase estimated at 9 without them, the call 33 s past its budget.
 
-What it cannot know before the end: the untuned program's seconds per call (``time_untuned``; only its
-compile is counted) and a bisection for a kernel that breaks the model (rare, and said when it happens).
+The untuned program, where it is the check's reference, runs the model's FLOPs at TVM's plain loops' rate
+(``UNTUNED_MODEL_FLOPS_PER_SECOND``), not at the tuned model's milliseconds. What it cannot know before the
+end: the untuned program's timing (``time_untuned``; only its compile is counted) and a bisection for a
+kernel that breaks the model (rare, and said when it happens).
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ NO_CHECK, AGAINST_FRAMEWORK, AGAINST_UNTUNED = "none", "framework", "untuned"
 # (the module's docstring) came to 1.7 s per GB and pass, this VM's fresh memory at 0.3-15 GB/s from one minute
 # to the next
 WEIGHT_BYTES_PER_SECOND = 0.5e9
+# What a model built with TVM's default schedules (plain loops), the reference of a check without a framework
+# (a bf16 model's), computes per second, leaning low: trials=0's checks of seven bf16 models took 6-21 s on a
+# 2-core Xeon (2026-12-04), about 2 s per GFLOP of the model for its two runs; BERT-base's untuned fp32 build
+# ran 22 GFLOP in 14 s on a Zen 4, ResNet-50's 8.2 in 7.0
+UNTUNED_MODEL_FLOPS_PER_SECOND = 1e9
 
 
 def timing_seconds(
@@ -59,6 +66,7 @@ class CompileEstimate:
     judged: bool = False  # its tuned kernels judged inside the model against their analytic schedules
     weight_bytes: int = 0  # a model's weights (``codegen.weights.weight_bytes``)
     kernel_flops: float = 0.0  # a single kernel's (``model`` False), checked against its unscheduled loops
+    untuned_run: float = 0.0  # seconds a call of the default-schedule build takes (``AGAINST_UNTUNED``)
 
     @classmethod
     def of(
@@ -84,7 +92,12 @@ class CompileEstimate:
         model = workload.kind == "relax"
         judged = model and analytic
         flops = 0.0 if model else tasks[0].flops
-        return cls(names, engine.process_start_seconds, model, check, time_untuned, judged, weight_bytes, flops)
+        untuned_run = 0.0
+        if check == AGAINST_UNTUNED:
+            untuned_run = sum(task.weight * task.flops for task in tasks) / UNTUNED_MODEL_FLOPS_PER_SECOND
+        return cls(
+            names, engine.process_start_seconds, model, check, time_untuned, judged, weight_bytes, flops, untuned_run
+        )
 
     def __call__(self, costs: KernelCosts, model_latency: float) -> float:
         compile_model = sum(costs.build(kernel) for kernel in self.kernels)
@@ -98,10 +111,10 @@ class CompileEstimate:
             return seconds
         if not self.model:  # one kernel: its analytic schedule checked alone where it has no verified tuned one
             return seconds + check_seconds(costs, self.kernels[0], self.kernel_flops)
-        run_alone = (self.process_start() or 0.0) + model_latency
-        if self.check == AGAINST_UNTUNED:
-            seconds += run_alone + (0.0 if self.time_untuned else compile_model)
-        return seconds + run_alone
+        process_start = self.process_start() or 0.0
+        if self.check == AGAINST_UNTUNED:  # the untuned build run on the check's inputs and on others, in one process
+            seconds += process_start + 2 * self.untuned_run + (0.0 if self.time_untuned else compile_model)
+        return seconds + process_start + model_latency
 
     def _weight_passes(self) -> int:
         """How often the weights are written, read or loaded (the module's docstring): once for the build

@@ -44,7 +44,7 @@ from .kernel_costs import KernelCosts
 from .loop_config import LoopConfig, auto_batch_size
 from .objectives import Objectives, Spending, check_measurable, met, short_of_time, time_left, time_limit
 from .parallel import parallel_map
-from .reserve import OVERRUN, CallClock, reserve
+from .reserve import OVERRUN, CallClock, reserve_parts
 from .scheduler import TaskProgress, make_scheduler, task_kind
 from .task_run import TaskRun
 from .task_search import TaskSearch
@@ -163,12 +163,12 @@ class TuningLoop:
         measured = [run.task.weight * run.progress.best for run in self.runs if run.progress.best is not None]
         return sum(measured) * len(self.runs) / len(measured) if measured else 0.0
 
-    def reserve(self, next_run: TaskRun | None = None) -> float:
+    def reserve(self, next_run: TaskRun | None = None) -> tuple[float, float]:
         """Seconds to keep for after the search: the final choice of every task measured (and of
-        ``next_run``, about to be), and the compile phase."""
+        ``next_run``, about to be), and the compile phase; and of them, the final choice's."""
         runs = [run for run in self.runs if run.progress.best is not None or run.progress.in_flight or run is next_run]
         final = self._final_choice.seconds(runs, self.costs, self.model_latency())
-        return reserve(final, self.clock.compile_seconds(self.costs, self.partial_latency()))
+        return reserve_parts(final, self.clock.compile_seconds(self.costs, self.partial_latency()))
 
     @contextlib.contextmanager
     def _phase(self, name: str):
@@ -220,7 +220,8 @@ class TuningLoop:
                 index = self.scheduler.pick([run.progress for run in self.runs])
                 self.spent.seconds = self.clock.elapsed()
                 if self._time_limit is not None:
-                    self.spent.reserved = self.reserve(self.runs[index] if index is not None else None)
+                    kept = self.reserve(self.runs[index] if index is not None else None)
+                    self.spent.reserved, self.spent.reserved_for_choice = kept
                 self.stop_reason = met(objectives, self.spent)
                 if self.stop_reason:
                     break

@@ -55,6 +55,7 @@ class Spending:
     joules: float = 0.0
     history: list[float | None] = field(default_factory=list)  # best latency after each batch
     reserved: float = 0.0  # seconds still to come after the search; counted against time and money
+    reserved_for_choice: float = 0.0  # of them, the final choice's (the rest: the compile phase's)
     in_flight: int = 0  # trials submitted whose results are still to come; counted against trials
 
     def add_batch(self, trials: int, seconds: float, joules: float | None, best: float | None) -> None:
@@ -83,14 +84,21 @@ def time_left(objectives: Objectives, spent: Spending) -> float | None:
     return None if limit is None else limit - spent.seconds - spent.reserved
 
 
+def kept_for_after(spent: Spending) -> str:
+    """The reserve in words, with its two phases, so that a run's phase times say which estimate was off."""
+    choice = spent.reserved_for_choice
+    return (
+        f"{spent.reserved:.0f} s kept for the final choice ({choice:.0f} s) and the compile, check and in-model "
+        f"choice ({spent.reserved - choice:.0f} s)"
+    )
+
+
 def short_of_time(objectives: Objectives, spent: Spending) -> str:
     """Why a run ends just short of its time (or money) budget: what is left would not hold another batch."""
     limit = time_limit(objectives)
     budget = "time" if limit == objectives.seconds else "money"
-    return (
-        f"{budget} budget: {spent.seconds:.0f} s of {limit:.0f} s, {spent.reserved:.0f} s kept for the final compile, "
-        "too little left for another batch"
-    )
+    spent_text = f"{spent.seconds:.0f} s of {limit:.0f} s"
+    return f"{budget} budget: {spent_text}, {kept_for_after(spent)}, too little left for another batch"
 
 
 def met(objectives: Objectives, spent: Spending) -> str | None:
@@ -98,7 +106,7 @@ def met(objectives: Objectives, spent: Spending) -> str | None:
     if objectives.trials is not None and spent.trials + spent.in_flight >= objectives.trials:
         return f"trial budget: {spent.trials + spent.in_flight} of {objectives.trials} trials measured"
     if objectives.seconds is not None and spent.seconds + spent.reserved >= objectives.seconds:
-        kept = f", {spent.reserved:.0f} s kept for the final compile" if spent.reserved else " spent"
+        kept = f", {kept_for_after(spent)}" if spent.reserved else " spent"
         return f"time budget: {spent.seconds:.0f} s of {objectives.seconds:.0f} s{kept}"
     if objectives.joules is not None and spent.joules >= objectives.joules:
         return f"energy budget: {spent.joules:.0f} J of {objectives.joules:.0f} J spent"

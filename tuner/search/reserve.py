@@ -44,3 +44,8 @@ class CallClock:
 def reserve(final_choice_seconds: float, compile_seconds: float) -> float:
     """Seconds kept back for after the search: its two phases, estimated, with the margin."""
     return MARGIN * (final_choice_seconds + compile_seconds)
+
+
+def reserve_parts(final_choice_seconds: float, compile_seconds: float) -> tuple[float, float]:
+    """``reserve`` and its final choice's share, with the margin."""
+    return reserve(final_choice_seconds, compile_seconds), MARGIN * final_choice_seconds

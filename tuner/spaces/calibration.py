@@ -29,8 +29,7 @@ from common.peaks import bf16_peak, fma_gflops
 from tuner.targets import bf16_unit
 
 from .analytic import configure_kernel
-from .bf16_rule import BF16_GEMM_RULE, UNIT_ANNOTATION
-from .metaschedule import FLOPS_ANNOTATION
+from .bf16_product import packed_product
 
 CALIBRATION_FILE = "machine.json"
 # BERT-base's attention output projection (128 tokens, 768 -> 768), its weights in the layout its schedule
@@ -218,23 +217,12 @@ def _calibration_product() -> tvm.IRModule:
 
 
 def _bf16_calibration_product(unit: str) -> tvm.IRModule:
-    """The calibration's product as bf16 lowering makes a model's (``tuner.lowering.bf16.kernels``): bf16
-    activations times the weight packed [N/16, K/2, 16, 2], summed in fp32 by our bf16 rule on ``unit``."""
+    """The calibration's product as bf16 lowering makes a model's (``bf16_product``): bf16 activations times the
+    weight packed [N/16, K/2, 16, 2], summed in fp32 by our bf16 rule on ``unit``."""
     rows, columns, depth = _PRODUCT
     a = te.placeholder((rows, depth), "bfloat16", name="a")
     w = te.placeholder((columns // LANES, depth // PAIR, LANES, PAIR), "bfloat16", name="w")
-    k = te.reduce_axis((0, depth), "k")
-
-    def packed(j, k):
-        return w[j // LANES, k // PAIR, j % LANES, k % PAIR]
-
-    rule = {"schedule_rule": BF16_GEMM_RULE, UNIT_ANNOTATION: unit, FLOPS_ANNOTATION: float(_PRODUCT_FLOPS)}
-    c = te.compute(
-        (rows, columns),
-        lambda i, j: te.sum(a[i, k].astype("float32") * packed(j, k).astype("float32"), axis=k),
-        name="gemm",
-        attrs=rule,
-    )
+    c = packed_product(a, w, unit, float(_PRODUCT_FLOPS), name="gemm")
     func = te.create_prim_func([a, w, c]).with_attr("layout_free_buffers", [1])
     return tvm.IRModule({"main": func})
 

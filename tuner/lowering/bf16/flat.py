@@ -31,10 +31,11 @@ from tvm import te
 
 from codegen.amx_dot import STEP_VALUES
 from codegen.bf16_dot import AMX, LANES, PAIR
+from tuner.spaces.bf16_product import gemm_attrs
 from tuner.spaces.bf16_rule import OVERLAP_ANNOTATION, WINDOW_ANNOTATION, padded_rows, tile_efficiency
 from tuner.spaces.copy_rule import BF16_COPY_RULE, PADDED_IMAGE
 
-from .kernels import BF16, F32, bf16_dense, gemm_attrs, out_extent, pack_conv_weight, pack_dense_weight
+from .kernels import BF16, F32, bf16_dense, out_extent, pack_conv_weight, pack_dense_weight
 
 MIN_GAIN = 1.1  # what the flat form must win over tiles along one image row to pay for its gather
 

@@ -11,8 +11,7 @@ import tvm
 from tvm import te
 
 from codegen.bf16_dot import AVX512, LANES, PAIR
-from tuner.spaces.bf16_rule import BF16_GEMM_RULE, UNIT_ANNOTATION
-from tuner.spaces.metaschedule import FLOPS_ANNOTATION
+from tuner.spaces.bf16_product import gemm_attrs, packed_product
 
 BF16 = "bfloat16"
 F32 = "float32"
@@ -47,10 +46,6 @@ def pack_conv_weight(weight: np.ndarray, channel_multiple: int = PAIR) -> np.nda
     return np.ascontiguousarray(weight.reshape(kh, kw, c // PAIR, PAIR, n // LANES, LANES).transpose(0, 1, 4, 2, 5, 3))
 
 
-def gemm_attrs(flops: float, unit: str) -> dict:
-    return {"schedule_rule": BF16_GEMM_RULE, UNIT_ANNOTATION: unit, FLOPS_ANNOTATION: flops}
-
-
 def _rows_padded(data: te.Tensor, rows: int) -> te.Tensor:
     """``data`` [..., R, K] with zero rows up to ``rows``."""
     given = int(data.shape[-2])
@@ -67,21 +62,11 @@ def bf16_dense(
     """data [..., R, K] (bf16) times the packed weight [N/16, K/2, 16, 2]: [..., R, N] in fp32, or
     [..., ``rows``, N] with zero rows added (``padded_rows``); computed on ``unit``."""
     *lead, k_extent = (int(d) for d in data.shape)
-    n_extent = int(packed.shape[0]) * LANES
-    k = te.reduce_axis((0, k_extent), "k")
     if flops is None:
-        flops = 2.0 * float(np.prod(lead, dtype=np.float64)) * n_extent * k_extent
+        flops = 2.0 * float(np.prod(lead, dtype=np.float64)) * int(packed.shape[0]) * LANES * k_extent
     if rows is not None and rows != lead[-1]:
-        data, lead[-1] = _rows_padded(data, rows), rows
-    return te.compute(
-        (*lead, n_extent),
-        lambda *i: te.sum(
-            data[(*i[:-1], k)].astype(F32) * packed[i[-1] // LANES, k // PAIR, i[-1] % LANES, k % PAIR].astype(F32),
-            axis=k,
-        ),
-        name="bf16_dense",
-        attrs=gemm_attrs(flops, unit),
-    )
+        data = _rows_padded(data, rows)
+    return packed_product(data, packed, unit, flops)
 
 
 def out_extent(size: int, before: int, after: int, kernel: int, stride: int) -> int:
