@@ -13,7 +13,10 @@ the padding after the activation: the padding then costs no condition in the exp
 
 In a bf16 model the block stays a float32 kernel (its expansions reduce over 16-24 channels, less than
 one step of AMX's micro-kernel) but writes its output in bf16 for the projection after it, a bf16
-product: as two kernels, that output's cast to bf16 would be a pass of its own. Its input stays fp32:
+product: as two kernels, that output's cast to bf16 would be a pass of its own. On AMX an expansion over a
+whole step of channels or more is left to AMX (``below_channels``): MobileNetV1's pointwise convolutions
+over 32-128 channels, fused in fp32, were its three slowest kernels (0.8 of 2.2 ms at 4-5% of AMX's peak,
+1.33x OpenVINO's default after 3 minutes on a 2-core Xeon). Its input stays fp32:
 read in bf16, each value's conversion in the expansion's inner loop made MobileNetV2's three fused
 kernels 1.07-1.5x slower alone with the same schedules (Emerald Rapids).
 
@@ -254,11 +257,12 @@ def _continues(value: Expr, user: Expr | None) -> bool:
 
 @expr_functor.mutator
 class _FuseExpandDepthwise(PyExprMutator):
-    def __init__(self, mod: IRModule, out_dtype: str, silu: bool) -> None:
+    def __init__(self, mod: IRModule, out_dtype: str, silu: bool, below_channels: int | None) -> None:
         super().__init__(mod)
         self.dataflow = Dataflow.of(mod)
         self.out_dtype = out_dtype
         self.silu = silu
+        self.below_channels = below_channels  # an expansion over more input channels is left a kernel of its own
 
     def _sigmoid(self, var: Expr) -> tuple[Expr, bool] | None:
         """(x, fast) where ``var`` holds sigmoid(x): the operator, or fast_math's kernel of it."""
@@ -342,6 +346,8 @@ class _FuseExpandDepthwise(PyExprMutator):
         ]
         if depthwise_channels != channels or any(b is None for b in biases):
             return None
+        if self.below_channels is not None and in_channels >= self.below_channels:
+            return None
         if math.prod(static_shape(expand)) * 4 < MIN_EXPANDED_BYTES:
             return None
         return ExpandDepthwise(
@@ -392,11 +398,12 @@ class FuseExpandDepthwise:
     """Each NHWC 1x1 expanding convolution followed by a depthwise convolution (biases and clip/ReLU
     activations, and SiLUs where ``silu``, between and after them allowed), whose intermediate results have
     no other use, as one ``expand_depthwise`` kernel, which writes ``out_dtype`` (widened to float32 after it
-    where that is not float32)."""
+    where that is not float32); with ``below_channels``, only expansions over fewer input channels."""
 
-    def __init__(self, out_dtype: str = "float32", silu: bool = True) -> None:
+    def __init__(self, out_dtype: str = "float32", silu: bool = True, below_channels: int | None = None) -> None:
         self.out_dtype = out_dtype
         self.silu = silu
+        self.below_channels = below_channels
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
-        return rewrite_functions(_FuseExpandDepthwise(mod, self.out_dtype, self.silu), mod)
+        return rewrite_functions(_FuseExpandDepthwise(mod, self.out_dtype, self.silu, self.below_channels), mod)

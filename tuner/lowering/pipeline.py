@@ -31,6 +31,7 @@ import tvm
 from tvm import relax
 from tvm.relax import pipeline as relax_pipeline
 
+from codegen.amx_dot import STEP_VALUES
 from codegen.bf16_dot import AMX
 from tuner.lowering.bf16.pool import Bf16MaxPools
 from tuner.lowering.bf16.products import Bfloat16Products
@@ -107,7 +108,12 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         if _on_cpus_by_default(options.fuse_expand_depthwise, target):
             passes += [
                 fold_constants(),  # the weights in HWIO
-                FuseExpandDepthwise("bfloat16" if options.bfloat16 else "float32", options.fuse_silu_blocks),
+                FuseExpandDepthwise(
+                    "bfloat16" if options.bfloat16 else "float32",
+                    options.fuse_silu_blocks,
+                    # on AMX an expansion of a whole step of channels is a bf16 product of its own
+                    STEP_VALUES if options.bfloat16 and bf16_unit(target) == AMX else None,
+                ),
                 relax.transform.DeadCodeElimination(["main"]),
             ]
     # both take the weights, transposed, as constants
