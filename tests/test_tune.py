@@ -86,7 +86,11 @@ def test_a_relax_model_is_tuned_task_by_task_and_runs(tmp_path):
             out = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, w)))
         bb.emit_func_output(out)
     result = tune(bb.get(), trials=8, work_dir=tmp_path, batch_size=8, progress=False)
-    assert result.kind == "relax" and len(result.tasks) == 1 and result.tasks[0].verified
+    (task,) = result.tasks
+    assert result.kind == "relax" and task.trials == 8
+    # its verified tuned schedule, or its analytic one where that ran faster inside the model (a 1.5 us kernel:
+    # either, by the noise of the moment)
+    assert task.verified or (task.analytic and task.tuned_in_model_latency)
     data = np.random.rand(8, 64).astype("float32")
     np.testing.assert_allclose(result.run(data), np.maximum(data @ weight, 0), rtol=1e-4)
 
