@@ -20,6 +20,12 @@ def gemm_attrs(flops: float, unit: str) -> dict:
     return {"schedule_rule": BF16_GEMM_RULE, UNIT_ANNOTATION: unit, FLOPS_ANNOTATION: flops}
 
 
+def product_flops(data: te.Tensor, packed: te.Tensor) -> float:
+    """The multiply-adds of ``data`` [..., R, K] times the weight packed [N/16, K/2, 16, 2], twice."""
+    *lead, k_extent = (int(d) for d in data.shape)
+    return 2.0 * math.prod(lead) * int(packed.shape[0]) * LANES * k_extent
+
+
 def packed_product(
     data: te.Tensor, packed: te.Tensor, unit: str = AVX512, flops: float | None = None, name: str = "bf16_dense"
 ) -> te.Tensor:
@@ -29,7 +35,7 @@ def packed_product(
     n_extent = int(packed.shape[0]) * LANES
     k = te.reduce_axis((0, k_extent), "k")
     if flops is None:
-        flops = 2.0 * math.prod(lead) * n_extent * k_extent
+        flops = product_flops(data, packed)
     return te.compute(
         (*lead, n_extent),
         lambda *i: te.sum(

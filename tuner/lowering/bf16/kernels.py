@@ -11,7 +11,7 @@ import tvm
 from tvm import te
 
 from codegen.bf16_dot import AVX512, LANES, PAIR
-from tuner.spaces.bf16_product import gemm_attrs, packed_product
+from tuner.spaces.bf16_product import gemm_attrs, packed_product, product_flops
 
 BF16 = "bfloat16"
 F32 = "float32"
@@ -61,10 +61,9 @@ def bf16_dense(
 ) -> te.Tensor:
     """data [..., R, K] (bf16) times the packed weight [N/16, K/2, 16, 2]: [..., R, N] in fp32, or
     [..., ``rows``, N] with zero rows added (``padded_rows``); computed on ``unit``."""
-    *lead, k_extent = (int(d) for d in data.shape)
     if flops is None:
-        flops = 2.0 * float(np.prod(lead, dtype=np.float64)) * int(packed.shape[0]) * LANES * k_extent
-    if rows is not None and rows != lead[-1]:
+        flops = product_flops(data, packed)  # of the rows given, before any zero rows are added
+    if rows is not None and rows != int(data.shape[-2]):
         data = _rows_padded(data, rows)
     return packed_product(data, packed, unit, flops)
 

@@ -80,11 +80,12 @@ def wide_groups(groups: int, weight: np.ndarray, image: tuple[int, ...], stride:
     """Whether a convolution of ``groups`` groups (its HWIO ``weight``, an NHWC ``image``) is one of ours per
     group: groups wide enough for our tiles (a depthwise convolution's one channel is not) and each a kernel
     worth launching on its own, beside the split of its input and the concatenation of its outputs."""
-    (kernel_h, kernel_w, channels, outputs), (batch, height, width, _) = weight.shape, image
+    (kernel_h, kernel_w, channels, all_outputs), (batch, height, width, _) = weight.shape, image
+    outputs = all_outputs // groups  # a group's
     out_h = out_extent(height, padding[0], padding[2], kernel_h, stride)
     out_w = out_extent(width, padding[1], padding[3], kernel_w, stride)
-    flops = 2.0 * batch * out_h * out_w * outputs // groups * kernel_h * kernel_w * channels
-    wide = channels >= MIN_GROUP_CHANNELS and outputs // groups >= LANES
+    flops = 2.0 * batch * out_h * out_w * outputs * kernel_h * kernel_w * channels
+    wide = channels >= MIN_GROUP_CHANNELS and outputs >= LANES
     return 1 < groups and wide and flops >= MIN_GROUP_FLOPS
 
 
