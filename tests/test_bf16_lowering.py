@@ -247,34 +247,69 @@ def test_a_product_of_two_activations_packs_its_second_operand_in_the_kernel(uni
 
 
 @pytest.mark.parametrize("unit", [AMX, AVX512])
-def test_a_grouped_convolution_of_wide_groups_is_one_of_ours_per_group(unit: str) -> None:
-    # RegNet's shape: groups of many channels, each a convolution of its own over its slice of the channels
+@pytest.mark.parametrize("groups, channels, outputs, stride, size", [(3, 32, 32, 1, 24), (2, 24, 24, 2, 48)])
+def test_a_grouped_convolution_of_wide_groups_is_one_of_ours(unit, groups, channels, outputs, stride, size) -> None:
+    # RegNet's shape: groups of many channels, the groups an axis of one product; 24 channels and outputs a group
+    # get zero channels up to a whole step on AMX inside each group, and zero outputs up to 32
     from tvm import relax
 
     from tuner.lowering.bf16.products import Bfloat16Products
 
-    groups, channels, outputs = 3, 32, 32  # per group: 10.6 MFLOP each
-    image = np.random.default_rng(1).standard_normal((1, 24, 24, groups * channels)).astype(np.float32)
+    image = np.random.default_rng(1).standard_normal((1, size, size, groups * channels)).astype(np.float32)
     weight = np.random.default_rng(2).standard_normal((3, 3, channels, groups * outputs)).astype(np.float32)
     builder = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(image.shape, "float32"))
     with builder.function("main", [x]):
         with builder.dataflow():
             conv = relax.op.nn.conv2d(
-                x, relax.const(weight), padding=1, groups=groups, data_layout="NHWC", kernel_layout="HWIO"
+                x,
+                relax.const(weight),
+                strides=stride,
+                padding=1,
+                groups=groups,
+                data_layout="NHWC",
+                kernel_layout="HWIO",
             )
             out = builder.emit_output(builder.emit(conv))
         builder.emit_func_output(out)
     lowered = Bfloat16Products(unit=unit)(builder.get())
     text = lowered.script()
-    assert "R.nn.conv2d" not in text and text.count("bf16_conv2d") >= groups
-    run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
-    got = run["main"](tvm.runtime.tensor(image)).numpy()
+    assert "R.nn.conv2d" not in text and "R.split" not in text and text.count("def bf16_grouped_conv2d") == 1
     image_bf16, weight_bf16 = (
         torch.from_numpy(a.astype(ml_dtypes.bfloat16).astype(np.float32)) for a in (image, weight)
     )
     expected = torch.nn.functional.conv2d(
-        image_bf16.permute(0, 3, 1, 2), weight_bf16.permute(3, 2, 0, 1), padding=1, groups=groups
+        image_bf16.permute(0, 3, 1, 2), weight_bf16.permute(3, 2, 0, 1), stride=stride, padding=1, groups=groups
+    ).permute(0, 2, 3, 1)
+    run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
+    got = run["main"](tvm.runtime.tensor(image)).numpy()
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
+
+
+@needs_amx
+def test_a_grouped_convolution_s_product_tiles_on_amx_and_gathers_its_groups_in_the_write_back() -> None:
+    from tuner.lowering.bf16.kernels import bf16_grouped_conv2d_nhwc, pack_grouped_conv_weight
+
+    groups, channels, size = 3, 32, 14
+    image = bf16_array((1, size, size, groups * channels), 3)
+    weight = np.random.default_rng(4).standard_normal((3, 3, channels, groups * channels)).astype(np.float32)
+    packed = pack_grouped_conv_weight(weight, groups, 32)
+    image_t = te.placeholder(image.shape, "bfloat16", name="image")
+    kernel_t = te.placeholder(packed.shape, "bfloat16", name="kernel")
+    conv = bf16_grouped_conv2d_nhwc(image_t, kernel_t, 1, (1, 1, 1, 1), channels, size, AMX)
+    sch = tvm.s_tir.Schedule(te_module([image_t, kernel_t, conv]), seed=1)
+    _tile(sch, sch.get_sblock("bf16_conv2d"), 14, 2, AMX)
+    assert 'sblock("bf16_groups")' not in sch.mod.script()  # no pass of its own over the output
+    got = run_built(
+        tvm.compile(sch.mod, target=resolve_target("llvm")),
+        [image, packed.astype(ml_dtypes.bfloat16)],
+        (1, size, size, groups * channels),
+    )
+    expected = torch.nn.functional.conv2d(
+        torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
+        torch.from_numpy(weight.astype(ml_dtypes.bfloat16).astype(np.float32)).permute(3, 2, 0, 1),
+        padding=1,
+        groups=groups,
     ).permute(0, 2, 3, 1)
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-3)
 
@@ -286,8 +321,8 @@ def test_a_convolution_of_narrow_or_small_groups_stays_relaxs_own() -> None:
         weight = np.zeros((3, 3, channels, groups * channels), np.float32)
         return wide_groups(groups, weight, (1, size, size, groups * channels), 1, (1, 1, 1, 1))
 
-    assert grouped(2, 64, 56) and grouped(8, 64, 14)  # RegNet's: 231 and 14.5 MFLOP a group
+    assert grouped(2, 64, 56) and grouped(8, 64, 14) and grouped(17, 64, 7)  # RegNet's: 462, 116 and 61 MFLOP
     assert not grouped(1, 64, 56)  # not grouped: our convolution as it is
     assert not grouped(96, 1, 56)  # depthwise
-    assert not grouped(17, 64, 7)  # 3.6 MFLOP a group: the split and the launches cost more than fp32 does
+    assert not grouped(4, 16, 7)  # 2.9 MFLOP: a launch of its own costs more than fp32 does
     assert not grouped(4, 8, 56)  # too narrow for our tiles

@@ -35,7 +35,7 @@ from tuner.spaces.bf16_product import gemm_attrs
 from tuner.spaces.bf16_rule import OVERLAP_ANNOTATION, WINDOW_ANNOTATION, padded_rows, tile_efficiency
 from tuner.spaces.copy_rule import BF16_COPY_RULE, PADDED_IMAGE
 
-from .kernels import BF16, F32, bf16_dense, out_extent, pack_conv_weight, pack_dense_weight
+from .kernels import BF16, F32, bf16_dense, conv2d_flops, out_extent, pack_conv_weight, pack_dense_weight
 
 MIN_GAIN = 1.1  # what the flat form must win over tiles along one image row to pay for its gather
 
@@ -97,7 +97,7 @@ def bf16_conv2d_flat(
     ry = te.reduce_axis((0, kernel_h), "ry")
     rx = te.reduce_axis((0, kernel_w), "rx")
     rc = te.reduce_axis((0, packed_channels), "rc")
-    flops = 2.0 * batch * out_h * out_w * outputs * kernel_h * kernel_w * channels
+    flops = conv2d_flops(batch, out_h, out_w, outputs, (kernel_h, kernel_w), channels)
     gemm = te.compute(
         (batch, rows, int(packed.shape[2]) * LANES),
         lambda n, q, o: te.sum(

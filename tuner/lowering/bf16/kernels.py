@@ -5,6 +5,8 @@ the design spaces of ``tuner.spaces.bf16_rule``; the weights' packing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import ml_dtypes
 import numpy as np
 import tvm
@@ -72,25 +74,61 @@ def out_extent(size: int, before: int, after: int, kernel: int, stride: int) -> 
     return (size + before + after - kernel) // stride + 1
 
 
-def _phases(data: te.Tensor, channels: int, stride: int, padding: tuple[int, int, int, int]) -> te.Tensor:
-    """The activation padded (``channels``: with zero channels up to that count) [N, H', W', C'] as
-    [N, H', stride, W'/stride, C']: column x*stride + r at
+def conv2d_flops(batch: int, out_h: int, out_w: int, outputs: int, kernel: tuple[int, int], channels: int) -> float:
+    """A convolution's multiply-adds, twice: ``channels`` read per window tap into each of ``outputs`` (a
+    grouped convolution: a group's channels, the outputs of all its groups)."""
+    return 2.0 * batch * out_h * out_w * outputs * kernel[0] * kernel[1] * channels
+
+
+def _phases(
+    data: te.Tensor, channels: int, stride: int, padding: tuple[int, int, int, int], groups: int = 1
+) -> te.Tensor:
+    """The activation padded (``channels``: with zero channels up to that count, at the end of each of its
+    ``groups`` groups) [N, H', W', C'] as [N, H', stride, W'/stride, C']: column x*stride + r at
     [.., r, x, ..]. A strided convolution's output columns then read consecutive columns of one phase,
     so that a register tile's rows are evenly spaced in memory, as the micro-kernel reads them."""
     batch, height, width, given = (int(d) for d in data.shape)
     top, left, bottom, right = padding
     columns = -(-(width + left + right) // stride)
-    return te.compute(
-        (batch, height + top + bottom, stride, columns, channels),
-        lambda n, y, phase, x, c: tvm.tirx.if_then_else(
-            tvm.tirx.all(
-                y >= top, y < top + height, x * stride + phase >= left, x * stride + phase < left + width, c < given
-            ),
-            data[n, y - top, x * stride + phase - left, c],
-            tvm.tirx.const(0, BF16),
-        ),
-        name="bf16_pad",
-    )
+    group_given, group_padded = given // groups, channels // groups
+
+    def value(n, y, phase, x, c):
+        inside = [y >= top, y < top + height, x * stride + phase >= left, x * stride + phase < left + width]
+        if groups == 1:
+            inside.append(c < given)
+        else:
+            inside.append(c % group_padded < group_given)
+            c = c // group_padded * group_given + c % group_padded
+        return tvm.tirx.if_then_else(
+            tvm.tirx.all(*inside), data[n, y - top, x * stride + phase - left, c], tvm.tirx.const(0, BF16)
+        )
+
+    return te.compute((batch, height + top + bottom, stride, columns, channels), value, name="bf16_pad")
+
+
+def _output_extents(
+    data: te.Tensor, kernel: tuple[int, int], stride: int, padding: tuple[int, int, int, int], columns: int | None
+) -> tuple[int, int, int, tuple[int, int, int, int]]:
+    """A convolution's output rows and columns, the columns it computes (``columns``, past the image's:
+    ``padded_rows``) and the padding that computes them (zero columns added on the right)."""
+    height, width = int(data.shape[1]), int(data.shape[2])
+    top, left, bottom, right = padding
+    out_h = out_extent(height, top, bottom, kernel[0], stride)
+    out_w = out_extent(width, left, right, kernel[1], stride)
+    if columns is None or columns == out_w:
+        return out_h, out_w, out_w, padding
+    return out_h, out_w, columns, (top, left, bottom, right + (columns - out_w) * stride)
+
+
+def _tap_reader(
+    data: te.Tensor, packed_channels: int, stride: int, padding: tuple[int, int, int, int], groups: int = 1
+) -> Callable:
+    """How a window tap reads the activation: ``read(n, y, x, ry, rx, c)`` at output (y, x), ``c`` one of the
+    ``packed_channels`` of each of ``groups`` groups, one group after the other (zero channels past a group's)."""
+    if stride > 1 or any(padding) or packed_channels * groups != int(data.shape[3]):
+        phases = _phases(data, packed_channels * groups, stride, padding, groups)
+        return lambda n, y, x, ry, rx, c: phases[n, y * stride + ry, rx % stride, x + rx // stride, c]
+    return lambda n, y, x, ry, rx, c: data[n, y + ry, x + rx, c]
 
 
 def bf16_conv2d_nhwc(
@@ -103,38 +141,75 @@ def bf16_conv2d_nhwc(
 ) -> te.Tensor:
     """NHWC data (bf16) convolved with the packed HWIO weight: NHWC fp32; ``columns``: output columns
     computed, past the image's (zero columns added on the right, ``padded_rows``); computed on ``unit``."""
-    batch, height, width, channels = (int(d) for d in data.shape)
-    kernel_h, kernel_w = int(packed.shape[0]), int(packed.shape[1])
+    batch, channels = int(data.shape[0]), int(data.shape[3])
+    kernel = (int(packed.shape[0]), int(packed.shape[1]))
     out_channels = int(packed.shape[2]) * LANES
     packed_channels = int(packed.shape[3]) * PAIR  # an odd channel count gets a zero channel
-    top, left, bottom, right = padding
-    out_h = out_extent(height, top, bottom, kernel_h, stride)
-    out_w = out_extent(width, left, right, kernel_w, stride)
-    flops = 2.0 * batch * out_h * out_w * out_channels * kernel_h * kernel_w * channels
-    if columns is not None and columns != out_w:
-        right += (columns - out_w) * stride
-        padding, out_w = (top, left, bottom, right), columns
-    ry = te.reduce_axis((0, kernel_h), "ry")
-    rx = te.reduce_axis((0, kernel_w), "rx")
+    out_h, out_w, columns, padding = _output_extents(data, kernel, stride, padding, columns)
+    flops = conv2d_flops(batch, out_h, out_w, out_channels, kernel, channels)
+    read = _tap_reader(data, packed_channels, stride, padding)
+    ry = te.reduce_axis((0, kernel[0]), "ry")
+    rx = te.reduce_axis((0, kernel[1]), "rx")
     rc = te.reduce_axis((0, packed_channels), "rc")
-    if stride > 1 or any(padding) or packed_channels != channels:
-        phases = _phases(data, packed_channels, stride, padding)
-
-        def activation(n, y, x):
-            return phases[n, y * stride + ry, rx % stride, x + rx // stride, rc]
-    else:
-
-        def activation(n, y, x):
-            return data[n, y + ry, x + rx, rc]
-
     return te.compute(
-        (batch, out_h, out_w, out_channels),
+        (batch, out_h, columns, out_channels),
         lambda n, y, x, o: te.sum(
-            activation(n, y, x).astype(F32) * packed[ry, rx, o // LANES, rc // PAIR, o % LANES, rc % PAIR].astype(F32),
+            read(n, y, x, ry, rx, rc).astype(F32)
+            * packed[ry, rx, o // LANES, rc // PAIR, o % LANES, rc % PAIR].astype(F32),
             axis=[ry, rx, rc],
         ),
         name="bf16_conv2d",
         attrs=gemm_attrs(flops, unit),
+    )
+
+
+def pack_grouped_conv_weight(weight: np.ndarray, groups: int, channel_multiple: int = PAIR) -> np.ndarray:
+    """A grouped convolution's HWIO [KH, KW, C/G, N] -> [G, KH, KW, N/G/16, C'/2, 16, 2]: each group's
+    as ``pack_conv_weight`` packs a convolution's."""
+    outputs = weight.shape[3] // groups
+    return np.stack(
+        [pack_conv_weight(weight[..., g * outputs : (g + 1) * outputs], channel_multiple) for g in range(groups)]
+    )
+
+
+def bf16_grouped_conv2d_nhwc(
+    data: te.Tensor,
+    packed: te.Tensor,
+    stride: int,
+    padding: tuple[int, int, int, int],
+    outputs: int,
+    columns: int | None = None,
+    unit: str = AVX512,
+) -> te.Tensor:
+    """NHWC data (bf16) convolved by a grouped convolution's weights packed per group
+    (``pack_grouped_conv_weight``): NHWC fp32, ``outputs`` of each group, group after group. One product
+    whose groups are a spatial axis between the image rows and the tile's rows (image columns), so that
+    ``bf16_rule`` tiles it as any convolution and each parallel task takes one group's tiles; the outputs
+    gathered back to channels-last in the write-back."""
+    batch, channels = int(data.shape[0]), int(data.shape[3])
+    groups, kernel = int(packed.shape[0]), (int(packed.shape[1]), int(packed.shape[2]))
+    computed = int(packed.shape[3]) * LANES  # a group's outputs, with zero ones up to a multiple of 16
+    packed_channels = int(packed.shape[4]) * PAIR
+    out_h, out_w, columns, padding = _output_extents(data, kernel, stride, padding, columns)
+    flops = conv2d_flops(batch, out_h, out_w, groups * outputs, kernel, channels // groups)
+    read = _tap_reader(data, packed_channels, stride, padding, groups)
+    ry = te.reduce_axis((0, kernel[0]), "ry")
+    rx = te.reduce_axis((0, kernel[1]), "rx")
+    rc = te.reduce_axis((0, packed_channels), "rc")
+    product = te.compute(
+        (batch, out_h, groups, columns, computed),
+        lambda n, y, g, x, o: te.sum(
+            read(n, y, x, ry, rx, g * packed_channels + rc).astype(F32)
+            * packed[g, ry, rx, o // LANES, rc // PAIR, o % LANES, rc % PAIR].astype(F32),
+            axis=[ry, rx, rc],
+        ),
+        name="bf16_conv2d",
+        attrs=gemm_attrs(flops, unit),
+    )
+    return te.compute(
+        (batch, out_h, out_w, groups * outputs),
+        lambda n, y, x, c: product[n, y, c // outputs, x, c % outputs],
+        name="bf16_groups",
     )
 
 

@@ -7,12 +7,11 @@ weight converted once, here. On a CPU with AVX512_BF16 the weight is packed [N/1
 (convolutions [KH, KW, N/16, C/2, 16, 2]) and the product is a kernel of ours whose schedule uses
 the micro-kernels of ``vdpbf16ps``, or of AMX's ``tdpbf16ps`` where the CPU has it (``tuner.spaces.bf16_rule``;
 an odd channel count gets a zero channel, the outputs zero ones up to a multiple of 16, sliced off
-after; a grouped convolution of wide groups, one such kernel per group, or for two, one over zero weights
-across the groups). Elsewhere, and for the products
-those kernels do not take (dilated convolutions, grouped ones of narrow or small groups, an odd reduction in
-a matmul), Relax's own operator with bf16 operands and a float32 result: bf16 storage, fp32 arithmetic,
-as PyTorch computes bf16 on such CPUs. Matmuls of two activations (attention's) are bf16 products too, with the
-second operand packed inside the kernel.
+after; a grouped convolution of wide groups, one such kernel, its groups an axis of the product). Elsewhere,
+and for the products those kernels do not take (dilated convolutions, grouped ones of narrow or small groups,
+an odd reduction in a matmul), Relax's own operator with bf16 operands and a float32 result: bf16 storage,
+fp32 arithmetic, as PyTorch computes bf16 on such CPUs. Matmuls of two activations (attention's) are bf16
+products too, with the second operand packed inside the kernel.
 """
 
 from __future__ import annotations
@@ -54,9 +53,12 @@ from .kernels import (
     bf16_batch_matmul,
     bf16_conv2d_nhwc,
     bf16_dense,
+    bf16_grouped_conv2d_nhwc,
+    conv2d_flops,
     out_extent,
     pack_conv_weight,
     pack_dense_weight,
+    pack_grouped_conv_weight,
     to_bf16,
 )
 
@@ -65,28 +67,25 @@ PATCHES_BELOW_CHANNELS = 8  # a first convolution's (RGB): its products over its
 # the least reduction of a product of two activations on vdpbf16ps (attention's head dimensions are 32-128, its
 # tokens more): a guard against products of a few channels, where the pack in the kernel would be most of it
 MIN_ACTIVATION_PRODUCT_REDUCTION = 16
-# a grouped convolution on our kernels (``wide_groups``), split into one per group, or for up to
-# ``BLOCK_DIAGONAL_GROUPS``, one over the whole channels with zero weights across the groups (twice the FLOPs; no
-# split, no concatenation, its epilogue merged). RegNet's groups of 64 channels in bf16 on a 2-core Xeon
-# (2026-12-05), against its fp32 grouped convolutions: 2 of 231 MFLOP each 0.68 ms split with the split and the
-# concatenation, 0.62 block-diagonal, against 1.9 in fp32; 8 of 14.5 MFLOP each 0.6 ms split against 1.0; 17 of
-# 3.6 MFLOP each 0.36 split against 0.26 (the launches)
+# a grouped convolution on our kernels (``wide_groups``): one product whose groups are an axis of it. RegNet's groups
+# of 64 channels in bf16 on a 2-core Xeon with AMX (2026-12-05), each alone as a kernel: 2 groups of 56x56 outputs
+# 0.38 ms against 0.54 as one convolution over zero weights across the groups (and 0.62 split per group with the
+# split and concatenation); 8 of 14x14 81 us against 0.2 ms split; 17 of 7x7 (3.6 MFLOP a group) 74 us against
+# 0.25 ms in fp32
 MIN_GROUP_CHANNELS = 16
-MIN_GROUP_FLOPS = 8e6
-BLOCK_DIAGONAL_GROUPS = 2
+MIN_GROUPED_FLOPS = 8e6
 
 
 def wide_groups(groups: int, weight: np.ndarray, image: tuple[int, ...], stride: int, padding: tuple[int, ...]) -> bool:
-    """Whether a convolution of ``groups`` groups (its HWIO ``weight``, an NHWC ``image``) is one of ours per
-    group: groups wide enough for our tiles (a depthwise convolution's one channel is not) and each a kernel
-    worth launching on its own, beside the split of its input and the concatenation of its outputs."""
+    """Whether a convolution of ``groups`` groups (its HWIO ``weight``, an NHWC ``image``) is one of ours:
+    groups wide enough for our tiles (a depthwise convolution's one channel is not) and a kernel worth the
+    launch."""
     (kernel_h, kernel_w, channels, all_outputs), (batch, height, width, _) = weight.shape, image
-    outputs = all_outputs // groups  # a group's
     out_h = out_extent(height, padding[0], padding[2], kernel_h, stride)
     out_w = out_extent(width, padding[1], padding[3], kernel_w, stride)
-    flops = 2.0 * batch * out_h * out_w * outputs * kernel_h * kernel_w * channels
-    wide = channels >= MIN_GROUP_CHANNELS and outputs >= LANES
-    return 1 < groups and wide and flops >= MIN_GROUP_FLOPS
+    flops = conv2d_flops(batch, out_h, out_w, all_outputs, (kernel_h, kernel_w), channels)
+    wide = channels >= MIN_GROUP_CHANNELS and all_outputs // groups >= LANES
+    return 1 < groups and wide and flops >= MIN_GROUPED_FLOPS
 
 
 def is_fp32(expr: Expr) -> bool:
@@ -224,28 +223,17 @@ class _Bfloat16Products(PyExprMutator):
     def _grouped_conv2d(
         self, data: Expr, weight: np.ndarray, groups: int, stride: int, padding: tuple[int, ...]
     ) -> Expr:
-        """A grouped convolution as one of our convolutions per group, over its slice of the channels, their
-        outputs side by side: RegNet's, 64 channels a group, ran in fp32 at 4% of AMX's peak (1.9 of 6.0 ms for
-        the first alone, on a 2-core Xeon), where OpenVINO computes them in bf16."""
-        outputs = weight.shape[3] // groups
-        if groups <= BLOCK_DIAGONAL_GROUPS:  # one convolution over all the channels, zero weights across groups
-            channels = weight.shape[2]
-            whole = np.zeros((*weight.shape[:2], groups * channels, weight.shape[3]), weight.dtype)
-            for group in range(groups):
-                rows, columns = (
-                    slice(group * channels, (group + 1) * channels),
-                    slice(group * outputs, (group + 1) * outputs),
-                )
-                whole[:, :, rows, columns] = weight[..., columns]
-            return self._packed_conv2d(data, whole, stride, padding)
-        # one kernel splits the image (a slice each would be a kernel, and a task, of its own)
-        split = self.builder_.emit(relax.op.split(self._cast(data), groups, axis=3))
-        parts = []
-        for group in range(groups):
-            part = self.builder_.emit(relax.TupleGetItem(split, group))
-            group_weight = weight[..., group * outputs : (group + 1) * outputs]
-            parts.append(self.builder_.emit(self._packed_conv2d(part, group_weight, stride, padding)))
-        return relax.op.concat(parts, axis=3)
+        """A grouped convolution as one of our convolutions, its groups an axis of the product
+        (``bf16_grouped_conv2d_nhwc``): RegNet's, 64 channels a group, ran in fp32 at 4% of AMX's peak (1.9 of
+        6.0 ms for the first alone, on a 2-core Xeon), where OpenVINO computes them in bf16."""
+        channels, outputs = weight.shape[2], weight.shape[3] // groups
+        unit = self._unit_for(channels + channels % PAIR)
+        packed = pack_grouped_conv_weight(weight, groups, AMX_MIN_REDUCTION if unit == AMX else PAIR)
+        out_w = out_extent(static_shape(data)[2], padding[1], padding[3], weight.shape[1], stride)
+        columns = padded_rows(out_w, packed.shape[3], unit)
+        return self._packed_product(
+            bf16_grouped_conv2d_nhwc, data, packed, stride, padding, outputs, columns, unit, name="bf16_grouped_conv2d"
+        )
 
     def _packed_conv2d(self, data: Expr, weight: np.ndarray, stride: int, padding: tuple[int, ...]) -> Expr:
         image, kernel = static_shape(data)[1:3], weight.shape[:2]
@@ -304,7 +292,7 @@ class _Bfloat16Products(PyExprMutator):
             )
         )
         flat = self.builder_.emit(relax.op.reshape(padded, (batch, extent[0] * extent[1] * channels)))
-        flops = 2.0 * batch * out_h * out_w * weight.shape[3] * kernel[0] * kernel[1] * channels
+        flops = conv2d_flops(batch, out_h, out_w, weight.shape[3], tuple(kernel), channels)
         image = (out_h, columns, extent[1], channels)
         out = self._packed_product(
             bf16_conv2d_image_windows, flat, packed, image, stride, self.unit, flops, name="bf16_conv2d"
@@ -328,7 +316,7 @@ class _Bfloat16Products(PyExprMutator):
         out_w = out_extent(width, padding[1], padding[3], kernel[1], stride)
         rows = padded_rows(out_h * out_w, packed.shape[0], unit)
         patches = self._patches(data, tuple(kernel), stride, padding, rows, window_rows)
-        flops = 2.0 * batch * out_h * out_w * weight.shape[3] * kernel[0] * kernel[1] * channels
+        flops = conv2d_flops(batch, out_h, out_w, weight.shape[3], tuple(kernel), channels)
         by_position = self.builder_.emit(relax.op.reshape(patches, (batch, rows, packed.shape[1] * PAIR)))
         image = (out_h, out_w)
         return self._packed_product(
