@@ -224,6 +224,15 @@ def test_a_convolutions_pad_is_computed_at_the_root_not_inlined_into_its_innermo
     assert locations == [-1]  # the pad, once, at the root (-2 would inline it)
 
 
+def test_a_depthwise_convolutions_pad_is_inlined_its_bounds_test_outside_any_channel_reduction():
+    workload = load_workload("depthwise-conv2d-mobilenetv2-b4")
+    configured = configure_kernel(workload.mod, resolve_target("llvm"))
+    assert configured is not None and configured.plans
+    trace = configured.sch.trace
+    locations = [int(trace.decisions[i]) for i in trace.insts if i.kind.name == "SampleComputeLocation"]
+    assert locations == [-2]  # at the root, a pass of its own over the padded image
+
+
 def test_a_register_tile_leaves_registers_for_its_weight_vectors_and_a_broadcast():
     for facts in (AVX2, AVX512):
         plan = plan_block(_loops([384, 768], [768]), facts)
