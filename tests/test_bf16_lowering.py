@@ -247,10 +247,14 @@ def test_a_product_of_two_activations_packs_its_second_operand_in_the_kernel(uni
 
 
 @pytest.mark.parametrize("unit", [AMX, AVX512])
-@pytest.mark.parametrize("groups, channels, outputs, stride, size", [(3, 32, 32, 1, 24), (2, 24, 24, 2, 48)])
-def test_a_grouped_convolution_of_wide_groups_is_one_of_ours(unit, groups, channels, outputs, stride, size) -> None:
+@pytest.mark.parametrize(
+    "groups, channels, outputs, stride, size, pad",
+    [(3, 32, 32, 1, 24, 1), (2, 24, 24, 2, 48, 1), (4, 32, 16, 1, 20, 0)],
+)
+def test_a_grouped_convolution_of_wide_groups_is_one_of_ours(unit, groups, channels, outputs, stride, size, pad):
     # RegNet's shape: groups of many channels, the groups an axis of one product; 24 channels and outputs a group
-    # get zero channels up to a whole step on AMX inside each group, and zero outputs up to 32
+    # get zero channels up to a whole step on AMX inside each group, and zero outputs up to 32; unpadded, the
+    # product reads the activation itself
     from tvm import relax
 
     from tuner.lowering.bf16.products import Bfloat16Products
@@ -265,7 +269,7 @@ def test_a_grouped_convolution_of_wide_groups_is_one_of_ours(unit, groups, chann
                 x,
                 relax.const(weight),
                 strides=stride,
-                padding=1,
+                padding=pad,
                 groups=groups,
                 data_layout="NHWC",
                 kernel_layout="HWIO",
@@ -279,7 +283,7 @@ def test_a_grouped_convolution_of_wide_groups_is_one_of_ours(unit, groups, chann
         torch.from_numpy(a.astype(ml_dtypes.bfloat16).astype(np.float32)) for a in (image, weight)
     )
     expected = torch.nn.functional.conv2d(
-        image_bf16.permute(0, 3, 1, 2), weight_bf16.permute(3, 2, 0, 1), stride=stride, padding=1, groups=groups
+        image_bf16.permute(0, 3, 1, 2), weight_bf16.permute(3, 2, 0, 1), stride=stride, padding=pad, groups=groups
     ).permute(0, 2, 3, 1)
     run = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
     got = run["main"](tvm.runtime.tensor(image)).numpy()
