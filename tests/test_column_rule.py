@@ -1,6 +1,6 @@
-"""Sums over every axis but the last (channels-last global pools) as parallel vectors of channels
-(tuner.spaces.column_rule): which kernels take it, and that the built kernel computes what the unscheduled
-one does."""
+"""Sums over every axis but the last (channels-last global pools) as one part of the image's positions per
+core, each summed a row of channels at a time (tuner.spaces.column_rule): which kernels take it, and that the
+built kernel computes what the unscheduled one does."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from analytic_rules import configured_by_rule
 from tvm import te
 
 from tuner.spaces.column_rule import column_schedule
+from tuner.spaces.machine import MachineFacts
 from tuner.targets import resolve_target
 
 
@@ -28,24 +29,35 @@ def _row_sums(rows: int = 64, columns: int = 208) -> tvm.IRModule:
     return tvm.IRModule({"main": te.create_prim_func([x, te.compute((rows,), lambda i: te.sum(x[i, k], axis=k))])})
 
 
-def test_a_channels_mean_takes_parallel_vectors_of_channels_and_computes_the_same_sums():
+def test_a_channels_mean_sums_a_part_of_the_image_per_core_and_computes_the_same_sums():
     mod = _channels_mean()
-    scheduled = configured_by_rule(mod, parallel_rows=8)  # 128 channels, 16 lanes: 8 tasks
+    cores = MachineFacts.of(resolve_target("llvm")).cores
+    scheduled = configured_by_rule(mod, parallel_rows=cores)
     x = np.random.default_rng(0).standard_normal((1, 14, 14, 128)).astype("float32")
     results = []
     for built_mod in (mod, scheduled.mod):
         out = tvm.runtime.tensor(np.full((1, 1, 1, 128), np.nan, "float32"))
         tvm.compile(built_mod, target=resolve_target("llvm"))["main"](tvm.runtime.tensor(x), out)
         results.append(out.numpy())
-    np.testing.assert_array_equal(results[1], results[0])  # each channel summed in the same order
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6, atol=1e-7)  # the parts' sums added at the end
     np.testing.assert_allclose(results[0], x.mean(axis=(1, 2), keepdims=True), rtol=1e-5, atol=1e-6)
+    assert "sums_rf" in scheduled.mod.script()
 
 
-def test_sums_along_the_last_axis_and_too_few_channels_are_left_alone():
+def test_a_channels_mean_reads_whole_rows_of_channels_in_its_innermost_loops():
+    scheduled = column_schedule(_channels_mean(height=28, width=28, channels=64), lanes=16, cores=4)
+    assert scheduled is not None and "T.parallel(4)" in scheduled.mod.script()
+    update = scheduled.get_sblock("sums_rf_update")
+    *_, positions, channel_vectors, lanes = scheduled.get_loops(update)
+    assert [int(scheduled.get(loop).extent) for loop in (positions, channel_vectors, lanes)] == [196, 4, 16]
+
+
+def test_sums_along_the_last_axis_and_too_few_channels_or_positions_are_left_alone():
     assert column_schedule(_row_sums(), lanes=16, cores=2) is None  # a norm's kind of sum (norm_rule's)
-    assert column_schedule(_channels_mean(channels=16), lanes=16, cores=2) is None  # one vector for two cores
-    narrow = column_schedule(_channels_mean(channels=24), lanes=16, cores=2)  # vectors of 8 lanes: 3 tasks
-    assert narrow is not None and "T.parallel(3)" in narrow.mod.script()
+    assert column_schedule(_channels_mean(channels=2), lanes=16, cores=2) is None  # no vector of 4 lanes
+    assert column_schedule(_channels_mean(height=2, width=2), lanes=16, cores=2) is None  # 4 positions
+    narrow = column_schedule(_channels_mean(channels=24), lanes=16, cores=2)  # vectors of 8 lanes
+    assert narrow is not None and "T.vectorized(8)" in narrow.mod.script()
 
 
 def test_a_kernel_naming_a_design_space_of_its_own_keeps_it():
