@@ -215,22 +215,21 @@ def test_a_budget_below_zero_or_not_whole_is_refused(trials, tmp_path):
         tune("matmul-128", trials=trials, work_dir=tmp_path, progress=False)
 
 
-def test_a_convolutions_pad_is_computed_at_the_root_not_inlined_into_its_innermost_loop():
-    workload = load_workload("conv2d-resnet18-l2")
-    configured = configure_kernel(workload.mod, resolve_target("llvm"))
+def _pad_locations(workload_name: str) -> list[int]:
+    """Where a convolution workload's analytic schedule computes its pad (SampleComputeLocation's decisions)."""
+    configured = configure_kernel(load_workload(workload_name).mod, resolve_target("llvm"))
     assert configured is not None and configured.plans
     trace = configured.sch.trace
-    locations = [int(trace.decisions[i]) for i in trace.insts if i.kind.name == "SampleComputeLocation"]
-    assert locations == [-1]  # the pad, once, at the root (-2 would inline it)
+    return [int(trace.decisions[i]) for i in trace.insts if i.kind.name == "SampleComputeLocation"]
+
+
+def test_a_convolutions_pad_is_computed_at_the_root_not_inlined_into_its_innermost_loop():
+    assert _pad_locations("conv2d-resnet18-l2") == [-1]  # the pad, once, at the root (-2 would inline it)
 
 
 def test_a_depthwise_convolutions_pad_is_inlined_its_bounds_test_outside_any_channel_reduction():
-    workload = load_workload("depthwise-conv2d-mobilenetv2-b4")
-    configured = configure_kernel(workload.mod, resolve_target("llvm"))
-    assert configured is not None and configured.plans
-    trace = configured.sch.trace
-    locations = [int(trace.decisions[i]) for i in trace.insts if i.kind.name == "SampleComputeLocation"]
-    assert locations == [-2]  # at the root, a pass of its own over the padded image
+    # at the root, a pass of its own over the padded image
+    assert _pad_locations("depthwise-conv2d-mobilenetv2-b4") == [-2]
 
 
 def test_a_register_tile_leaves_registers_for_its_weight_vectors_and_a_broadcast():
