@@ -31,7 +31,8 @@ from experiments.harness import host_cpu, markdown_table  # noqa: E402
 KERNEL_KINDS = [
     ("grouped convolution (bf16)", r"bf16_grouped_conv2d"),
     ("convolution (bf16)", r"bf16_conv2d|bf16_patches|bf16_padded_image"),
-    ("product (bf16)", r"bf16_dense|bf16_batch_matmul"),
+    ("attention product (bf16)", r"bf16_batch_matmul"),
+    ("product (bf16)", r"bf16_dense"),
     ("inverted residual", r"expand_depthwise"),
     ("convolution", r"conv2d|conv1d|winograd"),
     ("product", r"matmul|dense"),

@@ -20,6 +20,7 @@ def test_our_kernels_are_sorted_into_the_kinds_the_lowering_names():
     assert kernel_kind("fused_conv2d6_add7_tir_clip7_cast71") == "convolution"  # a depthwise one, fp32 arithmetic
     assert kernel_kind("fused_mean_cast21") == "pool or mean"
     assert kernel_kind("fused_bf16_dense3_add9") == "product (bf16)"
+    assert kernel_kind("bf16_batch_matmul2") == "attention product (bf16)"
     assert kernel_kind("concatenate11") == "copy"
     assert kernel_kind("fused_erf_multiply") == "other"
 
