@@ -33,14 +33,14 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError, Trace
 
 from . import metaschedule as msc
-from .bf16_rule import space_accumulators, space_unit
+from .bf16_rule import is_one, space_accumulators, space_unit
 from .block_plan import COLUMN_VECTORS_ATTR, BlockPlan, TiledLoop, plan_block
 from .column_rule import column_schedule
 from .machine import MachineFacts
 from .norm_rule import norm_schedule
 from .pool_rule import max_pool_schedule
 from .register_tiles import TILING_ANNOTATION, RegisterFile, tile_roles
-from .rows_rule import reduces, rows_schedule
+from .rows_rule import reduces, rows_schedule, variables_of
 from .schedule_rules import ExpandDepthwiseDraw, is_expand_depthwise
 
 UNROLL_STEPS = 64
@@ -129,18 +129,16 @@ class AnalyticDraw:
         for consumer in self.sch.get_consumers(block_rv):
             block = self.sch.get(consumer)
             reductions = [v for v in block.iter_vars if v.iter_type != tvm.tirx.IterVar.DataPar]
-            reduced = {v.var.name for v in reductions if not _is_one(v.dom.extent)}
-            ours = [region for region in block.reads if any(region.source.same_as(b) for b in written)]
-            others = {
-                name
-                for region in block.reads
-                if not any(region.source.same_as(b) for b in written)
-                for axis in region.region
-                for name in _names(axis.min)
-            }
+            reduced = {v.var.name for v in reductions if not is_one(v.dom.extent)}
+            ours, others = [], set()
+            for region in block.reads:
+                if any(region.source.same_as(buffer) for buffer in written):
+                    ours.append(region)
+                else:
+                    others |= set().union(*(variables_of(axis.min) for axis in region.region))
             for region in ours:
                 for axis in region.region:
-                    names = _names(axis.min)
+                    names = variables_of(axis.min)
                     if names & reduced and not names - reduced - others:
                         return True
         return False
@@ -175,14 +173,6 @@ class AnalyticDraw:
         """Whether a block is read by a product this schedule tiles (a convolution's pad: see the module's
         docstring). Not a Winograd transform's input gather: at the root, a pass of its own (2x slower)."""
         return any(TILING_ANNOTATION in self.sch.get(c).annotations for c in self.sch.get_consumers(block_rv))
-
-
-def _names(index: tvm.tirx.PrimExpr) -> set[str]:
-    return {var.name for var in tvm.tirx.analysis.undefined_vars(index, [])}
-
-
-def _is_one(extent: tvm.tirx.PrimExpr) -> bool:
-    return isinstance(extent, tvm.tirx.IntImm) and int(extent) == 1
 
 
 def _wraps(index: tvm.tirx.PrimExpr) -> bool:

@@ -338,7 +338,7 @@ def _written(sch: Schedule, block: SBlockRV) -> tvm.tirx.Buffer:
 def _read_positions(sch: Schedule, reader: SBlockRV, buffer: tvm.tirx.Buffer) -> list[tvm.ir.PrimExpr] | None:
     """Where ``reader`` reads ``buffer``, one value per iteration; None where it reads more or from several places."""
     regions = [region for region in sch.get(reader).reads if region.source.same_as(buffer)]
-    if len(regions) != 1 or not all(_is_one(r.extent) for r in regions[0].region):
+    if len(regions) != 1 or not all(is_one(r.extent) for r in regions[0].region):
         return None
     return [r.min for r in regions[0].region]
 
@@ -352,7 +352,8 @@ def _reads_in_place(sch: Schedule, reader: SBlockRV, buffer: tvm.tirx.Buffer) ->
     return all(position.same_as(var) for position, var in zip(positions, own, strict=True))
 
 
-def _is_one(extent: tvm.ir.PrimExpr) -> bool:
+def is_one(extent: tvm.ir.PrimExpr) -> bool:
+    """Whether an extent is the constant 1."""
     return isinstance(extent, tvm.tirx.IntImm) and int(extent) == 1
 
 

@@ -94,7 +94,7 @@ def _phases(
 
     def value(n, y, phase, x, c):
         inside = [y >= top, y < top + height, x * stride + phase >= left, x * stride + phase < left + width]
-        if groups == 1:
+        if groups == 1:  # the expression of before grouping: ungrouped kernels and their database keys unchanged
             inside.append(c < given)
         else:
             inside.append(c % group_padded < group_given)

@@ -88,6 +88,12 @@ def wide_groups(groups: int, weight: np.ndarray, image: tuple[int, ...], stride:
     return 1 < groups and wide and flops >= MIN_GROUPED_FLOPS
 
 
+def _channel_step(unit: str) -> int:
+    """The multiple a product's reduction is padded to on ``unit``: AMX's whole steps (a rest loads a second
+    tile configuration and the accumulators twice per call), else an even count for ``vdpbf16ps``'s pairs."""
+    return AMX_MIN_REDUCTION if unit == AMX else PAIR
+
+
 def is_fp32(expr: Expr) -> bool:
     return isinstance(expr.ty, relax.TensorType) and str(expr.ty.dtype) == F32
 
@@ -228,7 +234,7 @@ class _Bfloat16Products(PyExprMutator):
         6.0 ms for the first alone, on a 2-core Xeon), where OpenVINO computes them in bf16."""
         channels, outputs = weight.shape[2], weight.shape[3] // groups
         unit = self._unit_for(channels + channels % PAIR)
-        packed = pack_grouped_conv_weight(weight, groups, AMX_MIN_REDUCTION if unit == AMX else PAIR)
+        packed = pack_grouped_conv_weight(weight, groups, _channel_step(unit))
         out_w = out_extent(static_shape(data)[2], padding[1], padding[3], weight.shape[1], stride)
         columns = padded_rows(out_w, packed.shape[3], unit)
         return self._packed_product(
@@ -241,8 +247,7 @@ class _Bfloat16Products(PyExprMutator):
             in_place = self._image_windows_conv2d(data, weight, stride, padding)
             return in_place if in_place is not None else self._patches_conv2d(data, weight, stride, padding)
         unit = self._unit_for(weight.shape[2] + weight.shape[2] % PAIR)
-        # on AMX whole steps: a rest loads a second tile configuration and the accumulators twice per call
-        packed = pack_conv_weight(weight, AMX_MIN_REDUCTION if unit == AMX else PAIR)  # [KH, KW, N/16, C/2, 16, 2]
+        packed = pack_conv_weight(weight, _channel_step(unit))  # [KH, KW, N/16, C/2, 16, 2]
         flat = flat_rows(image, kernel, stride, padding, packed.shape[2], unit) if unit == AMX else None
         if flat is not None:
             view = None
@@ -310,7 +315,7 @@ class _Bfloat16Products(PyExprMutator):
         kernel, (batch, height, width, channels) = weight.shape[:2], static_shape(data)
         row_width = patch_width(kernel[1], channels)
         unit = self._unit_for(kernel[0] * row_width)
-        window_rows = patch_rows(kernel[0], row_width, AMX_MIN_REDUCTION if unit == AMX else PAIR)
+        window_rows = patch_rows(kernel[0], row_width, _channel_step(unit))
         packed = pack_patch_weight(weight, window_rows)  # [N/16, window_rows*width/2, 16, 2]
         out_h = out_extent(height, padding[0], padding[2], kernel[0], stride)
         out_w = out_extent(width, padding[1], padding[3], kernel[1], stride)
