@@ -43,6 +43,7 @@ class LoweringOptions:
     fuse_layout: bool = True  # layout-only kernels pulled into the kernels that consume them
     fuse_layout_into_attention: bool = False  # ... into attention's fp32 products of two activations too
     layout_free_weights: bool = True  # weights' layouts chosen by the schedules, transformed once at compile
+    broadcast_values_once: bool = True  # values a kernel reads broadcast (a gate per channel) computed once
 
     # bfloat16 (``bf16``; ``dtype="bfloat16"``)
     bfloat16: bool = False  # convolutions and matmuls by weights from bf16 operands into fp32
@@ -88,4 +89,5 @@ _PREDATING_RECORDS = {
     "group_norms_as_products": False,
     "grouped_conv1d_channels_last": False,
     "bounded_reshapes": False,
+    "broadcast_values_once": False,
 }

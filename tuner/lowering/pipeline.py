@@ -18,7 +18,8 @@ and compiled, in this order:
    residual add fuse into the convolution or matmul that produces them; a pad or concatenation,
    which writes more than it reads, never does: ``pads`` says why);
 3. layout-only kernels pulled into the kernels that consume them (``layout_fusion``), pure
-   reshapes turned into views;
+   reshapes turned into views; values a kernel reads broadcast (a gate per channel) computed once, not inlined
+   into every element that reads them (``broadcast_values``);
 4. the model's weights marked layout-free, so that MetaSchedule may choose their layout: compile
    then transforms the constants once (``codegen.build``), not on every call.
 """
@@ -40,6 +41,7 @@ from tuner.targets import bf16_unit
 
 from .attention_blocks import AttentionInQueryBlocks
 from .attention_padding import PadAttentionTokens
+from .broadcast_values import ComputeBroadcastValuesOnce
 from .channel_norms import PerChannelNormsAsProducts
 from .channels_last import ChannelsLastConvolutions
 from .column_padding import PadProductColumns
@@ -163,6 +165,8 @@ def fusion_passes(target: tvm.target.Target, options: LoweringOptions) -> list[t
         relax.transform.RewriteDataflowReshape(),
         relax.transform.DeadCodeElimination(["main"]),
     ]
+    if options.broadcast_values_once:
+        passes.append(ComputeBroadcastValuesOnce())
     if options.layout_free_weights:
         passes += [relax.transform.AttachAttrLayoutFreeBuffers(), KeepLayoutFreeWeightsOfReductions()]
     return passes

@@ -1,0 +1,60 @@
+"""Values a kernel reads broadcast are computed once (tuner.lowering.broadcast_values): a squeeze-and-excitation
+gate's sigmoid once per channel, not once per element of the map it scales; what is marked, what is not, and
+that the analytic schedule of the gate's kernel computes what the unscheduled kernel does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from analytic_rules import unscheduled_and_scheduled_outputs
+
+from tuner.lowering.broadcast_values import NO_INLINE, broadcast_blocks
+from tuner.spaces.analytic import configure_kernel
+from tuner.targets import resolve_target
+from tuner.tasks.extraction import extract_tasks, load_model
+
+torch = pytest.importorskip("torch")
+
+TARGET = resolve_target("llvm")
+
+
+class SqueezeExcite(torch.nn.Module):
+    """RegNet's gate: the map's channel means, reduced, expanded, a sigmoid, the map scaled by it."""
+
+    def __init__(self, channels: int = 64, reduced: int = 8):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(8, channels, 1)  # 8 channels in, 64 out: a reduction, not a broadcast
+        self.reduce = torch.nn.Conv2d(channels, reduced, 1)
+        self.excite = torch.nn.Conv2d(reduced, channels, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.expand(x))
+        gate = torch.sigmoid(self.excite(torch.relu(self.reduce(x.mean((2, 3), keepdim=True)))))
+        return x * gate
+
+
+def _tasks() -> dict:
+    workload = load_model(SqueezeExcite().eval(), (torch.randn(1, 8, 28, 28),))
+    return {task.name: task for task in extract_tasks(workload, TARGET)}
+
+
+def test_the_gate_is_marked_and_its_schedule_computes_it_once_per_channel():
+    tasks = _tasks()
+    gate = next(task for name, task in tasks.items() if "sigmoid" in name and "multiply" in name)
+    (marked,) = broadcast_blocks(gate.mod["main"])
+    key, value = NO_INLINE
+    assert f'T.sblock_attr({{"{key}": "{value}"}})' in gate.mod.script()
+    configured = configure_kernel(gate.mod, TARGET)
+    assert configured is not None
+    scheduled = configured.sch
+    assert scheduled.get(scheduled.get_sblock(marked)) is not None  # computed in a block of its own: not inlined
+    expected, got = unscheduled_and_scheduled_outputs(gate.mod, scheduled.mod, seed=0)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_convolution_reading_its_input_many_times_over_marks_nothing():
+    tasks = _tasks()
+    expanding = [task for name, task in tasks.items() if "sigmoid" not in name and "relu" in name]
+    assert expanding
+    for task in expanding:  # the 8 -> 64 channel convolution and the gate's reduction
+        assert broadcast_blocks(task.mod["main"]) == []
