@@ -23,7 +23,8 @@ class SqueezeExcite(torch.nn.Module):
 
     def __init__(self, channels: int = 64, reduced: int = 8):
         super().__init__()
-        self.expand = torch.nn.Conv2d(8, channels, 1)  # 8 channels in, 64 out: a reduction, not a broadcast
+        # enough convolution for the model to be computed channels-last; it reads each input 9 * channels times
+        self.expand = torch.nn.Conv2d(32, channels, 3, padding=1)
         self.reduce = torch.nn.Conv2d(channels, reduced, 1)
         self.excite = torch.nn.Conv2d(reduced, channels, 1)
 
@@ -33,14 +34,17 @@ class SqueezeExcite(torch.nn.Module):
         return x * gate
 
 
-def _tasks() -> dict:
-    workload = load_model(SqueezeExcite().eval(), (torch.randn(1, 8, 28, 28),))
+def _tasks(channels: int = 64) -> dict:
+    workload = load_model(SqueezeExcite(channels).eval(), (torch.randn(1, 32, 28, 28),))
     return {task.name: task for task in extract_tasks(workload, TARGET)}
 
 
+def _gate(tasks: dict):
+    return next(task for name, task in tasks.items() if "sigmoid" in name and "multiply" in name)
+
+
 def test_the_gate_is_marked_and_its_schedule_computes_it_once_per_channel():
-    tasks = _tasks()
-    gate = next(task for name, task in tasks.items() if "sigmoid" in name and "multiply" in name)
+    gate = _gate(_tasks())
     (marked,) = broadcast_blocks(gate.mod["main"])
     key, value = NO_INLINE
     assert f'T.sblock_attr({{"{key}": "{value}"}})' in gate.mod.script()
@@ -56,5 +60,10 @@ def test_a_convolution_reading_its_input_many_times_over_marks_nothing():
     tasks = _tasks()
     expanding = [task for name, task in tasks.items() if "sigmoid" not in name and "relu" in name]
     assert expanding
-    for task in expanding:  # the 8 -> 64 channel convolution and the gate's reduction
+    for task in expanding:  # the 3x3 convolution and the gate's reduction
         assert broadcast_blocks(task.mod["main"]) == []
+
+
+def test_a_gate_over_channels_no_whole_vector_covers_is_left_inlined():
+    """Its multiply's vectors would straddle rows of 144 channels and gather the gate lane by lane."""
+    assert broadcast_blocks(_gate(_tasks(channels=144)).mod["main"]) == []
