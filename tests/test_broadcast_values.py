@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from analytic_rules import unscheduled_and_scheduled_outputs
 
-from tuner.lowering.broadcast_values import NO_INLINE, broadcast_blocks
+from tuner.lowering.broadcast_values import NO_INLINE, broadcast_blocks, row_vector
 from tuner.spaces.analytic import configure_kernel
+from tuner.spaces.metaschedule import root_vector
 from tuner.targets import resolve_target
 from tuner.tasks.extraction import extract_tasks, load_model
 
@@ -64,6 +65,17 @@ def test_a_convolution_reading_its_input_many_times_over_marks_nothing():
         assert broadcast_blocks(task.mod["main"]) == []
 
 
-def test_a_gate_over_channels_no_whole_vector_covers_is_left_inlined():
-    """Its multiply's vectors would straddle rows of 144 channels and gather the gate lane by lane."""
-    assert broadcast_blocks(_gate(_tasks(channels=144)).mod["main"]) == []
+def test_a_gate_over_144_channels_has_its_multiply_vectorised_48_lanes_at_a_time():
+    """MetaSchedule's 64-lane vectors would straddle rows of 144 channels and gather the gate lane by lane."""
+    gate = _gate(_tasks(channels=144))
+    assert broadcast_blocks(gate.mod["main"]) and root_vector(gate.mod) == 48
+    scheduled = configure_kernel(gate.mod, TARGET).sch
+    *_, vectorised = scheduled.get_loops(scheduled.get_sblock("T_multiply"))
+    assert int(scheduled.get(vectorised).extent) == 48
+    expected, got = unscheduled_and_scheduled_outputs(gate.mod, scheduled.mod, seed=1)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gate_over_channels_in_no_whole_vectors_is_left_inlined():
+    assert broadcast_blocks(_gate(_tasks(channels=72)).mod["main"]) == []
+    assert row_vector(72) is None and row_vector(144) == 48 and row_vector(1088) == 64

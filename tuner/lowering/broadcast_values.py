@@ -13,10 +13,13 @@ it still takes it as its epilogue. A consumer that reduces (a convolution readin
 it reads by design and is not a broadcast.
 
 The consumer is then a loop nest of its own at the kernel's root, which MetaSchedule fuses whole and
-vectorises ``VECTOR_EXTENT`` elements at a time. Only where its innermost axis is a multiple of that does a
-vector lie within one row of it; across rows, the gate's values are gathered lane by lane: EfficientNet's gates
-over 144, 240, 480 and 672 channels ran 2-5x slower marked (its 56x56x144 one 207 -> 478 us in the model), its
-gate over 1152 channels faster (28 -> 19 us). Those consumers are left as they were.
+vectorises ``VECTOR_EXTENT`` elements at a time. Only where its innermost axis is a multiple of that vector does
+a vector lie within one row of it; across rows, the gate's values are gathered lane by lane: EfficientNet's
+gates over 144, 240, 480 and 672 channels ran 2-5x slower marked (its 56x56x144 one 207 -> 478 us in the
+model), its gate over 1152 channels faster (28 -> 19 us). Such a kernel records the widest vector its
+consumers' rows hold whole (``metaschedule.root_vector``: 48 lanes for 144 channels), which its design space's
+ParallelizeVectorizeUnroll takes (``metaschedule.make_context``); one whose innermost axis is no multiple of
+``LANES`` is left as it was.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ import tvm
 from tvm.ir.module import IRModule
 from tvm.s_tir import SBlock, SBlockRealize, Schedule
 
+from tuner.spaces.metaschedule import ROOT_VECTOR_ATTR, VECTOR_EXTENT
+
 MIN_BROADCAST = 8  # reads of each value per computation of it, from which it is computed once
-VECTOR_EXTENT = 64  # MetaSchedule's vector of a root loop nest on CPUs (ParallelizeVectorizeUnroll's default)
+LANES = 16  # fp32 lanes of the widest vector registers (AVX-512); a vector is a whole number of them
 NO_INLINE = ("meta_schedule.inline_rule", "disable")
 
 
@@ -40,42 +45,60 @@ def _domain(block: SBlock) -> int:
     return math.prod(int(iv.dom.extent) for iv in block.iter_vars)
 
 
+def _innermost(block: SBlock) -> int:
+    return int(block.iter_vars[-1].dom.extent) if block.iter_vars else 1
+
+
+def row_vector(extent: int) -> int | None:
+    """The widest vector, up to ``VECTOR_EXTENT`` and in whole ``LANES``, that rows of ``extent`` hold a whole
+    number of; None where ``extent`` is no multiple of ``LANES``."""
+    return max((v for v in range(LANES, VECTOR_EXTENT + 1, LANES) if extent % v == 0), default=None)
+
+
 def _broadcasts(consumer: SBlock, block: SBlock) -> bool:
     """Whether spatial ``consumer`` reads ``block``'s values ``MIN_BROADCAST`` times over or more, in whole
     vectors of its innermost axis."""
-    innermost = int(consumer.iter_vars[-1].dom.extent) if consumer.iter_vars else 1
-    return _spatial(consumer) and _domain(consumer) >= MIN_BROADCAST * _domain(block) and innermost % VECTOR_EXTENT == 0
+    recomputed = _domain(consumer) >= MIN_BROADCAST * _domain(block)
+    return _spatial(consumer) and recomputed and row_vector(_innermost(consumer)) is not None
 
 
-def broadcast_blocks(func: tvm.tirx.PrimFunc) -> list[str]:
-    """Names of ``func``'s spatial blocks that a spatial consumer reads ``MIN_BROADCAST`` times over or more
-    (``_broadcasts``)."""
+def broadcasts(func: tvm.tirx.PrimFunc) -> dict[str, int]:
+    """``func``'s spatial blocks that a spatial consumer reads ``MIN_BROADCAST`` times over or more
+    (``_broadcasts``), by name, each with the widest vector its consumers' rows hold (``row_vector``)."""
     sch = Schedule(IRModule({"main": func}))
     root = func.body.block.name_hint if isinstance(func.body, SBlockRealize) else "root"
-    names = []
+    found = {}
     for rv in sch.get_child_blocks(sch.get_sblock(root, func_name="main")):
         block = sch.get(rv)
         if not _spatial(block) or len(block.writes) != 1:
             continue
-        if any(_broadcasts(sch.get(c), block) for c in sch.get_consumers(rv)):
-            names.append(block.name_hint)
-    return names
+        readers = [c for c in (sch.get(c) for c in sch.get_consumers(rv)) if _broadcasts(c, block)]
+        if readers:
+            found[block.name_hint] = min(row_vector(_innermost(c)) or LANES for c in readers)
+    return found
+
+
+def broadcast_blocks(func: tvm.tirx.PrimFunc) -> list[str]:
+    """Names of ``func``'s broadcast blocks (``broadcasts``)."""
+    return list(broadcasts(func))
 
 
 def keep_broadcast_values(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    """``func`` with its broadcast blocks (``broadcast_blocks``) marked for AutoInline to leave alone."""
-    names = broadcast_blocks(func)
-    if not names:
+    """``func`` with its broadcast blocks (``broadcasts``) marked for AutoInline to leave alone, and the vector
+    its root loop nests take where narrower than MetaSchedule's (``ROOT_VECTOR_ATTR``)."""
+    found = broadcasts(func)
+    if not found:
         return func
     sch = Schedule(IRModule({"main": func}))
-    for name in names:
+    for name in found:
         sch.annotate(sch.get_sblock(name, func_name="main"), *NO_INLINE)
-    return sch.mod["main"]
+    marked, vector = sch.mod["main"], min(found.values())
+    return marked if vector == VECTOR_EXTENT else marked.with_attr(ROOT_VECTOR_ATTR, vector)
 
 
 @tvm.transform.module_pass(opt_level=0, name="ComputeBroadcastValuesOnce")
 class ComputeBroadcastValuesOnce:
-    """After FuseTIR: every kernel's broadcast values (``broadcast_blocks``) computed once."""
+    """After FuseTIR: every kernel's broadcast values (``broadcasts``) computed once."""
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
         for gv, func in list(mod.functions_items()):

@@ -31,6 +31,8 @@ from .register_tiles import RegisterFile, TileDraw, fills, tile_roles
 schedule_rules.register()
 
 MAX_SEED = 2**31 - 1
+VECTOR_EXTENT = 64  # the vector of a loop nest at a kernel's root on CPUs (ParallelizeVectorizeUnroll's default)
+ROOT_VECTOR_ATTR = "tuner.root_vector"  # a kernel's narrower one (``lowering.broadcast_values``)
 
 
 # Input types MetaSchedule's tensor-core rules have intrinsics for (f16 and s8 into f16/f32/s32).
@@ -68,10 +70,29 @@ def make_context(mod: tvm.IRModule, target: tvm.target.Target, seed: int, num_th
     if kind == "cuda-tensorcore":
         ensure_tensor_intrinsics()
         rules = tensor_core_rules()
+    elif kind == "llvm" and root_vector(mod) != VECTOR_EXTENT:
+        rules = cpu_rules(root_vector(mod))
     space = ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=kind, mutator_probs=kind)
     context = _ffi_api.TuneContext(mod, target, space, None, "main", num_threads, seed, None)
     _ffi_api.TuneContextInitialize(context)
     return context
+
+
+def root_vector(mod: tvm.IRModule) -> int:
+    """The vector ``mod``'s root loop nests take: ``VECTOR_EXTENT`` unless its kernel recorded a narrower one."""
+    attrs = mod["main"].attrs
+    return int(attrs[ROOT_VECTOR_ATTR]) if attrs is not None and ROOT_VECTOR_ATTR in attrs else VECTOR_EXTENT
+
+
+def cpu_rules(vector: int) -> list:
+    """TVM's "llvm" schedule rules, with the loop nests at a kernel's root vectorised ``vector`` elements at a
+    time (``root_vector``)."""
+    rules = list(ms.schedule_rule.ScheduleRule.create("llvm"))
+    (at,) = [i for i, rule in enumerate(rules) if isinstance(rule, ms.schedule_rule.ParallelizeVectorizeUnroll)]
+    rules[at] = ms.schedule_rule.ParallelizeVectorizeUnroll(
+        max_jobs_per_core=16, max_vectorize_extent=vector, unroll_max_steps=[0, 16, 64, 512], unroll_explicit=True
+    )
+    return rules
 
 
 def _wmma_group(inputs: str, output: str, trans: bool) -> dict[str, str]:
