@@ -95,12 +95,18 @@ class Window:
 
     ``overlap``: the activation's rows are ``overlap`` values apart in one flat buffer, fewer than a
     step reads (a first convolution's image read in place, ``bf16_flat.bf16_conv2d_image_windows``:
-    each row's 32 values run over the next rows' pixels); 0 for rows of their own."""
+    each row's 32 values run over the next rows' pixels); 0 for rows of their own.
+
+    ``stride`` > 1: a strided convolution's activation split into phases of ``phase`` rows each (column
+    ``x * stride + r`` of an image row at row ``r * phase + x`` of it, ``kernels._phases``): tap (y, x) reads
+    the rows ``y * columns + (x % stride) * phase + x // stride`` further on."""
 
     height: int
     width: int
     columns: int
     overlap: int = 0
+    stride: int = 1
+    phase: int = 0
 
     @property
     def taps(self) -> int:
@@ -117,7 +123,17 @@ def tap_loop_start(window: Window, entry: str, phis: tuple[str, ...] = ()) -> li
         f"  %ty = udiv i64 %t, {window.width}",
         f"  %tx = urem i64 %t, {window.width}",
         f"  %trow = mul i64 %ty, {window.columns}",
-        "  %tr = add i64 %trow, %tx",
+        *(
+            ["  %tr = add i64 %trow, %tx"]
+            if window.stride == 1
+            else [
+                f"  %txp = urem i64 %tx, {window.stride}",
+                f"  %txq = udiv i64 %tx, {window.stride}",
+                f"  %txr = mul i64 %txp, {window.phase}",
+                "  %txo = add i64 %txr, %txq",
+                "  %tr = add i64 %trow, %txo",
+            ]
+        ),
         "  %toff = mul i64 %tr, %lda",
         "  %at = getelementptr i16, ptr %a, i64 %toff",
         "  %tby = mul i64 %ty, %sbh",

@@ -32,7 +32,9 @@ LANES = 16  # fp32 accumulators per vector
 PAIR = 2  # bf16 products summed into each
 AVX512 = "bf16"  # the units computing a tile, as intrinsic names spell them
 AMX = "amx"
-_NAME = re.compile(r"tensor_tuner_(bf16|amx)_r(\d+)_v(\d+)_p(\d+)(?:_w(\d+)x(\d+)c(\d+)(?:o(\d+))?)?(_z)?")
+_NAME = re.compile(
+    r"tensor_tuner_(bf16|amx)_r(\d+)_v(\d+)_p(\d+)(?:_w(\d+)x(\d+)c(\d+)(?:o(\d+))?(?:s(\d+)h(\d+))?)?(_z)?"
+)
 _lock = threading.Lock()
 
 
@@ -61,7 +63,8 @@ def intrinsic_name(
     name = f"tensor_tuner_{unit}_r{rows}_v{vectors}_p{pairs}"
     if window is not None:
         overlap = f"o{window.overlap}" if window.overlap else ""
-        name += f"_w{window.height}x{window.width}c{window.columns}{overlap}"
+        strided = f"s{window.stride}h{window.phase}" if window.stride > 1 else ""
+        name += f"_w{window.height}x{window.width}c{window.columns}{overlap}{strided}"
     return name + ("_z" if zero else "")
 
 
@@ -254,10 +257,17 @@ def _window_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero:
     rows of every tap (``span`` of them from the tile's first), the packed weight [KH, KW, ...]."""
     width, reduction = vectors * LANES, pairs * PAIR
     height, taps_w, columns = window.height, window.width, window.columns
-    span = rows + (height - 1) * columns + taps_w - 1
+    stride, phase = window.stride, window.phase
+    # the rows the workload's read region spans: its bound takes a tap's phase and column as independent
+    span = rows + (height - 1) * columns + min(stride - 1, taps_w - 1) * phase + (taps_w - 1) // stride
     b_shape = (height, taps_w, vectors, pairs, LANES, PAIR)
     kernel = intrinsic_name(rows, vectors, pairs, AMX, window, zero).replace("tensor_tuner_", "tensor_tuner_kernel_")
     ir_text = amx_micro_kernel_ir(kernel, rows, vectors, pairs, window, zero)
+
+    def tap_row(vr, vy, vx):  # the stride-1 expression as it was: those intrinsics' descriptions unchanged
+        if stride == 1:
+            return vr + vy * columns + vx
+        return vr + vy * columns + vx % stride * phase + vx // stride
 
     @_script.prim_func(s_tir=True)
     def description(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -279,7 +289,7 @@ def _window_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero:
                     vy = T.axis.reduce(height, ty)
                     vx = T.axis.reduce(taps_w, tx)
                     vk = T.axis.reduce(reduction, p * PAIR + e)
-                    C[vr, vn] = C[vr, vn] + T.cast(A[vr + vy * columns + vx, vk], "float32") * T.cast(
+                    C[vr, vn] = C[vr, vn] + T.cast(A[tap_row(vr, vy, vx), vk], "float32") * T.cast(
                         B[vy, vx, vn // LANES, vk // PAIR, vn % LANES, vk % PAIR], "float32"
                     )
 
@@ -421,6 +431,7 @@ def register_if_ours(name: str) -> bool:
     match = _NAME.fullmatch(name)
     if match:
         unit, rows, vectors, pairs, *window, zero = match.groups()
-        taps = Window(*(int(d or 0) for d in window)) if window[0] is not None else None
+        height, width, columns, overlap, stride, phase = (int(d or 0) for d in window)
+        taps = Window(height, width, columns, overlap, stride or 1, phase) if window[0] is not None else None
         register_bf16_tile(int(rows), int(vectors), int(pairs), unit, taps, zero is not None)
     return match is not None

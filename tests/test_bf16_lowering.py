@@ -13,7 +13,7 @@ import tvm
 from bf16_builds import EACH_UNIT, bf16_array, built_tiled, needs_amx, needs_bf16, run_built, te_module, torch_conv_nhwc
 from tvm import te
 
-from codegen.bf16_dot import AMX, AVX512
+from codegen.bf16_dot import AMX, AVX512, register_if_ours
 from common.host import host_has_amx
 from tuner.lowering.bf16.kernels import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
 from tuner.lowering.bf16.precision import host_has_bf16
@@ -291,27 +291,39 @@ def test_a_grouped_convolution_of_wide_groups_is_one_of_ours(unit, groups, chann
 
 
 @needs_amx
-def test_a_grouped_convolution_s_product_tiles_on_amx_and_gathers_its_groups_in_the_write_back() -> None:
+@pytest.mark.parametrize(
+    "stride, window_call",
+    [(1, "kernel_amx_r14_v2_p16_w3x3c16_z"), (2, "kernel_amx_r7_v2_p16_w3x3c16s2h8_z")],
+)
+def test_a_grouped_convolution_s_product_tiles_on_amx_and_gathers_its_groups_in_the_write_back(
+    stride, window_call
+) -> None:
     from tuner.lowering.bf16.kernels import bf16_grouped_conv2d_nhwc, pack_grouped_conv_weight
 
     groups, channels, size = 3, 32, 14
+    out = size // stride
     image = bf16_array((1, size, size, groups * channels), 3)
     weight = np.random.default_rng(4).standard_normal((3, 3, channels, groups * channels)).astype(np.float32)
     packed = pack_grouped_conv_weight(weight, groups, 32)
     image_t = te.placeholder(image.shape, "bfloat16", name="image")
     kernel_t = te.placeholder(packed.shape, "bfloat16", name="kernel")
-    conv = bf16_grouped_conv2d_nhwc(image_t, kernel_t, 1, (1, 1, 1, 1), channels, size, AMX)
+    conv = bf16_grouped_conv2d_nhwc(image_t, kernel_t, stride, (1, 1, 1, 1), channels, out, AMX)
     sch = tvm.s_tir.Schedule(te_module([image_t, kernel_t, conv]), seed=1)
-    _tile(sch, sch.get_sblock("bf16_conv2d"), 14, 2, AMX)
+    _tile(sch, sch.get_sblock("bf16_conv2d"), out, 2, AMX)
     assert 'sblock("bf16_groups")' not in sch.mod.script()  # no pass of its own over the output
+    # one call sums each tile's window, its rows read from the phases laid out flat (16 rows per image row; at
+    # stride 2 two phases of 8)
+    assert window_call in sch.mod.script()
+    assert register_if_ours(window_call.replace("kernel_", "tensor_tuner_"))  # a stored trace replays it elsewhere
     got = run_built(
         tvm.compile(sch.mod, target=resolve_target("llvm")),
         [image, packed.astype(ml_dtypes.bfloat16)],
-        (1, size, size, groups * channels),
+        (1, out, out, groups * channels),
     )
     expected = torch.nn.functional.conv2d(
         torch.from_numpy(image.astype(np.float32)).permute(0, 3, 1, 2),
         torch.from_numpy(weight.astype(ml_dtypes.bfloat16).astype(np.float32)).permute(3, 2, 0, 1),
+        stride=stride,
         padding=1,
         groups=groups,
     ).permute(0, 2, 3, 1)

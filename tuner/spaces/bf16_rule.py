@@ -32,6 +32,9 @@ UNIT_ANNOTATION = "tensor_tuner_bf16_unit"  # on the GEMM's block: the unit its 
 WINDOW_ANNOTATION = "tensor_tuner_window_columns"
 # with it, on a first convolution reading its padded image in place: the values between its rows (amx_dot.Window)
 OVERLAP_ANNOTATION = "tensor_tuner_window_overlap"
+# with it, on a strided convolution's phases laid out flat: the stride and the rows of a phase (amx_dot.Window)
+STRIDE_ANNOTATION = "tensor_tuner_window_stride"
+PHASE_ANNOTATION = "tensor_tuner_window_phase"
 MAX_ROWS = 7
 VECTOR_CHOICES = (4, 3, 2, 1)
 MAX_ACCUMULATORS = 24  # of AVX-512's 32 registers; the rest hold a step's weight vectors and activation pair
@@ -384,7 +387,10 @@ def _window(
     ):
         return None
     height, width = (int(sch.get(loop).extent) for loop in window) if not overlap else (sch.get(window[0]).extent, 1)
-    return amx_dot.Window(int(height), width, int(columns), overlap) if height * width > 1 else None
+    annotations = sch.get(gemm).annotations
+    stride, phase = int(annotations.get(STRIDE_ANNOTATION, 1)), int(annotations.get(PHASE_ANNOTATION, 0))
+    taps = amx_dot.Window(int(height), width, int(columns), overlap, stride, phase)
+    return taps if height * width > 1 else None
 
 
 def schedule_bf16_gemm(sch: Schedule, gemm: SBlockRV) -> list[Schedule]:

@@ -12,8 +12,10 @@ import numpy as np
 import tvm
 from tvm import te
 
-from codegen.bf16_dot import AVX512, LANES, PAIR
+from codegen.amx_dot import STEP_VALUES
+from codegen.bf16_dot import AMX, AVX512, LANES, PAIR
 from tuner.spaces.bf16_product import gemm_attrs, packed_product, product_flops
+from tuner.spaces.bf16_rule import PHASE_ANNOTATION, STRIDE_ANNOTATION, WINDOW_ANNOTATION
 
 BF16 = "bfloat16"
 F32 = "float32"
@@ -80,13 +82,10 @@ def conv2d_flops(batch: int, out_h: int, out_w: int, outputs: int, kernel: tuple
     return 2.0 * batch * out_h * out_w * outputs * kernel[0] * kernel[1] * channels
 
 
-def _phases(
-    data: te.Tensor, channels: int, stride: int, padding: tuple[int, int, int, int], groups: int = 1
-) -> te.Tensor:
-    """The activation padded (``channels``: with zero channels up to that count, at the end of each of its
-    ``groups`` groups) [N, H', W', C'] as [N, H', stride, W'/stride, C']: column x*stride + r at
-    [.., r, x, ..]. A strided convolution's output columns then read consecutive columns of one phase,
-    so that a register tile's rows are evenly spaced in memory, as the micro-kernel reads them."""
+def _phase_reader(
+    data: te.Tensor, channels: int, stride: int, padding: tuple[int, int, int, int], groups: int
+) -> tuple[Callable, tuple[int, int, int, int, int]]:
+    """``value(n, y, phase, x, c)`` of ``_phases``'s activation, and its shape."""
     batch, height, width, given = (int(d) for d in data.shape)
     top, left, bottom, right = padding
     columns = -(-(width + left + right) // stride)
@@ -103,7 +102,33 @@ def _phases(
             tvm.tirx.all(*inside), data[n, y - top, x * stride + phase - left, c], tvm.tirx.const(0, BF16)
         )
 
-    return te.compute((batch, height + top + bottom, stride, columns, channels), value, name="bf16_pad")
+    return value, (batch, height + top + bottom, stride, columns, channels)
+
+
+def _phases(
+    data: te.Tensor, channels: int, stride: int, padding: tuple[int, int, int, int], groups: int = 1
+) -> te.Tensor:
+    """The activation padded (``channels``: with zero channels up to that count, at the end of each of its
+    ``groups`` groups) [N, H', W', C'] as [N, H', stride, W'/stride, C']: column x*stride + r at
+    [.., r, x, ..]. A strided convolution's output columns then read consecutive columns of one phase,
+    so that a register tile's rows are evenly spaced in memory, as the micro-kernel reads them."""
+    value, shape = _phase_reader(data, channels, stride, padding, groups)
+    return te.compute(shape, value, name="bf16_pad")
+
+
+def _flat_phases(
+    data: te.Tensor, channels: int, stride: int, padding: tuple[int, int, int, int], groups: int
+) -> tuple[te.Tensor, int, int]:
+    """``_phases``'s activation laid out flat, [N * H' * stride * phase, C'] (row ((n * H' + y) * stride + r)
+    * phase + x holds column x * stride + r of padded row y), its rows H' and ``phase``, the columns of one:
+    a window tap's rows then lie a fixed number of rows from its tile's first (``amx_dot.Window``)."""
+    value, (batch, height, _, phase, _) = _phase_reader(data, channels, stride, padding, groups)
+
+    def flat(f, c):
+        x, rest = f % phase, f // phase
+        return value(rest // (stride * height), rest // stride % height, rest % stride, x, c)
+
+    return te.compute((batch * height * stride * phase, channels), flat, name="bf16_pad"), height, phase
 
 
 def _output_extents(
@@ -192,7 +217,17 @@ def bf16_grouped_conv2d_nhwc(
     packed_channels = int(packed.shape[4]) * PAIR
     out_h, out_w, columns, padding = _output_extents(data, kernel, stride, padding, columns)
     flops = conv2d_flops(batch, out_h, out_w, groups * outputs, kernel, channels // groups)
-    read = _tap_reader(data, packed_channels, stride, padding, groups)
+    attrs = gemm_attrs(flops, unit)
+    if unit == AMX and packed_channels % STEP_VALUES == 0:  # one call sums a tile's window: its taps' rows
+        flat, height, phase = _flat_phases(data, packed_channels * groups, stride, padding, groups)
+        pitch = stride * phase  # rows of the flat activation per padded image row
+
+        def read(n, y, x, ry, rx, c):
+            return flat[(n * height + y * stride + ry) * pitch + rx % stride * phase + x + rx // stride, c]
+
+        attrs = {**attrs, WINDOW_ANNOTATION: pitch, STRIDE_ANNOTATION: stride, PHASE_ANNOTATION: phase}
+    else:
+        read = _tap_reader(data, packed_channels, stride, padding, groups)
     ry = te.reduce_axis((0, kernel[0]), "ry")
     rx = te.reduce_axis((0, kernel[1]), "rx")
     rc = te.reduce_axis((0, packed_channels), "rc")
@@ -204,7 +239,7 @@ def bf16_grouped_conv2d_nhwc(
             axis=[ry, rx, rc],
         ),
         name="bf16_conv2d",
-        attrs=gemm_attrs(flops, unit),
+        attrs=attrs,
     )
     return te.compute(
         (batch, out_h, out_w, groups * outputs),
