@@ -89,7 +89,7 @@ def _configure(config: str, tag: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Window:
-    """A stride-1 convolution's window over an activation whose image rows are laid end to end
+    """A convolution's window over an activation whose image rows are laid end to end
     (``tuner.lowering.bf16.flat``): tap (y, x) reads the rows ``y * columns + x`` further on, and the
     weight ``y * B's stride over y + x * its stride over x`` further on.
 

@@ -253,7 +253,7 @@ def _intrinsic(rows: int, vectors: int, pairs: int, unit: str, zero: bool):
 
 
 def _window_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero: bool):
-    """The AMX tile summed over a stride-1 convolution's window too (``amx_dot.Window``): the activation
+    """The AMX tile summed over a convolution's window too (``amx_dot.Window``, strided or not): the activation
     rows of every tap (``span`` of them from the tile's first), the packed weight [KH, KW, ...]."""
     width, reduction = vectors * LANES, pairs * PAIR
     height, taps_w, columns = window.height, window.width, window.columns

@@ -373,7 +373,8 @@ def _window(
     sch: Schedule, gemm: SBlockRV, window: list[LoopRV], unit: str, rows: int, pairs: int
 ) -> amx_dot.Window | None:
     """The window a micro-kernel call sums over as well (``amx_dot.Window``): on AMX a stride-1
-    convolution's over image rows laid end to end (``WINDOW_ANNOTATION``: their columns), whose
+    convolution's over image rows laid end to end (``WINDOW_ANNOTATION``: their columns) or a grouped one's
+    over its phases laid out flat (with ``STRIDE_ANNOTATION`` and ``PHASE_ANNOTATION``), whose
     reduction is whole steps; on either unit a first convolution's over its image read in place
     (``OVERLAP_ANNOTATION``); None for a product whose calls each take one tap."""
     columns = sch.get(gemm).annotations.get(WINDOW_ANNOTATION)
