@@ -279,6 +279,7 @@ def test_a_grouped_convolution_of_wide_groups_is_one_of_ours(unit, groups, chann
     lowered = Bfloat16Products(unit=unit)(builder.get())
     text = lowered.script()
     assert "R.nn.conv2d" not in text and "R.split" not in text and text.count("def bf16_grouped_conv2d") == 1
+    assert ("bf16_pad" in text) == (pad > 0 or stride > 1 or channels % 32 > 0)  # no copy it does not need
     image_bf16, weight_bf16 = (
         torch.from_numpy(a.astype(ml_dtypes.bfloat16).astype(np.float32)) for a in (image, weight)
     )

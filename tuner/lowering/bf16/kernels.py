@@ -145,12 +145,18 @@ def _output_extents(
     return out_h, out_w, columns, (top, left, bottom, right + (columns - out_w) * stride)
 
 
+def _copies_activation(data: te.Tensor, channels: int, stride: int, padding: tuple[int, int, int, int]) -> bool:
+    """Whether a convolution reads its activation through a copy (``_phases``): strided, padded, or with zero
+    channels added; else it reads the activation itself."""
+    return stride > 1 or any(padding) or channels != int(data.shape[3])
+
+
 def _tap_reader(
     data: te.Tensor, packed_channels: int, stride: int, padding: tuple[int, int, int, int], groups: int = 1
 ) -> Callable:
     """How a window tap reads the activation: ``read(n, y, x, ry, rx, c)`` at output (y, x), ``c`` one of the
     ``packed_channels`` of each of ``groups`` groups, one group after the other (zero channels past a group's)."""
-    if stride > 1 or any(padding) or packed_channels * groups != int(data.shape[3]):
+    if _copies_activation(data, packed_channels * groups, stride, padding):
         phases = _phases(data, packed_channels * groups, stride, padding, groups)
         return lambda n, y, x, ry, rx, c: phases[n, y * stride + ry, rx % stride, x + rx // stride, c]
     return lambda n, y, x, ry, rx, c: data[n, y + ry, x + rx, c]
@@ -218,7 +224,9 @@ def bf16_grouped_conv2d_nhwc(
     out_h, out_w, columns, padding = _output_extents(data, kernel, stride, padding, columns)
     flops = conv2d_flops(batch, out_h, out_w, groups * outputs, kernel, channels // groups)
     attrs = gemm_attrs(flops, unit)
-    if unit == AMX and packed_channels % STEP_VALUES == 0:  # one call sums a tile's window: its taps' rows
+    # where the activation is copied anyway, the copy laid out flat: one AMX call sums a tile's window
+    windowed = kernel[0] * kernel[1] > 1 and _copies_activation(data, packed_channels * groups, stride, padding)
+    if unit == AMX and packed_channels % STEP_VALUES == 0 and windowed:
         flat, height, phase = _flat_phases(data, packed_channels * groups, stride, padding, groups)
         pitch = stride * phase  # rows of the flat activation per padded image row
 
