@@ -232,12 +232,52 @@ def test_a_depthwise_convolutions_pad_is_inlined_its_bounds_test_outside_any_cha
     assert _pad_locations("depthwise-conv2d-mobilenetv2-b4") == [-2]
 
 
+def _grouped_conv_nhwc(size: int, channels: int, groups: int, stride: int) -> tvm.IRModule:
+    from tvm import te, topi
+
+    data = te.placeholder((1, size, size, channels), "float32", name="data")
+    weight = te.placeholder((3, 3, channels // groups, channels), "float32", name="weight")
+    out = topi.nn.relu(topi.nn.group_conv2d_nhwc(data, weight, stride, 1, 1, groups, "float32"))
+    return msc.normalize_prim_func_module(te.create_prim_func([data, weight, out]))
+
+
+def test_a_grouped_convolutions_pad_is_computed_in_its_parallel_tasks_and_its_result_unchanged():
+    """RegNet's stride-2 3x3 convolution over 8 groups of 64 channels: each parallel task (a group's output
+    channels here) pads the channels it reads; at the root, the pad was a pass of its own over the image."""
+    target = resolve_target("llvm")
+    mod = _grouped_conv_nhwc(28, 512, 8, 2)
+    configured = configure_kernel(mod, target)
+    trace = configured.sch.trace
+    (location,) = [int(trace.decisions[i]) for i in trace.insts if i.kind.name == "SampleComputeLocation"]
+    loops = configured.sch.get_loops(configured.sch.get_sblock("pad_temp"))
+    assert location >= 0 and len(loops) > 3  # under a loop of the tasks, not the root (-1) nor inlined (-2)
+    rng = np.random.default_rng(0)
+    small = _grouped_conv_nhwc(14, 128, 2, 2)
+    args = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in small["main"].params[:2]]
+    results = []
+    for schedule in (configure_kernel(small, target).sch.mod, small):
+        out = tvm.runtime.tensor(np.zeros([int(d) for d in small["main"].params[2].shape], "float32"))
+        tvm.compile(schedule, target=target)["main"](*[tvm.runtime.tensor(a) for a in args], out)
+        results.append(out.numpy())
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-4)
+
+
 def test_a_register_tile_leaves_registers_for_its_weight_vectors_and_a_broadcast():
     for facts in (AVX2, AVX512):
         plan = plan_block(_loops([384, 768], [768]), facts)
         vectors = plan.factors[1][-1] // facts.registers.lanes
         assert plan.accumulators + vectors + 1 <= facts.registers.registers, plan
     assert plan_block(_loops([384, 768], [768]), AVX512).accumulators == 24  # AVX-512 still fills its 24
+
+
+def test_rows_of_13_or_14_positions_take_every_register_the_step_leaves():
+    """13 x 13 and 14 x 14 images: 13 x 2 and 14 x 2 tiles (26 and 28 accumulators, 2 weight vectors and a
+    broadcast in 32 registers), not 13 x 1 and 7 x 2 within the random draws' bound of 24."""
+    for rows, accumulators in ((13, 26), (14, 28)):
+        plan = plan_block(_loops([rows, 1024], [512]), AVX512)
+        assert (plan.factors[0][-1], plan.factors[1][-1], plan.accumulators) == (rows, 32, accumulators)
+        assert accumulators > AVX512.registers.max_accumulators
+    assert plan_block(_loops([13, 1024], [512]), AVX2).accumulators == 13  # 13 + 1 + 1 of AVX2's 16
 
 
 def test_a_gather_moves_the_rows_it_picks_not_its_whole_table():

@@ -9,7 +9,10 @@ run, the parallel tasks and the block of tiles, from the registers and the cache
 - **Unroll**: ``UNROLL_STEPS`` (the register tile unrolled, the reduction run kept a loop).
 - **A tiled product's input producers** (a convolution's pad) are computed at the root: inlined, their
   bounds test sits in the innermost loop (ResNet-18's 7x7 3x3 convolutions 1.6x slower); inside the tiles,
-  each tile recomputes its halo. A depthwise convolution's pad is inlined: with no reduction over the
+  each tile recomputes its halo. A grouped convolution's pad is computed inside its parallel tasks, each
+  task padding the part of the image it reads: it does a group's FLOPs per channel read, so its pad at the
+  root was a large part of its time (RegNet's grouped convolutions alone 2-18% faster, on a 2-core Xeon).
+  A depthwise convolution's pad is inlined: with no reduction over the
   channels its test is one per vector of channels, and at the root its copy is a pass of its own that
   MetaSchedule leaves unvectorised over more than 64 channels (MobileNetV2's depthwise kernels 538 -> 303 us,
   ConvNeXt's 494 -> 399, EfficientNet's 1,099 -> 836, in fp32 on a 2-core Xeon).
@@ -114,6 +117,8 @@ class AnalyticDraw:
             limits = [int(limit) for limit in attrs[0]]
             return max(range(len(limits)), key=lambda i: (limits[i] <= UNROLL_STEPS, limits[i]))
         if inst.kind.name == "SampleComputeLocation" and self._feeds_a_tiled_product(inputs[0]):
+            if self._read_by_groups(inputs[0]):
+                return self._in_parallel_tasks(inputs[0])
             return ROOT if self._reduced_over_channels(inputs[0]) else INLINED
         if inst.kind.name == "SampleComputeLocation" and (
             self._read_broadcast(inputs[0]) or self._read_through_remainder(inputs[0])
@@ -125,6 +130,20 @@ class AnalyticDraw:
         """Whether a reader of the block reduces over what it reads of it beyond a window: a reduction along
         an axis of its own, or beside outputs that index its other operands too (a matmul's, a convolution's
         channels, a grouped one's); a depthwise convolution's reductions all run beside the image positions."""
+        return any(not names - reduced - others for names, reduced, others in self._reduced_axes(block_rv))
+
+    def _read_by_groups(self, block_rv) -> bool:
+        """Whether a reader reduces over the block's channels a group at a time: the channel it reads is its
+        reduction's beside an output's (``g * 64 + c``), as in a grouped convolution. Such a convolution does a
+        group's FLOPs per channel read, so its pad, a pass of its own at the root, is a large part of its time
+        (RegNet's strided 3x3 convolutions over 64-channel groups: 16-20% alone, unpadded inputs against padded)."""
+        return any(
+            names - reduced and not names - reduced - others for names, reduced, others in self._reduced_axes(block_rv)
+        )
+
+    def _reduced_axes(self, block_rv):
+        """(variables, reduced variables, variables of the other operands) of each axis along which a reader
+        of the block reduces over what it reads of it."""
         written = [region.source for region in self.sch.get(block_rv).writes]
         for consumer in self.sch.get_consumers(block_rv):
             block = self.sch.get(consumer)
@@ -139,9 +158,17 @@ class AnalyticDraw:
             for region in ours:
                 for axis in region.region:
                     names = variables_of(axis.min)
-                    if names & reduced and not names - reduced - others:
-                        return True
-        return False
+                    if names & reduced:
+                        yield names, reduced, others
+
+    def _in_parallel_tasks(self, block_rv) -> int:
+        """The location inside the tiled reader's parallel tasks (its S0 and S1 loops, ``2 x spatial``): each
+        task pads the part of the image it reads, while that part is in its cache. TVM takes the innermost
+        loop of more than one iteration at or above it (or the root, if there is none)."""
+        readers = [self.sch.get(c) for c in self.sch.get_consumers(block_rv)]
+        reader = next(block for block in readers if TILING_ANNOTATION in block.annotations)
+        spatial = sum(v.iter_type == tvm.tirx.IterVar.DataPar for v in reader.iter_vars)
+        return 2 * spatial - 1
 
     def _read_through_remainder(self, block_rv) -> bool:
         """Whether a consumer reads the block's output at indices that take a remainder (a flat offset

@@ -7,11 +7,14 @@ nested S0 S1 R0 S2 R1 S3. The plan sets every factor, BLIS's way (Low et al., TO
 
 - **S3, the register tile**: the last spatial loop (the one vectorised) in ``nv`` vectors of the
   register's lanes, the innermost other spatial loop in ``mr`` rows: ``mr x nv`` accumulators. As many
-  as the registers hold beside a step's operands (``RegisterFile.holds``: at most 24 of AVX-512's 32,
-  12 of AVX2's 16, and one register left for each of a step's weight vectors and one for the broadcast:
-  AVX2's 3x4 tile would need 17 and spill), up to what keeps the FMA ports busy with a margin (12 on
-  AVX-512), and of those tiles the one with the most FMAs per load (``mr x nv`` over ``mr + nv``: each step
-  loads ``nv`` weight vectors and broadcasts ``mr`` inputs). ``nv`` is 1, 2 or 4:
+  as the registers hold beside a step's operands (``RegisterFile.fits``: one register left for each of a
+  step's weight vectors and one for the broadcast: AVX2's 3x4 tile would need 17 and spill), up to what
+  keeps the FMA ports busy with a margin (12 on AVX-512), and of those tiles the one with the most FMAs per
+  load (``mr x nv`` over ``mr + nv``: each step loads ``nv`` weight vectors and broadcasts ``mr`` inputs).
+  Rows of 13 or 14 positions tile as 13 x 2 and 14 x 2 (26 and 28 accumulators, 29 and 31 registers):
+  7-15% faster than the 13 x 1 and 7 x 2 tiles of the random draws' bound (``max_accumulators``, 24),
+  measured alone on a 2-core Xeon (SqueezeNet's 13 x 13 classifier, RegNet's 14 x 14 products). ``nv`` is
+  1, 2 or 4:
   LLVM makes slow code of a vector loop three registers wide (BERT's 3072-wide products at 4 GFLOP/s with
   48 columns, 104 with 64).
   A loop that offers no such factors takes the nearest it has (197 rows: 1).
@@ -189,7 +192,7 @@ def _register_tile(
         for height in heights:
             accumulators = height * vectors
             broadcasts = height if column_vectors > 1 else 0
-            if not facts.registers.holds(accumulators, vectors + broadcasts):
+            if not facts.registers.fits(accumulators, vectors + broadcasts):
                 continue
             key = (min(accumulators, facts.registers.enough_accumulators), accumulators / (height + vectors))
             if best is None or key > best[0]:

@@ -97,6 +97,6 @@ def _step(plan: BlockPlan, step: tuple[str, int, int], facts: MachineFacts | Non
     if role == "row":
         vectors = plan.accumulators // plan.factors[loop.index][-1]
         accumulators = vectors * factors[-1]
-        if facts is not None and not facts.registers.holds(accumulators, vectors):
+        if facts is not None and not facts.registers.fits(accumulators, vectors):
             return None
     return BlockPlan({**plan.factors, loop.index: factors}, accumulators, run, plan.tasks, plan.loops)

@@ -51,10 +51,14 @@ class RegisterFile:
     def max_accumulators(self) -> int:
         return self.registers * 3 // 4  # the rest hold a step's weight vectors and broadcasts
 
-    def holds(self, accumulators: int, vectors: int) -> bool:
+    def fits(self, accumulators: int, vectors: int) -> bool:
         """Whether a tile of ``accumulators`` leaves registers for a step's ``vectors`` weight vectors and
         one broadcast: on AVX2's 16, a 3x4 tile (12 + 4 + 1) spills and runs at 60% of a 6x2 one."""
-        return accumulators <= self.max_accumulators and accumulators + vectors + 1 <= self.registers
+        return accumulators + vectors + 1 <= self.registers
+
+    def holds(self, accumulators: int, vectors: int) -> bool:
+        """``fits``, within ``max_accumulators``: the bound of the tiles drawn at random."""
+        return accumulators <= self.max_accumulators and self.fits(accumulators, vectors)
 
 
 def register_file(target: tvm.target.Target) -> RegisterFile | None:
