@@ -280,6 +280,25 @@ def test_rows_of_13_or_14_positions_take_every_register_the_step_leaves():
     assert plan_block(_loops([13, 1024], [512]), AVX2).accumulators == 13  # 13 + 1 + 1 of AVX2's 16
 
 
+def test_a_reduction_one_run_covers_leaves_no_block_between_a_tile_and_its_epilogue():
+    """SqueezeNet's stem (27 reductions) and a 1x1 convolution over 64 channels: R0 is all 1, so S2 is too and
+    S1 takes its factors; over 512 channels (two runs) the block stays."""
+    for spatial, reduction in (([111, 111, 64], [3, 3, 3]), ([56, 56, 64], [64])):
+        loops = _loops(spatial, reduction)
+        plan = plan_block(loops, AVX512)
+        _check_factors(loops, plan)
+        assert all(plan.factors[loop.index][0] == 1 for loop in loops if loop.role == "reduction")
+        assert all(plan.factors[loop.index][2] == 1 for loop in loops if loop.role != "reduction"), plan
+    deep = plan_block(_loops([56, 56, 64], [512]), AVX512)
+    assert any(deep.factors[i][2] > 1 for i in range(3)), deep
+
+
+def test_a_window_alone_keeps_its_tile_within_the_random_draws_bound():
+    """A depthwise convolution's reduction is its window: no broadcast shared by a row of FMAs, so no 14 x 2."""
+    plan = plan_block(_loops([14, 14, 384], [3, 3, 1]), AVX512)
+    assert plan.accumulators <= AVX512.registers.max_accumulators, plan
+
+
 def test_a_gather_moves_the_rows_it_picks_not_its_whole_table():
     """An embedding lookup of 128 tokens in a 30522 x 768 table reads 128 rows: the prediction counted the
     whole table (94 MB, 0.93 ms predicted for an 11 us kernel) before its bytes were bounded by the points
