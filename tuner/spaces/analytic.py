@@ -11,7 +11,7 @@ run, the parallel tasks and the block of tiles, from the registers and the cache
   bounds test sits in the innermost loop (ResNet-18's 7x7 3x3 convolutions 1.6x slower); inside the tiles,
   each tile recomputes its halo. A grouped convolution's pad is computed inside its parallel tasks, each
   task padding the part of the image it reads: it does a group's FLOPs per channel read, so its pad at the
-  root was a large part of its time (RegNet's grouped convolutions alone 2-18% faster, on a 2-core Xeon).
+  root was a large part of its time (RegNet's five grouped convolutions alone 1-24% faster, on a 2-core Xeon).
   A depthwise convolution's pad is inlined: with no reduction over the
   channels its test is one per vector of channels, and at the root its copy is a pass of its own that
   MetaSchedule leaves unvectorised over more than 64 channels (MobileNetV2's depthwise kernels 538 -> 303 us,

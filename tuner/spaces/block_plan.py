@@ -38,7 +38,7 @@ nested S0 S1 R0 S2 R1 S3. The plan sets every factor, BLIS's way (Low et al., TO
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .machine import MachineFacts
@@ -88,8 +88,7 @@ def plan_block(loops: Sequence[TiledLoop], facts: MachineFacts, column_vectors: 
     row = rows[-1] if rows else None
     inner = {loop.index: 1 for loop in loops}
 
-    window_only = all(loop.extent <= MAX_WINDOW for loop in reductions)
-    mr, nr = _register_tile(vector, row, facts, column_vectors, window_only)
+    mr, nr = _register_tile(vector, row, facts, column_vectors, tile_bound(loops, facts))
     inner[vector.index] = nr
     if row is not None:
         inner[row.index] = mr
@@ -177,8 +176,21 @@ def _parallel_split(
     return {**{loop.index: split.get(loop.index, 1) for loop in rows}, vector.index: columns}
 
 
+def tile_bound(loops: Sequence[TiledLoop], facts: MachineFacts) -> Callable[[int, int], bool]:
+    """Whether a register tile of (accumulators, a step's vectors) suits a block of ``loops``: every register the
+    step leaves (``RegisterFile.fits``), but for a reduction over a window alone (a depthwise convolution's),
+    which broadcasts nothing, each FMA loading its own input vector: it stays within ``RegisterFile.holds``
+    (MobileNetV2's 14 x 14 depthwise kernels 13 us as 7 x 2, 16 us as 14 x 2)."""
+    window_only = all(loop.extent <= MAX_WINDOW for loop in loops if loop.role == "reduction")
+    return facts.registers.holds if window_only else facts.registers.fits
+
+
 def _register_tile(
-    vector: TiledLoop, row: TiledLoop | None, facts: MachineFacts, column_vectors: int = 1, window_only: bool = False
+    vector: TiledLoop,
+    row: TiledLoop | None,
+    facts: MachineFacts,
+    column_vectors: int,
+    fits: Callable[[int, int], bool],
 ) -> tuple[int, int]:
     """(rows, columns) of the register tile: the most accumulators the registers hold, up to what keeps the
     FMA ports busy with a margin (``RegisterFile.enough_accumulators``), then the most FMAs per load. Past that
@@ -188,12 +200,8 @@ def _register_tile(
 
     ``column_vectors`` more vectors of weights per step (a grouped convolution's output channels) multiply the
     accumulators, and each row's broadcast then feeds several FMAs, so it stays in a register too: SEW's 3 x 8
-    tile (24 accumulators, 3 weights, 8 broadcasts) spilled and ran at half the speed of 3 x 6.
-
-    A reduction over a window alone (a depthwise convolution's) broadcasts nothing: each FMA loads its own
-    input vector, so its tiles stay within ``RegisterFile.holds`` (MobileNetV2's 14 x 14 depthwise kernels
-    13 us as 7 x 2, 16 us as 14 x 2)."""
-    fits = facts.registers.holds if window_only else facts.registers.fits
+    tile (24 accumulators, 3 weights, 8 broadcasts) spilled and ran at half the speed of 3 x 6. ``fits``: the
+    block's ``tile_bound``."""
     lanes = facts.registers.lanes
     widths = [
         d for d in divisors(vector.extent) if d % lanes == 0 and d <= vector.max_innermost and power_of_two(d // lanes)

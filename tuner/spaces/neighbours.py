@@ -11,7 +11,7 @@ import tvm
 from tvm.s_tir import Schedule
 
 from .analytic import AnalyticSchedule, by_fusion, configure_in, replay_plans, rule_schedule
-from .block_plan import BlockPlan
+from .block_plan import BlockPlan, tile_bound
 from .machine import MachineFacts
 from .register_tiles import divisors
 
@@ -97,6 +97,6 @@ def _step(plan: BlockPlan, step: tuple[str, int, int], facts: MachineFacts | Non
     if role == "row":
         vectors = plan.accumulators // plan.factors[loop.index][-1]
         accumulators = vectors * factors[-1]
-        if facts is not None and not facts.registers.fits(accumulators, vectors):
+        if facts is not None and not tile_bound(plan.loops, facts)(accumulators, vectors):
             return None
     return BlockPlan({**plan.factors, loop.index: factors}, accumulators, run, plan.tasks, plan.loops)
