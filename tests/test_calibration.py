@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import tvm
 
-from codegen.bf16_dot import AMX
+from codegen.bf16_dot import AMX, AVX512
 from common import peaks
 from tuner.spaces import calibration as cal
 from tuner.targets import bf16_unit, resolve_target
@@ -88,11 +88,15 @@ def test_a_bf16_cpus_calibration_times_the_product_in_bf16_on_each_unit(tmp_path
     unit = bf16_unit(TARGET)
     assert (measured.bf16_product_gflops is not None) == (unit is not None)
     assert (measured.amx_product_gflops is not None) == (unit == AMX)
-    # vdpbf16ps does twice an FMA's multiply-adds, an AMX tile many times that; a product outside the rule's
-    # tiles (fp32 arithmetic from bf16 storage) reads far below the fp32 one. On an AMX VM under load the two
-    # read 1.6-2.3x and 4-15x the fp32 product's rate: half of it is a bar only a product outside the tiles misses
-    for rate in (measured.bf16_product_gflops, measured.amx_product_gflops):
-        assert rate is None or rate > 0.5 * measured.product_gflops
+    assert all(rate is None or rate > 0 for rate in (measured.bf16_product_gflops, measured.amx_product_gflops))
+    # timed in the rule's tiles, not as fp32 arithmetic from bf16 storage (which reads far below the fp32 product).
+    # Said by the instructions, not by the rates: under load a short parallel kernel waits for descheduled threads,
+    # and with one busy process beside it this VM read the vdpbf16ps product at 0.46x the fp32 one (0.7x quiet)
+    timed = {AVX512: measured.bf16_product_gflops, AMX: measured.amx_product_gflops}
+    for each, instruction in ((AVX512, "vdpbf16ps"), (AMX, "tdpbf16ps")):
+        if timed[each] is not None:
+            built = tvm.compile(cal._configured_product(TARGET, each), target=TARGET)
+            assert instruction in built.mod.inspect_source("asm"), each
     if unit is not None:
         assert "bf16 products on vdpbf16ps" in measured.describe()
 

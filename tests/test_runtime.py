@@ -3,7 +3,6 @@ where the memory allows, and loadable in another process without tuning again.""
 
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -106,12 +105,15 @@ def test_loading_a_library_without_its_description_says_how_to_export(tuned_mlp,
 def test_kernel_times_name_each_kernel_of_the_model_and_leave_it_running_as_before(tuned_mlp):
     model = tuned_mlp.compiled()
     x = _input()
-    times = model.kernel_times(x, runs=3)
+    before = model.kernel_times(x, runs=3)
+    times = model.kernel_times(x, runs=12)
+    after = model.kernel_times(x, runs=3)
     assert times and all(seconds > 0 for seconds in times.values())
     assert not any(name.startswith("vm.") for name in times)  # the VM's own builtins are left out
-    start = time.perf_counter()
-    model(x)
-    assert sum(times.values()) < 10 * (time.perf_counter() - start) + 1e-3  # a share of a call, not more
+    # of one inference, not of the runs: against fewer runs timed around them. Against a call's wall time it
+    # was never strict (the VM's Python around 5 us of kernels is most of this call's 20 us) and it failed in CI,
+    # where a parallel kernel on a busy 2-core machine waits for a descheduled thread (3.7 ms, a call 0.14 ms)
+    assert sum(times.values()) < 2 * max(sum(before.values()), sum(after.values()))
     np.testing.assert_allclose(model(x), tuned_mlp.reference(x), rtol=1e-4, atol=1e-4)  # instrument removed
 
 
