@@ -162,13 +162,16 @@ class AnalyticDraw:
                         yield names, reduced, others
 
     def _in_parallel_tasks(self, block_rv) -> int:
-        """The location inside the tiled reader's parallel tasks (its S0 and S1 loops, ``2 x spatial``): each
-        task pads the part of the image it reads, while that part is in its cache. TVM takes the innermost
-        loop of more than one iteration at or above it (or the root, if there is none)."""
+        """The location inside the tiled reader's parallel tasks (under its last S0 loop): each task pads the
+        part of the image it reads, while that part is in its cache. TVM takes the innermost loop of more than
+        one iteration at or above it (or the root, if there is none). Not inside S1: a column tile narrower
+        than a group there pads its group's channels at a dynamic offset, which MetaSchedule rejects
+        (DisallowDynamicLoop: RegNet's 17 groups over 2 tasks went unscheduled, 38 ms for 0.3), and tiles of
+        one group pad it again each."""
         readers = [self.sch.get(c) for c in self.sch.get_consumers(block_rv)]
         reader = next(block for block in readers if TILING_ANNOTATION in block.annotations)
         spatial = sum(v.iter_type == tvm.tirx.IterVar.DataPar for v in reader.iter_vars)
-        return 2 * spatial - 1
+        return spatial - 1
 
     def _read_through_remainder(self, block_rv) -> bool:
         """Whether a consumer reads the block's output at indices that take a remainder (a flat offset

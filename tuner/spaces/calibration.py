@@ -42,7 +42,7 @@ _COPY_FLOATS = 16 << 20  # 64 MB each way: far past the last-level cache
 # in the key: a change remeasures
 _METHOD = (
     "a model's product (128x768x768, layout-free weights; in bf16 on each unit), host-wide peaks (FMA operands in "
-    "registers), fastest of repeats"
+    "registers), fastest of repeats; its block: row tiles per column tile"
 )
 BUSY_LOAD_PER_CORE = 0.5  # runnable processes per core (the 1-minute load average) above which a machine is busy
 
