@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -268,6 +269,29 @@ def test_a_grouped_convolution_whose_column_tiles_split_a_group_still_gets_its_s
     postprocessed space was rejected (DisallowDynamicLoop): the kernel ran unscheduled, 38 ms for 0.3."""
     configured = configure_kernel(_grouped_conv_nhwc(14, 1088, 17, 2), resolve_target("llvm"))
     assert configured is not None and configured.plans
+
+
+def test_a_kernel_whose_plans_every_space_rejects_still_gets_a_drawn_schedule(monkeypatch):
+    """A plan no space takes (here a fault put in: one factor more than its split has) leaves the product
+    the seeded draw of its space, not TVM's unscheduled loops; the draw computes the product right."""
+    from tuner.spaces import analytic
+
+    def broken(loops, facts, column_vectors=1):
+        plan = plan_block(loops, facts, column_vectors)
+        return replace(plan, factors={index: [1, *factors] for index, factors in plan.factors.items()})
+
+    monkeypatch.setattr(analytic, "plan_block", broken)
+    target = resolve_target("llvm")
+    mod = load_workload("matmul-512").mod
+    configured = configure_kernel(mod, target)
+    assert configured is not None and configured.plans == ()
+    assert any(inst.kind.name == "Split" for inst in configured.sch.trace.insts)  # tiled, not the default loops
+    rng = np.random.default_rng(0)
+    params = mod["main"].params
+    a, b = (rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in params[:2])
+    out = tvm.runtime.tensor(np.zeros([int(d) for d in params[2].shape], "float32"))
+    tvm.compile(configured.sch.mod, target=target)["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("reduction", [768, 3072])
