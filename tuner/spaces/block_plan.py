@@ -32,7 +32,10 @@ nested S0 S1 R0 S2 R1 S3. The plan sets every factor, BLIS's way (Low et al., TO
   With the columns inside the rows, a block's weights (48 KB for the calibration's product) went through L1
   once per row tile; with one column tile, its weights serve every row of the block while in L1 (alone on a
   2-core Xeon: the calibration's product 299 -> 317 GFLOP/s; BERT-base whole 92.0 -> 84.5 ms; RegNet,
-  ResNet-18, SqueezeNet unchanged within 1%). Where one run
+  ResNet-18, SqueezeNet unchanged within 1%). Only where the schedule packs the weights (a model's constant
+  weights): a run of a matmul's weights as given is R1 rows N floats apart, which a power-of-two N puts in
+  the same L1 sets; there the columns stay inside the rows (matmul-1024 15%, Llama-2's 32 x 4096 x 4096 30%
+  slower in BLIS's order). Where one run
   covers the whole reduction (R0 all 1: a convolution's stem, 1x1 convolutions over 64 channels or fewer,
   depthwise windows, Winograd's batched products), S1 takes it all: a block would only hold each tile's
   results back from its epilogue, which MetaSchedule computes after S1 (on a 2-core Xeon, alone:
@@ -80,9 +83,13 @@ class BlockPlan:
     loops: tuple[TiledLoop, ...] = ()
 
 
-def plan_block(loops: Sequence[TiledLoop], facts: MachineFacts, column_vectors: int = 1) -> BlockPlan:
+def plan_block(
+    loops: Sequence[TiledLoop], facts: MachineFacts, column_vectors: int = 1, packed_weights: bool = True
+) -> BlockPlan:
     """The factors of every loop of a CPU-tiled block (see the module's docstring); with ``column_vectors``
-    (``COLUMN_VECTORS_ATTR``), the spatial loop outside the rows whole in the register tile."""
+    (``COLUMN_VECTORS_ATTR``), the spatial loop outside the rows whole in the register tile; ``packed_weights``:
+    whether the schedule lays the weights out in the tile's order (a model's constant weights, its
+    ``layout_free_buffers``), so that a column tile's run of them is one contiguous piece."""
     spatial = [loop for loop in loops if loop.role != "reduction"]
     reductions = [loop for loop in loops if loop.role == "reduction"]
     vector = spatial[-1]
@@ -119,7 +126,7 @@ def plan_block(loops: Sequence[TiledLoop], facts: MachineFacts, column_vectors: 
     for index, factor in outer.items():
         rest[index] //= factor
 
-    block = _block_of_tiles(rows, vector, inner, rest, run, reduction // window, facts)
+    block = _block_of_tiles(rows, vector, inner, rest, run, reduction // window, facts, packed_weights)
 
     factors = {}
     whole_run = all(inner[loop.index] == loop.extent for loop in reductions)
@@ -142,22 +149,26 @@ def _block_of_tiles(
     run: int,
     inputs_per_row: int,
     facts: MachineFacts,
+    packed_weights: bool,
 ) -> dict[int, int]:
-    """S2's factors: row tiles first, each row's inputs of one run and its outputs within a quarter of L2 and
-    the block's inputs over the whole reduction (re-read once per column panel) within half of it; then, only
-    where that leaves one row tile, weight columns while their run fits in half of L2."""
+    """S2's factors (the module's docstring): with ``packed_weights``, row tiles first, each row's inputs of one
+    run and its outputs within a quarter of L2 and the block's inputs over the whole reduction (re-read once per
+    column tile) within half of it, then weight columns only where that leaves one row tile; without, weight
+    columns first, then rows."""
     nr = inner[vector.index]
     block = dict.fromkeys(rest, 1)
+    columns = _largest_divisor(rest[vector.index], max(1, facts.l2_bytes // 2 // (run * nr * FLOAT_BYTES)))
+    if not packed_weights:
+        block[vector.index] = columns
+    width = nr * block[vector.index]
     for loop in reversed(rows):
         height = math.prod(inner[r.index] * block[r.index] for r in rows)
-        room = min(
-            facts.l2_bytes // 4 // (height * max(nr, run) * FLOAT_BYTES),
-            facts.l2_bytes // 2 // (height * inputs_per_row * FLOAT_BYTES),
-        )
+        room = facts.l2_bytes // 4 // (height * max(width, run) * FLOAT_BYTES)
+        if packed_weights:
+            room = min(room, facts.l2_bytes // 2 // (height * inputs_per_row * FLOAT_BYTES))
         block[loop.index] = _largest_divisor(rest[loop.index], max(1, room))
-    if all(block[loop.index] == 1 for loop in rows):
-        columns = max(1, facts.l2_bytes // 2 // (run * nr * FLOAT_BYTES))
-        block[vector.index] = _largest_divisor(rest[vector.index], columns)
+    if packed_weights and all(block[loop.index] == 1 for loop in rows):
+        block[vector.index] = columns
     return block
 
 
