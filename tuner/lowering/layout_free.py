@@ -6,7 +6,7 @@ import tvm
 from tvm.ir.module import IRModule
 from tvm.s_tir import SBlockRealize, Schedule
 
-_ATTR = "layout_free_buffers"
+from tuner.spaces.metaschedule import LAYOUT_FREE_ATTR as _ATTR
 
 
 def _reduction_reads(func: tvm.tirx.PrimFunc) -> set[int]:

@@ -270,7 +270,7 @@ def configure_in(
     plans = ()
     if facts is not None:
         columns = column_vectors(mod)
-        packed = bool(mod["main"].attrs and mod["main"].attrs.get("layout_free_buffers"))
+        packed = msc.packs_weights(mod)
         plans = tuple(plan_block(block, facts, columns, packed) for block in tiled_blocks(mod, space))
     ours = facts is not None and is_expand_depthwise(mod)  # our own space, configured from the registers
     sch = replay_plans(mod, space, plans, postprocs, facts.registers if ours else None)

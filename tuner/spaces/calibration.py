@@ -28,6 +28,7 @@ from common.host import cpu_model, user_cache_dir, write_atomically
 from common.peaks import bf16_peak, fma_gflops
 from tuner.targets import bf16_unit
 
+from . import metaschedule as msc
 from .analytic import configure_kernel
 from .bf16_product import packed_product
 
@@ -213,7 +214,7 @@ def _calibration_product() -> tvm.IRModule:
     w = te.placeholder((depth, columns), "float32", name="w")
     k = te.reduce_axis((0, depth), "k")
     c = te.compute((rows, columns), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="c")
-    func = te.create_prim_func([a, w, c]).with_attr("layout_free_buffers", [1])
+    func = te.create_prim_func([a, w, c]).with_attr(msc.LAYOUT_FREE_ATTR, [1])
     return tvm.IRModule({"main": func})
 
 
@@ -224,7 +225,7 @@ def _bf16_calibration_product(unit: str) -> tvm.IRModule:
     a = te.placeholder((rows, depth), "bfloat16", name="a")
     w = te.placeholder((columns // LANES, depth // PAIR, LANES, PAIR), "bfloat16", name="w")
     c = packed_product(a, w, unit, float(_PRODUCT_FLOPS), name="gemm")
-    func = te.create_prim_func([a, w, c]).with_attr("layout_free_buffers", [1])
+    func = te.create_prim_func([a, w, c]).with_attr(msc.LAYOUT_FREE_ATTR, [1])
     return tvm.IRModule({"main": func})
 
 

@@ -33,6 +33,7 @@ schedule_rules.register()
 MAX_SEED = 2**31 - 1
 VECTOR_EXTENT = 64  # the vector of a loop nest at a kernel's root on CPUs (ParallelizeVectorizeUnroll's default)
 ROOT_VECTOR_ATTR = "tuner.root_vector"  # a kernel's narrower one (``lowering.broadcast_values``)
+LAYOUT_FREE_ATTR = "layout_free_buffers"  # the arguments RewriteLayout may store in the order the tiles read them
 
 
 # Input types MetaSchedule's tensor-core rules have intrinsics for (f16 and s8 into f16/f32/s32).
@@ -76,6 +77,13 @@ def make_context(mod: tvm.IRModule, target: tvm.target.Target, seed: int, num_th
     context = _ffi_api.TuneContext(mod, target, space, None, "main", num_threads, seed, None)
     _ffi_api.TuneContextInitialize(context)
     return context
+
+
+def packs_weights(mod: tvm.IRModule) -> bool:
+    """Whether the kernel's schedule may lay some argument out in its tiles' order (``LAYOUT_FREE_ATTR``: a
+    model's constant weights, marked at lowering; an operator's inputs are read as given)."""
+    func = mod["main"]
+    return bool(func.attrs and func.attrs.get(LAYOUT_FREE_ATTR))
 
 
 def root_vector(mod: tvm.IRModule) -> int:
