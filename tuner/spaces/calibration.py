@@ -39,11 +39,18 @@ CALIBRATION_FILE = "machine.json"
 # up to 93% (docs/analytic.md).
 _PRODUCT = (128, 768, 768)  # rows, columns, reduction
 _PRODUCT_FLOPS = 2 * _PRODUCT[0] * _PRODUCT[1] * _PRODUCT[2]
+# In bf16, two products say what a reduction step and what an output cost on the unit: an AMX tile's accumulators go
+# through memory once per output (stored, then converted by vector code), as long as a 64-deep reduction takes. The
+# deep one is ResNet-18's 3x3 convolution of 128 channels on 28x28 as a product (most of a CNN's bf16 FLOPs): on a
+# 2-core Xeon it read 2,531-2,681 GFLOP/s in eight readings, where the product above, on 128 rows, read 1,959-2,577
+# in bf16; the shallow one ResNet-50's first 1x1 expansion (56x56 positions, 64 -> 256 channels), 1,009-1,093
+_BF16_PRODUCT = (784, 128, 1152)
+_SHALLOW_PRODUCT = (3136, 256, 64)
 _COPY_FLOATS = 16 << 20  # 64 MB each way: far past the last-level cache
 # in the key: a change remeasures
 _METHOD = (
-    "a model's product (128x768x768, layout-free weights; in bf16 on each unit), host-wide peaks (FMA operands in "
-    "registers), fastest of repeats; its block: row tiles per column tile"
+    "a model's product (128x768x768, layout-free weights; in bf16 784x128x1152 and 3136x256x64 on each unit), "
+    "host-wide peaks (FMA operands in registers), fastest of repeats; its block: row tiles per column tile"
 )
 BUSY_LOAD_PER_CORE = 0.5  # runnable processes per core (the 1-minute load average) above which a machine is busy
 
@@ -59,10 +66,13 @@ class Calibration:
     fma_peak_gflops: float | None = None  # independent FMA chains on every core; None: no C compiler
     bf16_peak_gflops: float | None = None  # the bf16 unit's (AMX or vdpbf16ps); None where the CPU has none
     load_per_core: float | None = None  # the machine's load when measured; None: not recorded (an older cache)
-    # the same product in bf16, in our rule's tiles (``bf16_rule``) on each unit the CPU has: what a model's bf16
-    # products reach, which the AMX peak does not say (ResNet-18's kernels at 13-35% of ``tdpbf16ps``'s peak)
+    # a product in bf16 (``_BF16_PRODUCT``), in our rule's tiles (``bf16_rule``) on each unit the CPU has: what a
+    # model's bf16 products reach, which the AMX peak does not say (ResNet-18's kernels at 13-35% of its peak)
     bf16_product_gflops: float | None = None  # vdpbf16ps
     amx_product_gflops: float | None = None
+    # the shallow product (``_SHALLOW_PRODUCT``) on each unit: with the one above, the cost of an output
+    bf16_shallow_gflops: float | None = None
+    amx_shallow_gflops: float | None = None
 
     @property
     def taken_busy(self) -> bool:
@@ -77,8 +87,13 @@ class Calibration:
         peaks = f", FMA peak {self.fma_peak_gflops:.0f} GFLOP/s" if self.fma_peak_gflops else ""
         if self.bf16_peak_gflops:
             peaks += f", bf16 peak {self.bf16_peak_gflops:.0f}"
-        for unit, rate in (("vdpbf16ps", self.bf16_product_gflops), ("AMX", self.amx_product_gflops)):
-            peaks += f", bf16 products on {unit} {rate:.0f}" if rate else ""
+        for name, unit, rate in (
+            ("vdpbf16ps", AVX512, self.bf16_product_gflops),
+            ("AMX", AMX, self.amx_product_gflops),
+        ):
+            peaks += f", bf16 products on {name} {rate:.0f}" if rate else ""
+            per_output = (self.bf16_costs(unit) or (0.0, 0.0))[1]
+            peaks += f" (an output {per_output * 1e12:.0f} ps)" if per_output else ""
         busy = (
             f" (taken while the machine was busy, {self.load_per_core:.1f} runnable per core: measured again on the "
             "first run that finds it quiet)"
@@ -106,11 +121,27 @@ class Calibration:
             load_per_core=other.load_per_core,
             bf16_product_gflops=most(self.bf16_product_gflops, other.bf16_product_gflops),
             amx_product_gflops=most(self.amx_product_gflops, other.amx_product_gflops),
+            bf16_shallow_gflops=most(self.bf16_shallow_gflops, other.bf16_shallow_gflops),
+            amx_shallow_gflops=most(self.amx_shallow_gflops, other.amx_shallow_gflops),
         )
 
     def bf16_product_rate(self, unit: str) -> float | None:
         """What our bf16 rule's products reach on ``unit`` (``AVX512``, ``AMX``); None where not measured."""
         return self.amx_product_gflops if unit == AMX else self.bf16_product_gflops
+
+    def bf16_costs(self, unit: str) -> tuple[float, float] | None:
+        """(seconds per FLOP, seconds per output) of our bf16 rule's products on ``unit``, from the calibration's
+        two products (``_SHALLOW_PRODUCT``); an output costs nothing of its own where the two say none (the
+        accumulators stay in registers) or the shallow one was not measured. None where neither was."""
+        deep = self.bf16_product_rate(unit)
+        if not deep:
+            return None
+        shallow = self.amx_shallow_gflops if unit == AMX else self.bf16_shallow_gflops
+        if shallow:
+            costs = _per_flop_and_output(deep, shallow)
+            if costs is not None:
+                return costs
+        return 1 / (deep * 1e9), 0.0
 
     def peak_gflops(self, dtype: str) -> float | None:
         """The compute peak a kernel of ``dtype`` (its products' inputs) is judged against."""
@@ -140,6 +171,19 @@ def calibration(target: tvm.target.Target, cache: Path | None = None) -> Calibra
     with contextlib.suppress(OSError):  # a read-only cache costs a measurement next time, nothing else
         write_atomically(cache, json.dumps(kept, indent=1))
     return measured
+
+
+def _per_flop_and_output(deep_gflops: float, shallow_gflops: float) -> tuple[float, float] | None:
+    """(seconds per FLOP, seconds per output) that take the calibration's two bf16 products (``_BF16_PRODUCT``,
+    ``_SHALLOW_PRODUCT``) at the rates they were timed at; None where no positive pair does."""
+    (deep_flops, deep_outputs), (shallow_flops, shallow_outputs) = (
+        (2 * rows * columns * depth, rows * columns) for rows, columns, depth in (_BF16_PRODUCT, _SHALLOW_PRODUCT)
+    )
+    deep_seconds, shallow_seconds = deep_flops / (deep_gflops * 1e9), shallow_flops / (shallow_gflops * 1e9)
+    determinant = deep_flops * shallow_outputs - shallow_flops * deep_outputs
+    per_flop = (deep_seconds * shallow_outputs - shallow_seconds * deep_outputs) / determinant
+    per_output = (deep_flops * shallow_seconds - shallow_flops * deep_seconds) / determinant
+    return (per_flop, per_output) if per_flop > 0 and per_output > 0 else None
 
 
 @dataclass(frozen=True)
@@ -218,22 +262,25 @@ def _calibration_product() -> tvm.IRModule:
     return tvm.IRModule({"main": func})
 
 
-def _bf16_calibration_product(unit: str) -> tvm.IRModule:
-    """The calibration's product as bf16 lowering makes a model's (``bf16_product``): bf16 activations times the
-    weight packed [N/16, K/2, 16, 2], summed in fp32 by our bf16 rule on ``unit``."""
-    rows, columns, depth = _PRODUCT
+def _bf16_calibration_product(unit: str, shape: tuple[int, int, int] = _BF16_PRODUCT) -> tvm.IRModule:
+    """The calibration's product (of ``shape``: rows, columns, reduction) as bf16 lowering makes a model's
+    (``bf16_product``): bf16 activations times the weight packed [N/16, K/2, 16, 2], summed in fp32 by our bf16
+    rule on ``unit``."""
+    rows, columns, depth = shape
     a = te.placeholder((rows, depth), "bfloat16", name="a")
     w = te.placeholder((columns // LANES, depth // PAIR, LANES, PAIR), "bfloat16", name="w")
-    c = packed_product(a, w, unit, float(_PRODUCT_FLOPS), name="gemm")
+    c = packed_product(a, w, unit, float(2 * rows * columns * depth), name="gemm")
     func = te.create_prim_func([a, w, c]).with_attr(msc.LAYOUT_FREE_ATTR, [1])
     return tvm.IRModule({"main": func})
 
 
-def _configured_product(target: tvm.target.Target, unit: str | None = None) -> tvm.IRModule:
+def _configured_product(
+    target: tvm.target.Target, unit: str | None = None, shape: tuple[int, int, int] = _BF16_PRODUCT
+) -> tvm.IRModule:
     """The calibration's product with its analytic schedule, its weights taken in the layout the schedule
     chose (a compiled model rewrites them once, ahead of time), as the engine builds a candidate; with a bf16
-    ``unit``, the product in bf16 on it."""
-    product = _calibration_product() if unit is None else _bf16_calibration_product(unit)
+    ``unit``, the product in bf16 on it (of ``shape``)."""
+    product = _calibration_product() if unit is None else _bf16_calibration_product(unit, shape)
     configured = configure_kernel(product, target)
     if configured is None:
         return product
@@ -249,7 +296,9 @@ def _measure_with_threads(target: tvm.target.Target) -> Calibration:
     tiny = te.placeholder((1024,), "float32", name="t")
     launch_seconds = _seconds(_parallel_vectorized(te.compute((1024,), lambda i: tiny[i] + 1.0), tiny, target), target)
     units = {None: (), AVX512: (AVX512,), AMX: (AVX512, AMX)}[bf16_unit(target)]
-    bf16_rates = {unit: _PRODUCT_FLOPS / _seconds(_configured_product(target, unit), target) / 1e9 for unit in units}
+    bf16_rates, shallow_rates = (
+        {unit: _bf16_rate(target, unit, shape) for unit in units} for shape in (_BF16_PRODUCT, _SHALLOW_PRODUCT)
+    )
     threads = _threads(target)
     try:
         fma_peak = fma_gflops(threads)
@@ -263,7 +312,15 @@ def _measure_with_threads(target: tvm.target.Target) -> Calibration:
         bf16_peak_gflops=bf16_peak(threads)[0],
         bf16_product_gflops=bf16_rates.get(AVX512),
         amx_product_gflops=bf16_rates.get(AMX),
+        bf16_shallow_gflops=shallow_rates.get(AVX512),
+        amx_shallow_gflops=shallow_rates.get(AMX),
     )
+
+
+def _bf16_rate(target: tvm.target.Target, unit: str, shape: tuple[int, int, int]) -> float:
+    """GFLOP/s of the calibration's bf16 product of ``shape`` on ``unit``."""
+    rows, columns, depth = shape
+    return 2 * rows * columns * depth / _seconds(_configured_product(target, unit, shape), target) / 1e9
 
 
 def _parallel_vectorized(out: te.Tensor, source: te.Tensor, target: tvm.target.Target) -> tvm.IRModule:

@@ -9,10 +9,18 @@ vector register's lanes its register tile's columns fill: a vector instruction t
 whatever the loop's extent, so a column count the lanes do not divide wastes the rest (Swin-T's attention over
 49 tokens, tiled 7 wide: 7 of AVX-512's 16 lanes; EfficientNet's 40 channels, 10 wide). A kernel with no tiled
 block (element-wise kernels, reductions, depthwise convolutions) takes its FLOPs at its precision's measured
-peak instead, and a bf16 product in our rule's tiles (``bf16_rule``) at the rate the calibration's product
-reaches in bf16 on the kernel's unit: ``vdpbf16ps``'s tiles run near its peak on Zen 4 and 5, AMX's far below it
-(the unit's peak counts tiles already in registers; the calibration's product reached 1,880-2,310 of
-6,200-6,900 GFLOP/s on a 2-core Xeon in six quiet readings, ResNet-18's convolutions 13-35%). The bytes are its
+peak instead. A bf16 product in our rule's tiles (``bf16_rule``) takes
+
+    FLOPs x (seconds per FLOP) + outputs x (seconds per output)
+
+on the kernel's unit, both from the calibration's two bf16 products (a 1152-deep one and a 64-deep one with 8x the
+outputs): ``vdpbf16ps``'s tiles run near its peak on Zen 4 and 5, AMX's far below it (the unit's peak counts tiles
+already in registers; the deep product read 2,530-2,680 of 6,800-7,300 GFLOP/s on a 2-core Xeon), and an AMX tile's
+accumulators go through memory once per output (stored, then converted by vector code): 60-80 ps an output there,
+as long as a 64-deep reduction takes, where ``vdpbf16ps``'s stay in registers (17 ps). With one rate, ResNet-50's
+64-deep 1x1 convolutions and BERT's attention products (K 64) were predicted 1.4-2.2x too fast, ResNet-18's 3x3
+convolutions 1.3-1.5x too slow; with the two, 102 of 162 bf16 products of nine models were within 25% (85 before).
+The bytes are its
 arguments, and the intermediates its schedule computes in a loop nest of their own, each written and read
 once (a Winograd kernel's transformed input and batched product, a reshape or slice left un-inlined).
 
@@ -45,6 +53,7 @@ from tvm.s_tir.schedule import ScheduleError
 
 from . import metaschedule as msc
 from .analytic import AnalyticSchedule
+from .bf16_rule import UNIT_ANNOTATION
 from .block_plan import BlockPlan
 from .calibration import Calibration, calibration
 from .machine import MachineFacts
@@ -58,13 +67,15 @@ def predicted_seconds(
     measured: Calibration,
     dtype: str = "float32",
     bf16_unit: str | None = None,
+    outputs: int = 0,
 ) -> float:
     """Seconds per launch of a kernel of ``flops`` moving ``bytes_moved``: tiled by ``plans``, in our bf16 rule's
-    tiles on ``bf16_unit``, or neither (the module's docstring)."""
+    tiles on ``bf16_unit`` (its product computing ``outputs``), or neither (the module's docstring)."""
     memory = bytes_moved / (measured.bandwidth_gbs * 1e9)
-    bf16_rate = measured.bf16_product_rate(bf16_unit) if bf16_unit is not None else None
-    if bf16_rate:
-        compute = flops / (bf16_rate * 1e9)
+    bf16_costs = measured.bf16_costs(bf16_unit) if bf16_unit is not None else None
+    if bf16_costs:
+        per_flop, per_output = bf16_costs
+        compute = flops * per_flop + outputs * per_output
     elif plans:
         tasks = min(plan.tasks for plan in plans)
         balance = tasks / (math.ceil(tasks / facts.cores) * facts.cores)
@@ -95,7 +106,23 @@ def predict_kernel(
         return None
     moved = msc.kernel_bytes(mod) + 2 * materialized_bytes(mod, configured.sch)
     measured = calibration(target)
-    return predicted_seconds(flops, moved, configured.plans, facts, measured, precision(mod), configured.bf16_unit)
+    unit = configured.bf16_unit
+    outputs = bf16_product_outputs(mod) if unit is not None else 0
+    return predicted_seconds(flops, moved, configured.plans, facts, measured, precision(mod), unit, outputs)
+
+
+def bf16_product_outputs(mod: tvm.IRModule) -> int:
+    """The outputs (fp32 sums) of the bf16 products in ``mod`` (blocks of our bf16 rule, ``bf16_product``)."""
+    sch = Schedule(mod)
+    try:
+        blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root", func_name="main"))]
+    except (ScheduleError, ValueError):
+        return 0
+    return sum(
+        math.prod(int(v.dom.extent) for v in block.iter_vars if v.iter_type == tvm.tirx.IterVar.DataPar)
+        for block in blocks
+        if UNIT_ANNOTATION in block.annotations
+    )
 
 
 def materialized_bytes(mod: tvm.IRModule, sch: Schedule) -> int:
