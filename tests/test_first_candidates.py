@@ -3,6 +3,7 @@ and the per-kernel figures that set the analytic model's predictions beside what
 
 from __future__ import annotations
 
+import io
 import math
 import sqlite3
 
@@ -107,7 +108,8 @@ def test_without_the_analytic_start_the_search_measures_none_of_the_analytic_can
 
 def test_kernel_times_inside_the_model_are_timed_again_until_they_add_up_to_its_latency(tmp_path):
     """Given a latency no pass can add up to, the kernels are timed IN_MODEL_PASSES times and the pass that
-    adds up to least is kept; given the model's own, one pass does where the machine is steady."""
+    adds up to least is kept, and the report says they are upper bounds; given the model's own, one pass does
+    where the machine is steady."""
     from measure.engine.engine import MeasureEngine
     from tuner.compile.phase import IN_MODEL_PASSES, _in_model_seconds
     from tuner.progress import Progress
@@ -128,9 +130,15 @@ def test_kernel_times_inside_the_model_are_timed_again_until_they_add_up_to_its_
 
     engine = PassesCounted(target, tmp_path / "engine")
     try:
-        seconds = _in_model_seconds(engine, workload, result.artifact_path, tasks, Progress(False), latency=1e-9)
+        said = io.StringIO()
+        seconds = _in_model_seconds(engine, workload, result.artifact_path, tasks, Progress(stream=said), latency=1e-9)
         assert len(engine.totals) == IN_MODEL_PASSES
+        assert "read them as upper bounds" in said.getvalue()
         kept = sum(seconds[task.name] * task.weight for task in tasks if task.name in seconds)
         assert seconds and math.isclose(kept, min(engine.totals), rel_tol=1e-9)
+        engine.totals.clear()
+        quiet = io.StringIO()  # a latency the kernels add up to within IN_MODEL_SLACK: one pass, nothing said
+        _in_model_seconds(engine, workload, result.artifact_path, tasks, Progress(stream=quiet), latency=0.1)
+        assert len(engine.totals) == 1 and "upper bounds" not in quiet.getvalue()
     finally:
         engine.close()
