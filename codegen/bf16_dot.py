@@ -35,6 +35,7 @@ AMX = "amx"
 _NAME = re.compile(
     r"tensor_tuner_(bf16|amx)_r(\d+)_v(\d+)_p(\d+)(?:_w(\d+)x(\d+)c(\d+)(?:o(\d+))?(?:s(\d+)h(\d+))?)?(_z)?"
 )
+_ZEROED_NAME = re.compile(r"tensor_tuner_amx_zeroed_r(\d+)_v(\d+)")
 _lock = threading.Lock()
 
 
@@ -413,6 +414,61 @@ def register_bf16_tile(
     return name
 
 
+def register_zeroed_tile(rows: int, vectors: int) -> str:
+    """Register the initialisation of an AMX tile whose call starts from zero tiles (``zero``: the call is the
+    tile's whole reduction) in this process (idempotent); returns its name. Such a call reads nothing of C, so
+    the zeros the schedule's initialisation stored there (4 KB a 32x32 tile, every tile) were never read: a
+    fifth of a 64-deep product's time (3136x256x64 on a 2-core Xeon, 85 -> 69 us without them). Its
+    implementation emits nothing: correct only where such a call follows over the same tile."""
+    name = f"tensor_tuner_amx_zeroed_r{rows}_v{vectors}"
+    with _lock:
+        if TensorIntrin.get(name, allow_missing=True) is None:
+            TensorIntrin.register(name, *cached_intrinsic(name, lambda: _zeroed_intrinsic(rows, vectors)))
+    return name
+
+
+def _zeroed_intrinsic(rows: int, vectors: int):
+    width = vectors * LANES
+
+    @_script.prim_func(s_tir=True)
+    def description(c: T.handle) -> None:
+        ldc = T.int32()
+        C = T.match_buffer(c, (rows, width), "float32", strides=[ldc, 1], offset_factor=1)
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:rows, 0:width])
+            for r, v, lane in T.grid(rows, vectors, LANES):
+                with T.sblock("init"):
+                    vr = T.axis.spatial(rows, r)
+                    vn = T.axis.spatial(width, v * LANES + lane)
+                    C[vr, vn] = T.float32(0)
+
+    # a one-vector tile: the schedule's block has no vector axis left to match
+    @_script.prim_func(s_tir=True)
+    def one_vector_description(c: T.handle) -> None:
+        ldc = T.int32()
+        C = T.match_buffer(c, (rows, width), "float32", strides=[ldc, 1], offset_factor=1)
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:rows, 0:width])
+            for r, lane in T.grid(rows, LANES):
+                with T.sblock("init"):
+                    vr = T.axis.spatial(rows, r)
+                    vn = T.axis.spatial(width, lane)
+                    C[vr, vn] = T.float32(0)
+
+    @_script.prim_func(s_tir=True)
+    def implementation(c: T.handle) -> None:
+        ldc = T.int32()
+        C = T.match_buffer(c, (rows, width), "float32", strides=[ldc, 1], offset_factor=1)
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:rows, 0:width])
+            T.evaluate(0)
+
+    return (description if vectors > 1 else one_vector_description), implementation
+
+
 def tile_of(name: str) -> tuple[int, int] | None:
     """The (rows, vectors) register tile of one of these intrinsics, by its name; None for any other name."""
     match = _NAME.fullmatch(name)
@@ -428,6 +484,10 @@ def unit_of(name: str) -> str | None:
 def register_if_ours(name: str) -> bool:
     """Register ``name`` if it is the name of one of these intrinsics (a stored trace tensorizes with it);
     whether it was."""
+    zeroed = _ZEROED_NAME.fullmatch(name)
+    if zeroed:
+        register_zeroed_tile(*(int(d) for d in zeroed.groups()))
+        return True
     match = _NAME.fullmatch(name)
     if match:
         unit, rows, vectors, pairs, *window, zero = match.groups()

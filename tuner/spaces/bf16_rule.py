@@ -24,7 +24,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.tirx import IndexMap, IterVar
 
 from codegen import amx_dot
-from codegen.bf16_dot import AMX, AVX512, LANES, PAIR, register_bf16_tile, tile_of, unit_of
+from codegen.bf16_dot import AMX, AVX512, LANES, PAIR, register_bf16_tile, register_zeroed_tile, tile_of, unit_of
 
 BF16_GEMM_RULE = "tuner_bf16_gemm"
 UNIT_ANNOTATION = "tensor_tuner_bf16_unit"  # on the GEMM's block: the unit its micro-kernels run on
@@ -287,15 +287,27 @@ def _tile(
     sch.vectorize(sch.split(sch.get_loops(writeback)[-1], [None, LANES])[1])
     _slice_per_tile(sch, writeback, at)
     init = sch.decompose_reduction(gemm, chunk_loops[0] if chunk_loops else window[0] if window else tile_rows)
-    sch.vectorize(sch.split(sch.get_loops(init)[-1], [None, LANES])[1])
     taps = _window(sch, gemm, window, unit, tile_rows_count, pairs_extent)
     # a call that is its tile's whole reduction (no window loop outside it) starts from zero tiles on AMX
     whole = zero_tiles and not chunk_loops and (taps is not None or not window)
+    _initialise(sch, init, tile_rows_count, vector_count, zeroed=whole and unit == AMX)
     name = register_bf16_tile(tile_rows_count, vector_count, pairs_extent, unit, taps, zero=whole)
     inner = window[0] if taps else tile_rows if tile_rows_count > 1 else vectors
     sch.tensorize(sch.blockize(inner, preserve_unit_iters=False), name)
     # keeps MetaSchedule's generic rules (parallelising, vectorising, unrolling) off the loops above
     sch.annotate(sch.get_sblock("root"), "schedule_rule", "None")
+
+
+def _initialise(sch: Schedule, init: SBlockRV, rows: int, vectors: int, zeroed: bool) -> None:
+    """The tile's initialisation vectorised; where its call starts from zero tiles (``zeroed``), none at all
+    (``register_zeroed_tile``): its stores were never read."""
+    loops = sch.get_loops(init)
+    extents = [int(sch.get(loop).extent) for loop in loops]
+    tile = [rows, vectors, LANES] if vectors > 1 else [rows, LANES]
+    if zeroed and rows > 1 and extents[-len(tile) :] == tile:
+        sch.tensorize(sch.blockize(loops[-len(tile)], preserve_unit_iters=False), register_zeroed_tile(rows, vectors))
+        return
+    sch.vectorize(sch.split(loops[-1], [None, LANES])[1])
 
 
 def _slice_per_tile(sch: Schedule, writeback: SBlockRV, at: LoopRV) -> None:

@@ -50,7 +50,8 @@ _COPY_FLOATS = 16 << 20  # 64 MB each way: far past the last-level cache
 # in the key: a change remeasures
 _METHOD = (
     "a model's product (128x768x768, layout-free weights; in bf16 784x128x1152 and 3136x256x64 on each unit), "
-    "host-wide peaks (FMA operands in registers), fastest of repeats; its block: row tiles per column tile"
+    "host-wide peaks (FMA operands in registers), fastest of repeats; its block: row tiles per column tile; AMX "
+    "tiles from zero tiles store no zeros first"
 )
 BUSY_LOAD_PER_CORE = 0.5  # runnable processes per core (the 1-minute load average) above which a machine is busy
 
