@@ -19,7 +19,7 @@ already in registers; the deep product read 2,530-2,680 of 6,800-7,300 GFLOP/s o
 accumulators go through memory once per output (stored, then converted by vector code): 60-80 ps an output there,
 as long as a 64-deep reduction takes, where ``vdpbf16ps``'s stay in registers (17 ps). With one rate, ResNet-50's
 64-deep 1x1 convolutions and BERT's attention products (K 64) were predicted 1.4-2.2x too fast, ResNet-18's 3x3
-convolutions 1.3-1.5x too slow; with the two, 102 of 162 bf16 products of nine models were within 25% (85 before).
+convolutions 1.3-1.5x too slow; with the two, 102-107 of 162 bf16 products of nine models were within 25% (85 before).
 The bytes are its
 arguments, and the intermediates its schedule computes in a loop nest of their own, each written and read
 once (a Winograd kernel's transformed input and batched product, a reshape or slice left un-inlined).
