@@ -419,7 +419,8 @@ def register_zeroed_tile(rows: int, vectors: int) -> str:
     tile's whole reduction) in this process (idempotent); returns its name. Such a call reads nothing of C, so
     the zeros the schedule's initialisation stored there (4 KB a 32x32 tile, every tile) were never read: a
     fifth of a 64-deep product's time (3136x256x64 on a 2-core Xeon, 85 -> 69 us without them). Its
-    implementation emits nothing: correct only where such a call follows over the same tile."""
+    implementation emits nothing: correct only where such a call follows over the same tile. Its loops are the
+    tile's rows, vectors and lanes, a one-vector tile's too."""
     name = f"tensor_tuner_amx_zeroed_r{rows}_v{vectors}"
     with _lock:
         if TensorIntrin.get(name, allow_missing=True) is None:
@@ -443,20 +444,6 @@ def _zeroed_intrinsic(rows: int, vectors: int):
                     vn = T.axis.spatial(width, v * LANES + lane)
                     C[vr, vn] = T.float32(0)
 
-    # a one-vector tile: the schedule's block has no vector axis left to match
-    @_script.prim_func(s_tir=True)
-    def one_vector_description(c: T.handle) -> None:
-        ldc = T.int32()
-        C = T.match_buffer(c, (rows, width), "float32", strides=[ldc, 1], offset_factor=1)
-        with T.sblock("root"):
-            T.reads()
-            T.writes(C[0:rows, 0:width])
-            for r, lane in T.grid(rows, LANES):
-                with T.sblock("init"):
-                    vr = T.axis.spatial(rows, r)
-                    vn = T.axis.spatial(width, lane)
-                    C[vr, vn] = T.float32(0)
-
     @_script.prim_func(s_tir=True)
     def implementation(c: T.handle) -> None:
         ldc = T.int32()
@@ -466,7 +453,7 @@ def _zeroed_intrinsic(rows: int, vectors: int):
             T.writes(C[0:rows, 0:width])
             T.evaluate(0)
 
-    return (description if vectors > 1 else one_vector_description), implementation
+    return description, implementation
 
 
 def tile_of(name: str) -> tuple[int, int] | None:

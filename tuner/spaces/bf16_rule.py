@@ -303,9 +303,11 @@ def _initialise(sch: Schedule, init: SBlockRV, rows: int, vectors: int, zeroed: 
     (``register_zeroed_tile``): its stores were never read."""
     loops = sch.get_loops(init)
     extents = [int(sch.get(loop).extent) for loop in loops]
-    tile = [rows, vectors, LANES] if vectors > 1 else [rows, LANES]
-    if zeroed and rows > 1 and extents[-len(tile) :] == tile:
-        sch.tensorize(sch.blockize(loops[-len(tile)], preserve_unit_iters=False), register_zeroed_tile(rows, vectors))
+    if zeroed and rows > 1 and vectors == 1 and extents[-2:] == [rows, LANES]:
+        loops = [*loops[:-1], *sch.split(loops[-1], [1, LANES])]  # the intrinsic's one-vector loop
+        extents = [*extents[:-1], 1, LANES]
+    if zeroed and rows > 1 and extents[-3:] == [rows, vectors, LANES]:
+        sch.tensorize(sch.blockize(loops[-3], preserve_unit_iters=False), register_zeroed_tile(rows, vectors))
         return
     sch.vectorize(sch.split(loops[-1], [None, LANES])[1])
 
