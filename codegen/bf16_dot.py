@@ -5,8 +5,8 @@
 TVM 0.27's code generator cannot emit the instruction (its bf16 legalizer turns every bf16 operand
 into fp32 before LLVM sees it, and its LLVM intrinsic calls cannot bitcast integer pairs to
 ``<32 x bfloat>``: ``../shared/research/bf16-x86.md``), so an intrinsic's implementation calls a
-micro-kernel written in LLVM IR, which TVM links into the kernel (``pragma_import_llvm``) and LLVM
-inlines. The micro-kernel holds the whole tile in registers over the reduction: a tile of one step
+micro-kernel written in LLVM IR (``dot_kernel``; AMX's: ``amx_dot``), which TVM links into the kernel
+(``pragma_import_llvm``) and LLVM inlines. The micro-kernel holds the whole tile in registers over the reduction: a tile of one step
 per call would store its accumulators after every step, as LLVM cannot tell them apart from the
 operands inside TVM's parallel closures.
 
@@ -25,10 +25,10 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 from tvm.script.parser._core import parse, utils
 
-from .amx_dot import Window, amx_micro_kernel_ir, tap_loop_end, tap_loop_start
+from .amx_dot import Window, amx_micro_kernel_ir
+from .dot_kernel import LANES, micro_kernel_ir
 from .intrinsic_cache import cached_intrinsic
 
-LANES = 16  # fp32 accumulators per vector
 PAIR = 2  # bf16 products summed into each
 AVX512 = "bf16"  # the units computing a tile, as intrinsic names spell them
 AMX = "amx"
@@ -69,107 +69,6 @@ def intrinsic_name(
     return name + ("_z" if zero else "")
 
 
-def _micro_kernel_ir(
-    name: str, rows: int, vectors: int, prefetch_per_step: int = 0, window: Window | None = None
-) -> str:
-    """LLVM IR of ``name``(C, ldc, A, lda, B, ldb, pairs): C[r, 16v + l] += sum_p A[r, 2p:2p+2] . B[v, p, l, :].
-    With ``prefetch_per_step``, two arguments more (next, lines): ``lines`` cache lines from ``next``
-    asked for into L2, that many a step, while the tile computes (``prefetching_variant``). With a
-    ``window`` (its rows overlapping: ``Window.overlap``), two more (the weight's strides over the
-    window's rows and columns), and one call sums over its taps too, the accumulators in registers
-    throughout (as AMX's window micro-kernel, ``amx_dot``)."""
-    extra = ", ptr %next, i64 %lines" if prefetch_per_step else ", i64 %sbh, i64 %sbw" if window else ""
-    lines = [f"define void @{name}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %pairs{extra}) #0 {{"]
-    lines.append("entry:")
-    accumulators = [(r, v) for r in range(rows) for v in range(vectors)]
-    for r, v in accumulators:
-        lines += [
-            f"  %co{r}_{v} = mul i64 %ldc, {r}",
-            f"  %ci{r}_{v} = add i64 %co{r}_{v}, {v * LANES}",
-            f"  %cp{r}_{v} = getelementptr float, ptr %c, i64 %ci{r}_{v}",
-            f"  %c{r}_{v} = load <16 x float>, ptr %cp{r}_{v}, align 4",
-        ]
-    back = "compute" if prefetch_per_step else "step"  # the block the loop's back edge leaves from
-    entry, a, b, done = "entry", "%a", "%b", "done"  # where the step loop starts from, its operands, its exit
-    lines += ["  %empty = icmp eq i64 %pairs, 0", f"  br i1 %empty, label %done, label %{'tap' if window else 'step'}"]
-    if window:
-        taps = tuple(
-            f"  %u{r}_{v} = phi <16 x float> [ %c{r}_{v}, %entry ], [ %n{r}_{v}, %tap_done ]" for r, v in accumulators
-        )
-        lines += tap_loop_start(window, "%entry", taps)
-        lines.append("  br label %step")
-        entry, a, b, done = "tap", "%at", "%bt", "tap_done"
-    lines.append("step:")
-    lines.append(f"  %p = phi i64 [ 0, %{entry} ], [ %next_p, %{back} ]")
-    for r, v in accumulators:
-        start = f"%u{r}_{v}" if window else f"%c{r}_{v}"
-        lines.append(f"  %s{r}_{v} = phi <16 x float> [ {start}, %{entry} ], [ %n{r}_{v}, %{back} ]")
-    if prefetch_per_step:
-        lines += _prefetch_lines(prefetch_per_step)
-    lines.append("  %k = shl i64 %p, 1")
-    for r in range(rows):
-        lines += [
-            f"  %ao{r} = mul i64 %lda, {r}",
-            f"  %ai{r} = add i64 %ao{r}, %k",
-            f"  %ap{r} = getelementptr i16, ptr {a}, i64 %ai{r}",
-            f"  %pair{r} = load i32, ptr %ap{r}, align 2",
-            f"  %one{r} = insertelement <16 x i32> poison, i32 %pair{r}, i64 0",
-            f"  %all{r} = shufflevector <16 x i32> %one{r}, <16 x i32> poison, <16 x i32> zeroinitializer",
-            f"  %x{r} = bitcast <16 x i32> %all{r} to <32 x bfloat>",
-        ]
-    for v in range(vectors):
-        lines += [
-            f"  %bo{v} = mul i64 %ldb, {v}",
-            f"  %bk{v} = shl i64 %p, 5",
-            f"  %bi{v} = add i64 %bo{v}, %bk{v}",
-            f"  %bp{v} = getelementptr i16, ptr {b}, i64 %bi{v}",
-            f"  %w{v} = load <32 x bfloat>, ptr %bp{v}, align 2",
-        ]
-    for r, v in accumulators:
-        lines.append(
-            f"  %n{r}_{v} = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512("
-            f"<16 x float> %s{r}_{v}, <32 x bfloat> %x{r}, <32 x bfloat> %w{v})"
-        )
-    lines += [
-        "  %next_p = add i64 %p, 1",
-        "  %more = icmp ult i64 %next_p, %pairs",
-        f"  br i1 %more, label %step, label %{done}",
-    ]
-    last = back
-    if window:
-        lines += tap_loop_end(window, "done")
-        last = "tap_done"
-    lines.append("done:")
-    for r, v in accumulators:
-        lines.append(f"  %f{r}_{v} = phi <16 x float> [ %c{r}_{v}, %entry ], [ %n{r}_{v}, %{last} ]")
-    for r, v in accumulators:
-        lines.append(f"  store <16 x float> %f{r}_{v}, ptr %cp{r}_{v}, align 4")
-    lines += [
-        "  ret void",
-        "}",
-        "declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)",
-    ]
-    if prefetch_per_step:
-        lines.append("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
-    lines.append('attributes #0 = { alwaysinline "target-features"="+avx512f,+avx512bf16" }')
-    return "\n".join(lines) + "\n"
-
-
-def _prefetch_lines(per_step: int) -> list[str]:
-    """A step's prefetches: lines p * per_step + j of the ``lines`` from ``next`` (those left), each into L2
-    (a branch around them once all are asked for), then the step's work in the block ``compute``."""
-    lines = [f"  %first = mul i64 %p, {per_step}", "  %wanted = icmp ult i64 %first, %lines"]
-    lines += ["  br i1 %wanted, label %prefetch, label %compute", "prefetch:"]
-    for j in range(per_step):
-        lines += [
-            f"  %line{j} = add i64 %first, {j}",
-            f"  %lo{j} = shl i64 %line{j}, 5",  # 32 bf16 a line
-            f"  %lp{j} = getelementptr i16, ptr %next, i64 %lo{j}",
-            f"  call void @llvm.prefetch.p0(ptr %lp{j}, i32 0, i32 2, i32 1)",
-        ]
-    return [*lines, "  br label %compute", "compute:"]
-
-
 def prefetching_variant(kernel: str, per_step: int) -> tuple[str, str] | None:
     """The name and LLVM IR of ``kernel`` (a ``vdpbf16ps`` micro-kernel's function, as the intrinsics
     call it) asking for ``per_step`` lines of another block a step; None for a kernel of another unit."""
@@ -177,7 +76,7 @@ def prefetching_variant(kernel: str, per_step: int) -> tuple[str, str] | None:
     if match is None or match.group(1) != AVX512 or match.group(5) is not None:
         return None
     name = f"{kernel}_pf{per_step}"
-    return name, _micro_kernel_ir(name, int(match.group(2)), int(match.group(3)), per_step)
+    return name, micro_kernel_ir(name, int(match.group(2)), int(match.group(3)), per_step)
 
 
 def _intrinsic(rows: int, vectors: int, pairs: int, unit: str, zero: bool):
@@ -186,7 +85,7 @@ def _intrinsic(rows: int, vectors: int, pairs: int, unit: str, zero: bool):
     ir_text = (
         amx_micro_kernel_ir(kernel, rows, vectors, pairs, None, zero)
         if unit == AMX
-        else _micro_kernel_ir(kernel, rows, vectors)
+        else micro_kernel_ir(kernel, rows, vectors)
     )
 
     @_script.prim_func(s_tir=True)
@@ -340,7 +239,7 @@ def _overlap_intrinsic(rows: int, vectors: int, pairs: int, window: Window, zero
     ir_text = (
         amx_micro_kernel_ir(kernel, rows, vectors, pairs, window, zero)
         if unit == AMX
-        else _micro_kernel_ir(kernel, rows, vectors, window=window)
+        else micro_kernel_ir(kernel, rows, vectors, window=window)
     )
 
     @_script.prim_func(s_tir=True)
