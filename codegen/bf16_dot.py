@@ -6,9 +6,9 @@ TVM 0.27's code generator cannot emit the instruction (its bf16 legalizer turns 
 into fp32 before LLVM sees it, and its LLVM intrinsic calls cannot bitcast integer pairs to
 ``<32 x bfloat>``: ``../shared/research/bf16-x86.md``), so an intrinsic's implementation calls a
 micro-kernel written in LLVM IR (``dot_kernel``; AMX's: ``amx_dot``), which TVM links into the kernel
-(``pragma_import_llvm``) and LLVM inlines. The micro-kernel holds the whole tile in registers over the reduction: a tile of one step
-per call would store its accumulators after every step, as LLVM cannot tell them apart from the
-operands inside TVM's parallel closures.
+(``pragma_import_llvm``) and LLVM inlines. The micro-kernel holds the whole tile in registers over the
+reduction: a tile of one step per call would store its accumulators after every step, as LLVM cannot
+tell them apart from the operands inside TVM's parallel closures.
 
 Operands: the activation's rows (a pair of bf16 along the reduction broadcast to all 16 lanes), the
 weight packed [N/16, K/2, 16, 2] once at compile time, the accumulators as fp32 rows. A tile's shape
