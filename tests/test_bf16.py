@@ -81,7 +81,7 @@ def test_amx_tiles_can_still_start_from_c_and_compute_the_same_product() -> None
 
 def test_an_amx_tile_starting_from_zero_tiles_stores_no_zeros_before_its_call() -> None:
     """A call that is its tile's whole reduction starts from zero tiles and reads nothing of C: the zeros its
-    initialisation stored there (4 KB a 32x32 tile, every tile) were never read, a fifth of a 64-deep product's
+    initialisation stored there (4 KB a 32x32 tile, every tile) were never read, 16% of a 64-deep product's
     time. Where the accumulators start from C (or carry a chunked reduction's sums), its zeros are stored."""
     from codegen.bf16_dot import register_if_ours
     from tuner.spaces.bf16_rule import _tile

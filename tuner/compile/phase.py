@@ -213,12 +213,11 @@ def _in_model_seconds(
             kept = by_symbol
         if repeatable and sum(kept.values()) <= IN_MODEL_SLACK * latency:
             break
-    else:
-        if repeatable:  # no pass came near the model's latency (ResNet-18 in bf16 once: 4.8 ms of kernels in 2.3)
-            report.line(
-                f"the kernels' times inside the model add up to {format_latency(sum(kept.values()))} in a model timed "
-                f"at {format_latency(latency)}: the machine slowed while they were timed; read them as upper bounds"
-            )
+    if repeatable and sum(kept.values()) > IN_MODEL_SLACK * latency:  # ResNet-18 in bf16 once: 4.8 ms in 2.3
+        report.line(
+            f"the kernels' times inside the model add up to {format_latency(sum(kept.values()))} in a model timed "
+            f"at {format_latency(latency)}: the machine slowed while they were timed; read them as upper bounds"
+        )
     seconds = {}
     for task in tasks:
         total = in_model_seconds(kept, task.name)

@@ -16,8 +16,8 @@ peak instead. A bf16 product in our rule's tiles (``bf16_rule``) takes
 on the kernel's unit, both from the calibration's two bf16 products (a 1152-deep one and a 64-deep one with 8x the
 outputs): ``vdpbf16ps``'s tiles run near its peak on Zen 4 and 5, AMX's far below it (the unit's peak counts tiles
 already in registers; the deep product read 2,530-2,680 of 6,800-7,300 GFLOP/s on a 2-core Xeon), and an AMX tile's
-accumulators go through memory once per output (stored, then converted by vector code): 60-80 ps an output there,
-as long as a 64-deep reduction takes, where ``vdpbf16ps``'s stay in registers (17 ps). With one rate, ResNet-50's
+accumulators go through memory once per output (stored, then converted by vector code): 60-85 ps an output there,
+as long as a 64-deep reduction takes, where ``vdpbf16ps``'s stay in registers (17-49 ps). With one rate, ResNet-50's
 64-deep 1x1 convolutions and BERT's attention products (K 64) were predicted 1.4-2.2x too fast, ResNet-18's 3x3
 convolutions 1.3-1.5x too slow; with the two, 102-107 of 162 bf16 products of nine models were within 25% (85 before).
 The bytes are its
