@@ -20,11 +20,8 @@ import tvm
 
 from common.host import user_cache_dir, write_atomically
 
-_WRITERS = (
-    "bf16_dot.py",
-    "amx_dot.py",
-    "dot_kernel.py",
-)  # the modules whose source decides what an intrinsic's name stands for
+# the modules whose source decides what an intrinsic's name stands for
+_WRITERS = ("bf16_dot.py", "amx_dot.py", "dot_kernel.py")
 
 Pair = tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]
 

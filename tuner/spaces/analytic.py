@@ -194,9 +194,9 @@ class AnalyticDraw:
         block = self.sch.get(block_rv)
         if not reduces(block):
             return False
-        points = _points(block, tvm.tirx.IterVar.DataPar)
+        points = block_points(block, tvm.tirx.IterVar.DataPar)
         return any(
-            _points(self.sch.get(c), tvm.tirx.IterVar.DataPar) > points for c in self.sch.get_consumers(block_rv)
+            block_points(self.sch.get(c), tvm.tirx.IterVar.DataPar) > points for c in self.sch.get_consumers(block_rv)
         )
 
     def _feeds_a_tiled_product(self, block_rv) -> bool:
@@ -212,7 +212,7 @@ def _wraps(index: tvm.tirx.PrimExpr) -> bool:
     return any(_wraps(getattr(index, operand)) for operand in ("a", "b") if hasattr(index, operand))
 
 
-def _points(block: tvm.tirx.Stmt, kind: int) -> int:
+def block_points(block: tvm.tirx.Stmt, kind: int) -> int:
     """The points a block's variables of ``kind`` (spatial, reduction) span; a dynamic extent counts as huge."""
     extents = [v.dom.extent for v in block.iter_vars if v.iter_type == kind]
     return math.prod(int(e) if isinstance(e, tvm.tirx.IntImm) else 1 << 30 for e in extents)
@@ -330,10 +330,11 @@ def _epilogues_within_product(mod: tvm.IRModule) -> bool:
         return True
     for block_rv in blocks:
         block = sch.get(block_rv)
-        if _points(block, reduction) == 1:
+        if block_points(block, reduction) == 1:
             continue
         if any(
-            _points(sch.get(consumer), spatial) > _points(block, spatial) for consumer in sch.get_consumers(block_rv)
+            block_points(sch.get(consumer), spatial) > block_points(block, spatial)
+            for consumer in sch.get_consumers(block_rv)
         ):
             return False
     return True

@@ -38,7 +38,6 @@ CALIBRATION_FILE = "machine.json"
 # weights as given, calibrated before, ran at 69% of a Zen 3's FMA peak while the models' products ran at
 # up to 93% (docs/analytic.md).
 _PRODUCT = (128, 768, 768)  # rows, columns, reduction
-_PRODUCT_FLOPS = 2 * _PRODUCT[0] * _PRODUCT[1] * _PRODUCT[2]
 # In bf16, two products say what a reduction step and what an output cost on the unit: an AMX tile's accumulators go
 # through memory once per output (stored, then converted by vector code), as long as a 64-deep reduction takes. The
 # deep one is ResNet-18's 3x3 convolution of 128 channels on 28x28 as a product (most of a CNN's bf16 FLOPs): on a
@@ -47,6 +46,15 @@ _PRODUCT_FLOPS = 2 * _PRODUCT[0] * _PRODUCT[1] * _PRODUCT[2]
 _BF16_PRODUCT = (784, 128, 1152)
 _SHALLOW_PRODUCT = (3136, 256, 64)
 _COPY_FLOATS = 16 << 20  # 64 MB each way: far past the last-level cache
+
+
+def _flops(shape: tuple[int, int, int]) -> int:
+    """Of a product of ``shape`` (rows, columns, reduction): a multiply and an add each."""
+    rows, columns, depth = shape
+    return 2 * rows * columns * depth
+
+
+_PRODUCT_FLOPS = _flops(_PRODUCT)
 # in the key: a change remeasures
 _METHOD = (
     "a model's product (128x768x768, layout-free weights; in bf16 784x128x1152 and 3136x256x64 on each unit), "
@@ -178,7 +186,7 @@ def _per_flop_and_output(deep_gflops: float, shallow_gflops: float) -> tuple[flo
     """(seconds per FLOP, seconds per output) that take the calibration's two bf16 products (``_BF16_PRODUCT``,
     ``_SHALLOW_PRODUCT``) at the rates they were timed at; None where no positive pair does."""
     (deep_flops, deep_outputs), (shallow_flops, shallow_outputs) = (
-        (2 * rows * columns * depth, rows * columns) for rows, columns, depth in (_BF16_PRODUCT, _SHALLOW_PRODUCT)
+        (_flops(shape), shape[0] * shape[1]) for shape in (_BF16_PRODUCT, _SHALLOW_PRODUCT)
     )
     deep_seconds, shallow_seconds = deep_flops / (deep_gflops * 1e9), shallow_flops / (shallow_gflops * 1e9)
     determinant = deep_flops * shallow_outputs - shallow_flops * deep_outputs
@@ -270,7 +278,7 @@ def _bf16_calibration_product(unit: str, shape: tuple[int, int, int] = _BF16_PRO
     rows, columns, depth = shape
     a = te.placeholder((rows, depth), "bfloat16", name="a")
     w = te.placeholder((columns // LANES, depth // PAIR, LANES, PAIR), "bfloat16", name="w")
-    c = packed_product(a, w, unit, float(2 * rows * columns * depth), name="gemm")
+    c = packed_product(a, w, unit, name="gemm")
     func = te.create_prim_func([a, w, c]).with_attr(msc.LAYOUT_FREE_ATTR, [1])
     return tvm.IRModule({"main": func})
 
@@ -320,8 +328,7 @@ def _measure_with_threads(target: tvm.target.Target) -> Calibration:
 
 def _bf16_rate(target: tvm.target.Target, unit: str, shape: tuple[int, int, int]) -> float:
     """GFLOP/s of the calibration's bf16 product of ``shape`` on ``unit``."""
-    rows, columns, depth = shape
-    return 2 * rows * columns * depth / _seconds(_configured_product(target, unit, shape), target) / 1e9
+    return _flops(shape) / _seconds(_configured_product(target, unit, shape), target) / 1e9
 
 
 def _parallel_vectorized(out: te.Tensor, source: te.Tensor, target: tvm.target.Target) -> tvm.IRModule:

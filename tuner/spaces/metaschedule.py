@@ -331,14 +331,19 @@ def kernel_bytes(mod: tvm.IRModule) -> int:
     return total
 
 
+def root_blocks(mod: tvm.IRModule) -> list[tvm.tirx.Stmt]:
+    """The blocks under ``mod["main"]``'s root; none where it has no block named root (an extern kernel)."""
+    sch = Schedule(mod)
+    try:
+        return [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root", func_name="main"))]
+    except (ScheduleError, ValueError):
+        return []
+
+
 def _points_reading(mod: tvm.IRModule) -> list[tuple[tvm.tirx.Buffer, int]]:
     """Per buffer read by the kernel's blocks that write nothing of it, the points of those blocks' domains;
     nothing where the kernel has no root block or a block's domain is symbolic."""
-    sch = Schedule(mod)
-    try:
-        blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root", func_name="main"))]
-    except (ScheduleError, ValueError):
-        return []
+    blocks = root_blocks(mod)
     points: list[tuple[tvm.tirx.Buffer, int]] = []
     for block in blocks:
         extents = [iv.dom.extent for iv in block.iter_vars]

@@ -52,7 +52,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 
 from . import metaschedule as msc
-from .analytic import AnalyticSchedule
+from .analytic import AnalyticSchedule, block_points
 from .bf16_rule import UNIT_ANNOTATION
 from .block_plan import BlockPlan
 from .calibration import Calibration, calibration
@@ -113,14 +113,9 @@ def predict_kernel(
 
 def bf16_product_outputs(mod: tvm.IRModule) -> int:
     """The outputs (fp32 sums) of the bf16 products in ``mod`` (blocks of our bf16 rule, ``bf16_product``)."""
-    sch = Schedule(mod)
-    try:
-        blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root", func_name="main"))]
-    except (ScheduleError, ValueError):
-        return 0
     return sum(
-        math.prod(int(v.dom.extent) for v in block.iter_vars if v.iter_type == tvm.tirx.IterVar.DataPar)
-        for block in blocks
+        block_points(block, tvm.tirx.IterVar.DataPar)
+        for block in msc.root_blocks(mod)
         if UNIT_ANNOTATION in block.annotations
     )
 
