@@ -2,13 +2,14 @@
 TVM's FoldConstant makes by compiling and running each step, and what is not NumPy's left to it."""
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 
 from tuner.lowering.numpy_folding import FoldConstantsInNumpy
 
 
-def _batch_norm_folding_module() -> tvm.IRModule:
+def _batch_norm_folding_module(epsilon: relax.Expr) -> tvm.IRModule:
     """A convolution weight scaled as FoldBatchnormToConv2D leaves it: gamma / sqrt(var + eps), each step
     a call of constants; plus a permute to HWIO, a reshape and an exp (not NumPy's)."""
     rng = np.random.default_rng(0)
@@ -19,7 +20,7 @@ def _batch_norm_folding_module() -> tvm.IRModule:
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            scale = bb.emit(relax.op.divide(gamma, relax.op.sqrt(relax.op.add(var, relax.const(1e-5, "float32")))))
+            scale = bb.emit(relax.op.divide(gamma, relax.op.sqrt(relax.op.add(var, epsilon))))
             scaled = bb.emit(relax.op.multiply(weight, relax.op.reshape(scale, (8, 1, 1, 1))))
             shift = bb.emit(relax.op.subtract(beta, relax.op.multiply(mean, scale)))
             hwio = bb.emit(relax.op.permute_dims(scaled, [2, 3, 1, 0]))
@@ -42,8 +43,11 @@ def _outputs(mod: tvm.IRModule) -> list:
     return [resolve(field) for field in resolve(func.body.body).fields]
 
 
-def test_numpy_folds_the_steps_fold_constant_would_build_and_gets_the_same_bits():
-    mod = _batch_norm_folding_module()
+# the epsilon as a constant tensor, or as the literal PyTorch's importer writes for a batch norm's (Hugging Face's
+# ResNet-50: its 53 norms' 424 steps left to FoldConstant took 14.8 of a 16.8 s lowering)
+@pytest.mark.parametrize("epsilon", [relax.const(1e-5, "float32"), tvm.tirx.FloatImm("float32", 1e-5)])
+def test_numpy_folds_the_steps_fold_constant_would_build_and_gets_the_same_bits(epsilon):
+    mod = _batch_norm_folding_module(epsilon)
     by_tvm = relax.transform.FoldConstant()(mod)
     by_numpy = FoldConstantsInNumpy()(mod)
     script = by_numpy["main"].script()

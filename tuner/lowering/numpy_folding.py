@@ -6,7 +6,10 @@ expand_dims, multiply, sqrt, divide, subtract, add per norm), 39 s of a 60 s low
 VM; its weights' transposes to HWIO another 10. The same steps in NumPy take milliseconds. Only steps
 NumPy computes exactly as the compiled kernel does are taken: IEEE float32 add, subtract, multiply,
 divide and square root (correctly rounded in both), negation, and the steps that only move data
-(expand_dims, squeeze, reshape, permute_dims); everything else is left to ``FoldConstant``.
+(expand_dims, squeeze, reshape, permute_dims); everything else is left to ``FoldConstant``. A float32
+scalar written as a literal (the epsilon PyTorch's importer gives a batch norm) is a constant like any
+other: left to ``FoldConstant``, its norm's whole chain was, 424 builds and 14.8 of a 16.8 s lowering of
+Hugging Face's ResNet-50 on a 2-core Zen 4 (2.2 s without them; its MobileNetV2 15.5 -> 1.7 s; the same bits).
 """
 
 from __future__ import annotations
@@ -55,8 +58,10 @@ class _NumpyFolding(PyExprMutator):
 
     def _constant(self, expr: Expr) -> np.ndarray | None:
         value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+        if isinstance(value, tvm.tirx.FloatImm):  # a scalar written as a literal: a batch norm's epsilon
+            return np.asarray(value.value, dtype=np.float32) if str(value.ty) == "float32" else None
         if not isinstance(value, tvm.ir.expr.Constant) or not hasattr(value.value, "numpy"):
-            return None  # not a constant tensor (a scalar's value is a Python number: left to FoldConstant)
+            return None  # not a constant tensor
         return value.value.numpy()
 
 
