@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import tvm
+from bf16_builds import needs_bf16
 from tvm.s_tir import Schedule
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -15,6 +16,7 @@ from tvm.script import tirx as T
 
 from tuner import tune
 from tuner.compile.apply import apply
+from tuner.compile.check import run_compiled_sets
 from tuner.compile.checked_build import find_culprits
 from tuner.compile.compile import choose_schedules
 from tuner.database.workdir import WorkDir
@@ -225,6 +227,28 @@ def test_a_model_whose_output_ignores_its_input_is_said_to_prove_nothing(tmp_pat
     result = tune(Constant().eval(), example_inputs=[torch.randn(2, 8)], trials=2, work_dir=tmp_path, progress=False)
     assert result.check.ok and result.check.degenerate == "the model's output does not depend on its input"
     assert "warning: the check proves nothing" in result.summary()
+
+
+@needs_bf16
+def test_a_bf16_model_runs_its_unscheduled_build_once_and_asks_its_framework_about_other_inputs(tmp_path, monkeypatch):
+    """The default-schedule build (unscheduled loops: seconds a run on a ResNet-50) is the exact reference of a bf16
+    model; whether the output depends on the input is PyTorch's to answer, on the perturbed inputs."""
+    import tuner.compile.checked_build as checked_build
+
+    sets_run = []
+
+    def counting(artifact, workload, target, input_sets):
+        sets_run.append(len(input_sets))
+        return run_compiled_sets(artifact, workload, target, input_sets)
+
+    monkeypatch.setattr(checked_build, "run_compiled_sets", counting)
+    torch.manual_seed(0)
+    result = tune(
+        Constant().eval(), example_inputs=[torch.randn(2, 8)], dtype="bfloat16", trials=0, work_dir=tmp_path,
+        progress=False,
+    )  # fmt: skip
+    assert sets_run == [1], sets_run
+    assert result.check.ok and result.check.degenerate == "the model's output does not depend on its input"
 
 
 def test_a_nan_in_any_output_makes_the_error_infinite():
