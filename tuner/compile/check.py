@@ -232,20 +232,26 @@ def make_referee(
     inputs = check_inputs(workload)
     other = _perturbed(inputs)
     sets = [inputs] if other is None else [inputs, other]
-    if workload.reference is None:
+    if not checks_against_default_schedules(workload):
+        answers = [as_outputs(workload.reference(*xs)) for xs in sets]
+        name, expected = reference_label(workload), answers[0]
+    elif workload.reference is None:
         outputs = run_untuned(sets)
         name, expected, answers = DEFAULT_SCHEDULES, outputs[0], outputs
     else:
         answers = [as_outputs(workload.reference(*xs)) for xs in sets]
-        if workload.precision == "bfloat16":
-            name, expected = DEFAULT_SCHEDULES, run_untuned([inputs])[0]
-        else:
-            name, expected = reference_label(workload), answers[0]
+        name, expected = DEFAULT_SCHEDULES, run_untuned([inputs])[0]
     referee = Referee(name, inputs, expected, tolerance_for(workload))
     referee.degenerate = _degenerate(referee, answers)
     if workload.reference is not None and name == DEFAULT_SCHEDULES:
         referee.framework = answers[0]
     return referee
+
+
+def checks_against_default_schedules(workload: Workload) -> bool:
+    """Whether ``make_referee`` takes the default-schedule build as the reference: a model with no framework
+    to compare with, or one computed in bf16."""
+    return workload.reference is None or workload.precision == "bfloat16"
 
 
 def _degenerate(referee: Referee, answers: list[list[np.ndarray]]) -> str | None:
