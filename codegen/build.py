@@ -72,7 +72,13 @@ def cuda_source(mod: tvm.IRModule, target: str) -> str:
 
 
 def compile_program(
-    mod: tvm.IRModule, kind: str, target: str, schedules: list, artifact: str, weights: str | None = None
+    mod: tvm.IRModule,
+    kind: str,
+    target: str,
+    schedules: list,
+    artifact: str,
+    weights: str | None = None,
+    llvm_opt_level: int | None = None,
 ) -> dict:
     """Compile a whole workload with the given tuned schedules and export it to ``artifact``.
 
@@ -85,8 +91,11 @@ def compile_program(
 
     A model's weights come apart from it (``codegen.weights.detach_weights``), in the file ``weights``,
     and go out apart from its library, in ``common.model_weights``' file beside ``artifact``.
+    ``llvm_opt_level``: LLVM's optimisation level for an llvm target (its default: 3).
     """
     tvm_target = _target(target)
+    if llvm_opt_level is not None and tvm_target.kind.name == "llvm":
+        tvm_target = tvm.target.Target({**tvm_target.export(), "opt-level": llvm_opt_level})
     start = time.perf_counter()
     if kind == "relax":
         if weights is not None:

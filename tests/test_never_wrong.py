@@ -18,8 +18,8 @@ from tuner import tune
 from tuner.compile.apply import apply
 from tuner.compile.check import run_compiled_sets
 from tuner.compile.checked_build import find_culprits
-from tuner.compile.compile import choose_schedules
-from tuner.database.workdir import WorkDir
+from tuner.compile.compile import choose_schedules, compile_workload
+from tuner.database.workdir import UNTUNED_FILE, WorkDir
 from tuner.spaces.metaschedule import trace_to_json
 from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
 
@@ -232,22 +232,30 @@ def test_a_model_whose_output_ignores_its_input_is_said_to_prove_nothing(tmp_pat
 @needs_bf16
 def test_a_bf16_model_runs_its_unscheduled_build_once_and_asks_its_framework_about_other_inputs(tmp_path, monkeypatch):
     """The default-schedule build (unscheduled loops: seconds a run on a ResNet-50) is the exact reference of a bf16
-    model; whether the output depends on the input is PyTorch's to answer, on the perturbed inputs."""
+    model, compiled at LLVM's -O1; whether the output depends on the input is PyTorch's to answer, on the perturbed
+    inputs."""
     import tuner.compile.checked_build as checked_build
 
-    sets_run = []
+    sets_run, reference_levels = [], []
 
     def counting(artifact, workload, target, input_sets):
         sets_run.append(len(input_sets))
         return run_compiled_sets(artifact, workload, target, input_sets)
 
+    def compiling(engine, program, schedules, artifact, llvm_opt_level=None):
+        if artifact.name == UNTUNED_FILE:
+            reference_levels.append(llvm_opt_level)
+        return compile_workload(engine, program, schedules, artifact, llvm_opt_level)
+
     monkeypatch.setattr(checked_build, "run_compiled_sets", counting)
+    monkeypatch.setattr(checked_build, "compile_workload", compiling)
     torch.manual_seed(0)
     result = tune(
         Constant().eval(), example_inputs=[torch.randn(2, 8)], dtype="bfloat16", trials=0, work_dir=tmp_path,
         progress=False,
     )  # fmt: skip
     assert sets_run == [1], sets_run
+    assert reference_levels == [checked_build.REFERENCE_LLVM_OPT_LEVEL]  # compiled once, at -O1, and it matched
     assert result.check.ok and result.check.degenerate == "the model's output does not depend on its input"
 
 

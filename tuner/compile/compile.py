@@ -158,12 +158,15 @@ def program_of(workload: Workload, lowered: tvm.IRModule, scratch: Path) -> Iter
         yield Program(workload.kind, mod, path)
 
 
-def compile_workload(engine: Engine, program: Program, schedules: list, artifact: Path) -> Path:
+def compile_workload(
+    engine: Engine, program: Program, schedules: list, artifact: Path, llvm_opt_level: int | None = None
+) -> Path:
     """Compile ``program`` with ``schedules`` (none: TVM's default schedules) into ``artifact`` (a model's
-    weights beside it: ``common.model_weights``)."""
+    weights beside it: ``common.model_weights``); ``llvm_opt_level``: LLVM's, where not its default."""
     artifact.parent.mkdir(parents=True, exist_ok=True)
-    weights = {"weights": str(program.weights)} if program.weights is not None else {}
-    return engine.compile_program(artifact, mod=program.mod, kind=program.kind, schedules=schedules, **weights)
+    extra = {"weights": str(program.weights)} if program.weights is not None else {}
+    extra |= {"llvm_opt_level": llvm_opt_level} if llvm_opt_level is not None else {}
+    return engine.compile_program(artifact, mod=program.mod, kind=program.kind, schedules=schedules, **extra)
 
 
 def input_args(workload: Workload) -> list[list]:
