@@ -232,19 +232,16 @@ def make_referee(
     inputs = check_inputs(workload)
     other = _perturbed(inputs)
     sets = [inputs] if other is None else [inputs, other]
+    framework = None if workload.reference is None else [as_outputs(workload.reference(*xs)) for xs in sets]
     if not checks_against_default_schedules(workload):
-        answers = [as_outputs(workload.reference(*xs)) for xs in sets]
-        name, expected = reference_label(workload), answers[0]
-    elif workload.reference is None:
-        outputs = run_untuned(sets)
-        name, expected, answers = DEFAULT_SCHEDULES, outputs[0], outputs
-    else:
-        answers = [as_outputs(workload.reference(*xs)) for xs in sets]
-        name, expected = DEFAULT_SCHEDULES, run_untuned([inputs])[0]
-    referee = Referee(name, inputs, expected, tolerance_for(workload))
+        referee = Referee(reference_label(workload), inputs, framework[0], tolerance_for(workload))
+        referee.degenerate = _degenerate(referee, framework)
+        return referee
+    untuned = run_untuned(sets if framework is None else [inputs])
+    answers = framework or untuned
+    aside = None if framework is None else framework[0]
+    referee = Referee(DEFAULT_SCHEDULES, inputs, untuned[0], tolerance_for(workload), framework=aside)
     referee.degenerate = _degenerate(referee, answers)
-    if workload.reference is not None and name == DEFAULT_SCHEDULES:
-        referee.framework = answers[0]
     return referee
 
 

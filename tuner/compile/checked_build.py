@@ -87,10 +87,8 @@ class CheckedBuild:
         skipped = "a single kernel: checked while tuning" if self.workload.kind != "relax" else None
         skipped = skipped or (None if check else "turned off") or no_device_here(self.target)
         reference = not skipped and checks_against_default_schedules(self.workload) and not self.untuned.exists()
-        if compiled is not None:
+        if compiled is not None:  # the check compiles its reference when it first runs it
             move_model(compiled, artifact)
-            if reference:
-                self._compile_reference()
         else:
             self._compile_leaving_out_breakers(artifact, reference)
         if skipped:
