@@ -1,9 +1,12 @@
 """A time budget is the call's wall clock: what a run keeps back for after its search, estimated from the costs
 it measured (tuner.search.reserve), and how the budget's objectives read it."""
 
+import dataclasses
+
 import pytest
 
 from measure import TimingConfig
+from tuner.compile.check import checks_against_default_schedules
 from tuner.compile.compile import IN_MODEL_RUNS
 from tuner.compile.estimate import (
     AGAINST_UNTUNED,
@@ -11,13 +14,14 @@ from tuner.compile.estimate import (
     WEIGHT_BYTES_PER_SECOND,
     CompileEstimate,
     timing_seconds,
+    untuned_calls,
 )
 from tuner.compile.in_model_choice import PASSES
 from tuner.search.final_choice import UNSCHEDULED_FLOPS_PER_SECOND, check_seconds, task_seconds
 from tuner.search.kernel_costs import KernelCosts
 from tuner.search.objectives import Objectives, Spending, met, short_of_time, time_left, time_limit
 from tuner.search.reserve import MARGIN, reserve, reserve_parts
-from tuner.tasks.extraction import Task
+from tuner.tasks.extraction import Task, load_model
 
 
 def _costs() -> KernelCosts:
@@ -82,9 +86,9 @@ def test_the_compile_phase_is_its_kernels_builds_a_fresh_process_and_the_timing_
     against_framework = model(costs, 0.01)
     in_model = (IN_MODEL_RUNS + 1) * 0.01  # each kernel timed inside the model, for the report
     assert against_framework == pytest.approx(2.2 + timing + in_model + 4.0 + 0.01)
-    untuned = CompileEstimate(["conv", "add"], lambda: 4.0, check=AGAINST_UNTUNED, untuned_run=0.5)(costs, 0.01)
-    # the untuned build compiled too, and run twice (the check's inputs and others) in a process of its own
-    assert untuned == pytest.approx(against_framework + 2.2 + 4.0 + 2 * 0.5)
+    untuned = CompileEstimate(["conv", "add"], lambda: 4.0, check=AGAINST_UNTUNED, untuned_runs=1.0)(costs, 0.01)
+    # the untuned build compiled too, and run (``untuned_runs``) in a process of its own
+    assert untuned == pytest.approx(against_framework + 2.2 + 4.0 + 1.0)
     unchecked = CompileEstimate(["conv", "add"], lambda: None, check=NO_CHECK)(costs, 0.01)
     assert unchecked == pytest.approx(2.2 + timing + in_model)
     assert CompileEstimate(["conv", "add"], lambda: None)(costs, 0.01) == pytest.approx(2.2 + timing + in_model + 0.01)
@@ -141,3 +145,14 @@ def test_a_models_weight_bytes_are_its_distinct_tensor_constants():
         y = bb.emit(relax.op.add(y, relax.op.astype(bias, "float32")))  # the same bias again: one weight
         bb.emit_func_output(relax.op.multiply(y, relax.const(2.0, "float32")))  # a scalar: no weight
     assert weight_bytes(bb.get()) == 8 * 16 * 4 + 16 * 2
+
+
+def test_a_check_against_default_schedules_counts_the_calls_it_makes_of_them():
+    # a bf16 model's framework answers whether its output depends on the input: its default-schedule build is
+    # called on the check's inputs only; the same model imported with no framework calls it on other inputs too
+    torch = pytest.importorskip("torch")
+    module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).eval()
+    bf16 = load_model(module, [torch.randn(8, 64)], dtype="bfloat16")
+    assert checks_against_default_schedules(bf16) and untuned_calls(bf16) == 1
+    imported = dataclasses.replace(bf16, reference=None)
+    assert checks_against_default_schedules(imported) and untuned_calls(imported) == 2
