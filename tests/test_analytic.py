@@ -174,6 +174,19 @@ def test_a_late_convolution_splits_its_weights_across_the_cores_an_early_one_its
     assert plan.factors[3][0] == 1 and plan.tasks >= AVX512.cores
 
 
+def test_a_product_whose_weights_exceed_l3_reads_each_weight_tile_once_for_all_its_rows():
+    """Llama-3-8B's FFN down product, 128 x 14336 x 4096: 235 MB of weights. Rows blocked to fit L2 (8 at a
+    time) streamed a task's weights from memory once per block of rows, 16 times; all 128 rows in the block,
+    each weight tile in L1 serves every row. A product whose weights fit in L3 keeps its rows blocked to L2."""
+    streamed = _loops([128, 4096], [14336])
+    plan = plan_block(streamed, AVX512)
+    _check_factors(streamed, plan)
+    assert plan.factors[0][:2] == [1, 1] and plan.factors[0][2] * plan.factors[0][3] == 128
+    cached = _loops([1024, 1024], [1024])  # 4 MB of weights
+    plan = plan_block(cached, AVX512)
+    assert plan.factors[0][1] > 1 and plan.factors[0][2] * plan.factors[0][3] * 1024 * 4 <= AVX512.l2_bytes // 2
+
+
 def test_a_loop_without_whole_vectors_still_gets_a_plan():
     loops = _loops([197, 10], [64])
     plan = plan_block(loops, AVX512)
@@ -410,30 +423,3 @@ def test_a_bf16_products_analytic_schedule_takes_its_design_space_of_most_accumu
     assert configured is not None
     assert "tensor_tuner_bf16_r4_v4_p32" in str(configured.sch.trace)
     assert configured.bf16_unit == BF16_DOT and configured.product  # counted among the products, as fp32 ones
-
-
-def _response_norm(height: int = 28, width: int = 28, channels: int = 192) -> tvm.IRModule:
-    """ConvNeXtV2's global response norm as Relax fuses it: the channels' mean of each channel's norm, read by
-    every element of the image."""
-    from tvm import te
-
-    x = te.placeholder((1, height, width, channels), "float32", name="x")
-    norms = te.placeholder((1, 1, 1, channels), "float32", name="norms")
-    k = te.reduce_axis((0, channels), "k")
-    total = te.compute((1, 1, 1, 1), lambda n, a, b, c: te.sum(norms[n, a, b, k], axis=k), name="total")
-    out = te.compute(
-        (1, height, width, channels),
-        lambda n, h, w, c: x[n, h, w, c] * (norms[0, 0, 0, c] / (total[0, 0, 0, 0] / channels + 1e-6)),
-        name="normed",
-    )
-    return tvm.IRModule({"main": te.create_prim_func([x, norms, out])})
-
-
-def test_a_reduction_read_by_every_element_is_computed_once_at_the_root():
-    """Computed inside its reader's loops, the sum is done again for each element (ConvNeXtV2's: 19 ms for
-    a 34 us kernel; T5's RMS norm 5.0 ms for 18 us)."""
-    configured = configure_kernel(_response_norm(), resolve_target("llvm"))
-    assert configured is not None
-    trace = configured.sch.trace
-    locations = [int(trace.decisions[i]) for i in trace.insts if i.kind.name == "SampleComputeLocation"]
-    assert locations and all(location == -1 for location in locations)
