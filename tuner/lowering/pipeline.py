@@ -37,6 +37,7 @@ from codegen.bf16_dot import AMX
 from tuner.lowering.bf16.pool import Bf16MaxPools
 from tuner.lowering.bf16.products import Bfloat16Products
 from tuner.lowering.bf16.rounding import RoundBeforeMoves
+from tuner.spaces.machine import MachineFacts
 from tuner.targets import bf16_unit
 
 from .attention_blocks import AttentionInQueryBlocks
@@ -106,7 +107,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         if options.channel_norms_as_products:
             passes.append(PerChannelNormsAsProducts(options.group_norms_as_products))
         if _on_cpus_by_default(options.winograd, target):
-            passes.append(WinogradConvolutions())
+            facts = MachineFacts.of(target) if target is not None else None
+            passes.append(WinogradConvolutions(facts.l3_bytes if facts is not None else None))
         if _on_cpus_by_default(options.fuse_expand_depthwise, target):
             passes += [
                 fold_constants(),  # the weights in HWIO
