@@ -173,7 +173,9 @@ def _block_of_tiles(
         if packed_weights:
             room = min(room, facts.l2_bytes // 2 // (height * inputs_per_row * FLOAT_BYTES))
         block[loop.index] = _largest_divisor(rest[loop.index], max(1, room))
-    if packed_weights and _streams_weights(rows, vector, inner, rest, run, reduction, inputs_per_row, facts):
+    task_rows = math.prod(inner[loop.index] * rest[loop.index] for loop in rows)
+    task_weight_bytes = reduction * nr * rest[vector.index] * FLOAT_BYTES
+    if packed_weights and _streams_weights(task_rows, task_weight_bytes, inputs_per_row, max(nr, run), facts):
         block.update({loop.index: rest[loop.index] for loop in rows})
     if packed_weights and all(block[loop.index] == 1 for loop in rows):
         block[vector.index] = columns
@@ -181,26 +183,17 @@ def _block_of_tiles(
 
 
 def _streams_weights(
-    rows: Sequence[TiledLoop],
-    vector: TiledLoop,
-    inner: dict[int, int],
-    rest: dict[int, int],
-    run: int,
-    reduction: int,
-    inputs_per_row: int,
-    facts: MachineFacts,
+    task_rows: int, task_weight_bytes: int, inputs_per_row: int, run_width: int, facts: MachineFacts
 ) -> bool:
     """Whether a task's weights, more than its share of L3, would come from memory again for every block of rows
     S1 walks (its rows outside its columns), while all its rows' inputs fit in half of that share and one run of
-    them with its outputs in half of L2: then every row goes in the block, each weight tile read once and used
+    them with its outputs in a quarter of L2: then every row goes in the block, each weight tile read once and used
     by all of them. Llama-3-8B's FFN down product (128 x 14336 x 4096, 235 MB of weights; 2-core Zen 4,
     2026-12-06) read its weights 16 times, 8 rows a block: 154 ms, 42% of the FMA peak, 74 predicted."""
-    task_rows = math.prod(inner[loop.index] * rest[loop.index] for loop in rows)
-    task_weights = reduction * inner[vector.index] * rest[vector.index] * FLOAT_BYTES
     return (
-        task_weights > facts.l3_bytes
+        task_weight_bytes > facts.l3_bytes
         and task_rows * inputs_per_row * FLOAT_BYTES <= facts.l3_bytes // 2
-        and task_rows * max(inner[vector.index], run) * FLOAT_BYTES <= facts.l2_bytes // 4
+        and task_rows * run_width * FLOAT_BYTES <= facts.l2_bytes // 4
     )
 
 
