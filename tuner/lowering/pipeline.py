@@ -37,7 +37,6 @@ from codegen.bf16_dot import AMX
 from tuner.lowering.bf16.pool import Bf16MaxPools
 from tuner.lowering.bf16.products import Bfloat16Products
 from tuner.lowering.bf16.rounding import RoundBeforeMoves
-from tuner.spaces.machine import MachineFacts
 from tuner.targets import bf16_unit
 
 from .attention_blocks import AttentionInQueryBlocks
@@ -106,9 +105,9 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         passes += [fold_constants(), ChannelsLastConvolutions(options.channels_last_resizes)]
         if options.channel_norms_as_products:
             passes.append(PerChannelNormsAsProducts(options.group_norms_as_products))
-        if _on_cpus_by_default(options.winograd, target):
-            facts = MachineFacts.of(target) if target is not None else None
-            passes.append(WinogradConvolutions(facts.l3_bytes if facts is not None else None))
+        # its transforms' rule is a CPU design space
+        if _on_cpus_by_default(options.winograd, target) and (target is None or target.kind.name == "llvm"):
+            passes.append(WinogradConvolutions())
         if _on_cpus_by_default(options.fuse_expand_depthwise, target):
             passes += [
                 fold_constants(),  # the weights in HWIO

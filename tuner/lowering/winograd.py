@@ -13,9 +13,9 @@ The weights are transformed once, when the model is lowered (they are constants)
 (many channels, a small image) would only get slower, so the rewrite is kept for convolutions that
 use each weight value at least ``MIN_USES_PER_WEIGHT`` times.
 
-The kernel keeps the block structure MetaSchedule's Winograd schedule rules for CPUs expect
-(``conv2d_nhwc_winograd_data_pack``, ``conv2d_nhwc_winograd_inverse``): a padded input, its tiles,
-their transform, the batched GEMM, the inverse transform and the output gathered from its tiles.
+The kernel's blocks: a padded input, its tiles, their transform (two blocks, one side of the tile each), the
+batched GEMM, the inverse transform (two blocks) and the output gathered from its tiles. The transforms take our
+rule (``tuner.spaces.winograd_rule``), the GEMM MetaSchedule's tiling like any product.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
 from common.relax_functions import rewrite_functions
 from tuner.spaces.metaschedule import FLOPS_ANNOTATION
+from tuner.spaces.winograd_rule import INPUT_TILE, ROWS_SUFFIX, WINOGRAD_TRANSFORM_RULE
 
 from .graph import static_shape
 
@@ -99,23 +100,6 @@ def transforms(tile: int, kernel: int = 3) -> Transforms:
     return Transforms(output, weight, data)
 
 
-def _constant(matrix: np.ndarray, name: str, dtype: str) -> te.Tensor:
-    """A matrix as a computation on its indices, nested by row and then column with its zeros left
-    out, so that unrolled uses simplify to constants quickly."""
-
-    def entry(i, j):
-        value = tvm.tirx.const(0, dtype)
-        for r, row in enumerate(matrix):
-            row_value = tvm.tirx.const(0, dtype)
-            for c, x in enumerate(row):
-                if x != 0:
-                    row_value = tvm.tirx.Select(j == c, tvm.tirx.const(x, dtype), row_value)
-            value = tvm.tirx.Select(i == r, row_value, value)
-        return value
-
-    return te.compute(matrix.shape, entry, name=name, attrs={"const_matrix": True, "schedule_rule": "None"})
-
-
 def conv2d_nhwc_winograd(
     data: te.Tensor, transformed_weight: te.Tensor, padding: tuple[int, int, int, int], tile: int
 ) -> te.Tensor:
@@ -129,7 +113,6 @@ def conv2d_nhwc_winograd(
     tiles_h, tiles_w = -(-out_height // tile), -(-out_width // tile)
     tiles = batch * tiles_h * tiles_w
     matrices, dtype = transforms(tile), str(data.dtype)
-    to_wino, to_out = _constant(matrices.data.T, "B", dtype), _constant(matrices.output.T, "A", dtype)
 
     def padded_value(n, h, w, c):
         inside = tvm.tirx.all(h >= top, h < top + height, w >= left, w < left + width)
@@ -147,17 +130,17 @@ def conv2d_nhwc_winograd(
         lambda eps, nu, p, c: padded[
             p // per_image, (p % per_image) // tiles_w * tile + eps, p % tiles_w * tile + nu, c
         ],
-        name="input_tile",
+        name=INPUT_TILE,
         attrs={"schedule_rule": "None"},
     )
-    data_pack = _transform(input_tile, to_wino, alpha, np.count_nonzero(matrices.data), "data_pack")
+    data_pack = _transform(input_tile, matrices.data.T, "data_pack")
     rc = te.reduce_axis((0, in_channels), "ci")
     bgemm = te.compute(
         (alpha, alpha, tiles, out_channels),
         lambda eps, nu, p, co: te.sum(data_pack[eps, nu, p, rc] * transformed_weight[eps, nu, co, rc], axis=[rc]),
         name="bgemm",
     )
-    inverse = _transform(bgemm, to_out, tile, np.count_nonzero(matrices.output), "inverse")
+    inverse = _transform(bgemm, matrices.output.T, "inverse")
     return te.compute(
         (batch, out_height, out_width, out_channels),
         lambda n, h, w, co: inverse[h % tile, w % tile, n * per_image + h // tile * tiles_w + w // tile, co],
@@ -165,20 +148,64 @@ def conv2d_nhwc_winograd(
     )
 
 
-def _transform(source: te.Tensor, matrix: te.Tensor, size: int, nonzeros: int, name: str) -> te.Tensor:
-    """``M^T x M`` for every tile and channel of ``source`` (``[alpha, alpha, tiles, channels]``),
-    ``M`` being ``alpha x size``; scheduled by MetaSchedule's CPU rule for a Winograd transform."""
+def _transform(source: te.Tensor, matrix: np.ndarray, name: str) -> te.Tensor:
+    """``M^T x M`` for every tile and channel of ``source`` (``[alpha, alpha, tiles, channels]``), ``M``
+    being ``alpha x size``, one side at a time: ``M^T x`` into a ``<name>_rows`` block, then ``. M``. That is
+    2 x alpha x nnz(M) terms per tile and channel, where both sides at once take nnz(M)^2: 312 against 676 for
+    F(4x4, 3x3)'s input. The first side is a sum over the matrix (its entries constants once the loops are
+    unrolled, the zeros folded away): a block that only reads the batched GEMM's output element by element
+    would be taken by MetaSchedule's tiling of the GEMM for a write cache to move into its tiles, which it
+    cannot. The second is each output's non-zero terms written out. Scheduled by our rule
+    (``tuner.spaces.winograd_rule``), vectorised over the channels."""
     alpha, _, tiles, channels = (int(d) for d in source.shape)
-    ra, rb = te.reduce_axis((0, alpha), "r_a"), te.reduce_axis((0, alpha), "r_b")
+    size = matrix.shape[1]
+    nonzeros = int(np.count_nonzero(matrix))
+    ra = te.reduce_axis((0, alpha), "r_a")
+    rows = te.compute(
+        (size, alpha, tiles, channels),
+        lambda x, b, p, c: te.sum(source[ra, b, p, c] * _entry(matrix, ra, x, str(source.dtype)), axis=[ra]),
+        name=f"{name}{ROWS_SUFFIX}",
+        attrs={"schedule_rule": "None", FLOPS_ANNOTATION: 2.0 * nonzeros * alpha * tiles * channels},
+    )
     return te.compute(
         (size, size, tiles, channels),
-        lambda x, y, p, c: te.sum(source[ra, rb, p, c] * matrix[ra, x] * matrix[rb, y], axis=[ra, rb]),
+        lambda x, y, p, c: _by_index(y, [_combination(column, lambda b: rows[x, b, p, c]) for column in matrix.T]),
         name=name,
         attrs={
-            "schedule_rule": f"conv2d_nhwc_winograd_{name}",
-            FLOPS_ANNOTATION: 2.0 * nonzeros**2 * tiles * channels,  # one multiply-add per non-zero term
+            "schedule_rule": WINOGRAD_TRANSFORM_RULE,
+            FLOPS_ANNOTATION: 2.0 * nonzeros * size * tiles * channels,  # one multiply-add per non-zero term
         },
     )
+
+
+def _combination(coefficients: np.ndarray, term) -> tvm.tirx.PrimExpr:
+    """The sum of ``coefficients[i] * term(i)`` over the non-zero coefficients, ones and minus ones without
+    a multiplication."""
+    total = None
+    for i, coefficient in enumerate(coefficients):
+        if coefficient == 0:
+            continue
+        value = term(i)
+        if abs(coefficient) != 1:
+            value = value * tvm.tirx.const(float(abs(coefficient)), value.dtype)
+        if total is None:
+            total = value if coefficient > 0 else -value
+        else:
+            total = total + value if coefficient > 0 else total - value
+    return total
+
+
+def _entry(matrix: np.ndarray, row: tvm.tirx.Var, column: tvm.tirx.Var, dtype: str) -> tvm.tirx.PrimExpr:
+    """``matrix[row, column]`` as selects on the indices."""
+    return _by_index(row, [_by_index(column, [tvm.tirx.const(float(v), dtype) for v in values]) for values in matrix])
+
+
+def _by_index(index: tvm.tirx.Var, values: list[tvm.tirx.PrimExpr]) -> tvm.tirx.PrimExpr:
+    """``values[index]``: a chain of selects, which unrolling ``index`` reduces to the one taken."""
+    value = values[-1]
+    for i in reversed(range(len(values) - 1)):
+        value = tvm.tirx.Select(index == i, values[i], value)
+    return value
 
 
 def transform_weight(weight_hwio: np.ndarray, tile: int) -> np.ndarray:
@@ -187,23 +214,14 @@ def transform_weight(weight_hwio: np.ndarray, tile: int) -> np.ndarray:
     return np.einsum("ak,bl,klio->aboi", g, g, weight_hwio.astype(np.float64)).astype(weight_hwio.dtype)
 
 
-def transformed_bytes(out_shape: tuple[int, ...], in_channels: int) -> int:
-    """The transformed input and output tiles of a Winograd convolution producing ``out_shape`` (NHWC): one
-    (m+2) x (m+2) tile of each input and each output channel per output tile, in float32."""
-    batch, height, width, out_channels = out_shape
-    m = tile_size(height, width)
-    tiles = batch * -(-height // m) * -(-width // m)
-    return tiles * (m + 2) ** 2 * (in_channels + out_channels) * 4
-
-
-def suits_winograd(call: Call, max_transformed_bytes: int | None = None) -> bool:
+def suits_winograd(call: Call) -> bool:
     """A float32 NHWC 3x3 stride-1 convolution with constant weights, enough channels for the
-    transforms to pay and enough uses of each weight value for the larger transformed weights to; with
-    ``max_transformed_bytes`` (a core's share of L3), tiles that fit in it: past it the batched product's
-    operands come from memory. VGG-16 on a 2-core Zen 4 (16 MB a core; 2026-12-06, trials=0, each alone in
-    the model): its 224x224 64-channel convolution 33.8 ms as Winograd (58 MB of tiles) against 20.1 direct,
-    the 112x112 ones 15.5 and 23.3 (22, 29 MB) against 9.3 and 18.7; at 56x56 and below (11-14 MB) Winograd
-    is the faster, 7.5 and 10.2 ms against 9.1 and 17.9."""
+    transforms to pay and enough uses of each weight value for the larger transformed weights to. However
+    large the image: with the transforms vectorised (``tuner.spaces.winograd_rule``), VGG-16's 224x224
+    64-channel convolution, 58 MB of transformed tiles against 16 MB of L3 a core, ran 0.64x as long as its
+    direct form, the 112x112 ones 0.54-0.68x (2-core Zen 4, 2026-12-06, analytic schedules, each alone); the
+    model at trials=0 83.6 ms against 104.6-119.9 with those kept direct. (With MetaSchedule's scalar
+    transforms they had been 1.2-1.7x slower than direct.)"""
     attrs = call.attrs
     data, weight = call.args
     if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NHWC", "HWIO", "NHWC"):
@@ -219,22 +237,16 @@ def suits_winograd(call: Call, max_transformed_bytes: int | None = None) -> bool
         return False
     if min(kernel[2], kernel[3]) < MIN_CHANNELS:
         return False
-    if max_transformed_bytes is not None and transformed_bytes(tuple(out), kernel[2]) > max_transformed_bytes:
-        return False
     return math.prod(out[:3]) >= MIN_USES_PER_WEIGHT  # each weight value is used once per output position
 
 
 @expr_functor.mutator
 class _Winograd(PyExprMutator):
-    def __init__(self, mod: IRModule, max_transformed_bytes: int | None):
-        super().__init__(mod)
-        self.max_transformed_bytes = max_transformed_bytes
-
     def visit_call_(self, call: Call) -> Expr:
         call = super().visit_call_(call)
         if not isinstance(call, Call) or call.op != tvm.ir.Op.get("relax.nn.conv2d"):
             return call
-        if not suits_winograd(call, self.max_transformed_bytes):
+        if not suits_winograd(call):
             return call
         data, weight = call.args
         out = static_shape(call)
@@ -252,11 +264,8 @@ class _Winograd(PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="WinogradConvolutions")
 class WinogradConvolutions:
-    """Suitable NHWC 3x3 stride-1 convolutions as Winograd kernels, weights transformed at compile time;
-    ``max_transformed_bytes``: see ``suits_winograd``."""
-
-    def __init__(self, max_transformed_bytes: int | None = None):
-        self.max_transformed_bytes = max_transformed_bytes
+    """Suitable NHWC 3x3 stride-1 convolutions (``suits_winograd``) as Winograd kernels, weights transformed
+    at compile time."""
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
-        return rewrite_functions(_Winograd(mod, self.max_transformed_bytes), mod)
+        return rewrite_functions(_Winograd(mod), mod)

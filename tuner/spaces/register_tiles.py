@@ -25,6 +25,7 @@ import numpy as np
 import tvm
 from tvm.target import codegen
 
+VECTOR_LANES = 16  # fp32 lanes of AVX-512; our own rules vectorise channels by it
 CPU_TILING = "SSRSRS"  # MetaSchedule's multi-level tiling structure on CPUs
 TILING_ANNOTATION = "meta_schedule.tiling_structure"
 UNROLL_ANNOTATION = "meta_schedule.unroll_explicit"

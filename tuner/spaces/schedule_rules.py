@@ -16,13 +16,13 @@ from tvm.s_tir.schedule import SBlockRV, ScheduleError
 from .bf16_rule import BF16_GEMM_RULE, schedule_bf16_gemm
 from .copy_rule import BF16_COPY_RULE, schedule_bf16_copy
 from .pool_rule import BF16_POOL_RULE, schedule_bf16_pool
-from .register_tiles import RegisterFile, divisors, power_of_two
+from .register_tiles import VECTOR_LANES, RegisterFile, divisors, power_of_two
 from .softmax_rule import SOFTMAX_RULE, schedule_softmax
 from .strassen_rule import STRASSEN_OUTPUT_RULE, schedule_strassen_output
+from .winograd_rule import WINOGRAD_TRANSFORM_RULE, schedule_winograd_transform
 
 EXPAND_DEPTHWISE_RULE = "tuner_expand_depthwise"
 
-VECTOR_LANES = 16  # fp32 lanes of AVX-512; the kernels vectorise their channels by it
 MAX_OUTPUT_ROWS = 8  # output rows per tile: more rows share the tile's halo, fewer give more parallel work
 MAX_OUTPUT_COLUMNS = 8  # depthwise accumulators per row and vector of channels
 MAX_CHANNEL_VECTORS = 4  # channel vectors per tile
@@ -142,6 +142,7 @@ def register() -> None:
         (BF16_COPY_RULE, schedule_bf16_copy),
         (BF16_POOL_RULE, schedule_bf16_pool),
         (SOFTMAX_RULE, schedule_softmax),
+        (WINOGRAD_TRANSFORM_RULE, schedule_winograd_transform),
     )
     for name, rule in rules:
         tvm_ffi.register_global_func(f"s_tir.meta_schedule.cpu.{name}", rule, override=True)
