@@ -79,3 +79,26 @@ def test_a_gate_over_144_channels_has_its_multiply_vectorised_48_lanes_at_a_time
 def test_a_gate_over_channels_in_no_whole_vectors_is_left_inlined():
     assert broadcast_blocks(_gate(_tasks(channels=72)).mod["main"]) == []
     assert row_vector(72) is None and row_vector(144) == 48 and row_vector(1088) == 64
+
+
+class RoutedExperts(torch.nn.Module):
+    """Mixtral's experts: each expert's product of the tokens routed to it, scaled by each token's routing weight."""
+
+    def __init__(self, experts: int = 4, width: int = 128, hidden: int = 64):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(experts, width, hidden) / width**0.5)
+
+    def forward(self, tokens, routing):
+        return torch.bmm(tokens, self.weight) * routing.unsqueeze(-1)
+
+
+def test_a_products_epilogue_reading_a_broadcast_value_keeps_its_design_space():
+    """The routing weight, read 64 times over by the scaled product, stays inlined: marked, it left the product's
+    epilogue a producer MetaSchedule's tiling could not move the epilogue past, and the kernel unscheduled."""
+    workload = load_model(RoutedExperts().eval(), (torch.randn(4, 32, 128), torch.rand(4, 32)))
+    (product,) = [task for task in extract_tasks(workload, TARGET) if "matmul" in task.name]
+    assert broadcast_blocks(product.mod["main"]) == []
+    configured = configure_kernel(product.mod, TARGET)
+    assert configured is not None and configured.plans  # tiled as a product, its register tile and blocks planned
+    expected, got = unscheduled_and_scheduled_outputs(product.mod, configured.sch.mod, seed=2)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

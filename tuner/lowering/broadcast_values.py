@@ -31,6 +31,7 @@ from tvm.ir.module import IRModule
 from tvm.s_tir import SBlock, SBlockRealize, Schedule
 
 from tuner.spaces.metaschedule import ROOT_VECTOR_ATTR, VECTOR_EXTENT
+from tuner.spaces.rows_rule import variables_of
 
 MIN_BROADCAST = 8  # reads of each value per computation of it, from which it is computed once
 LANES = 16  # fp32 lanes of the widest vector registers (AVX-512); a vector is a whole number of them
@@ -49,6 +50,14 @@ def _innermost(block: SBlock) -> int:
     return int(block.iter_vars[-1].dom.extent) if block.iter_vars else 1
 
 
+def _product(block: SBlock) -> bool:
+    """Whether a block sums products of two or more operands over its reduction (a matmul, a convolution), as
+    MetaSchedule's tiling takes: not a norm's mean, which sums one."""
+    reduced = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) != tvm.tirx.IterVar.DataPar}
+    over_reduction = [any(variables_of(axis.min) & reduced for axis in region.region) for region in block.reads]
+    return sum(over_reduction) >= 2
+
+
 def row_vector(extent: int) -> int | None:
     """The widest vector, up to ``VECTOR_EXTENT`` and in whole ``LANES``, that rows of ``extent`` hold a whole
     number of; None where ``extent`` is no multiple of ``LANES``."""
@@ -64,7 +73,11 @@ def _broadcasts(consumer: SBlock, block: SBlock) -> bool:
 
 def broadcasts(func: tvm.tirx.PrimFunc) -> dict[str, int]:
     """``func``'s spatial blocks that a spatial consumer reads ``MIN_BROADCAST`` times over or more
-    (``_broadcasts``), by name, each with the widest vector its consumers' rows hold (``row_vector``)."""
+    (``_broadcasts``), by name, each with the widest vector its consumers' rows hold (``row_vector``). Not one
+    whose consumer is also a product's epilogue (reads a product's output: Mixtral's expert product scaled
+    by each token's routing weight): MetaSchedule's tiling of the product moves its epilogue into its tiles,
+    which it cannot where another producer of the epilogue stays a loop nest of its own after the product; the
+    kernel had no design space at all, and ran unscheduled (753 ms for a 3 ms product)."""
     sch = Schedule(IRModule({"main": func}))
     root = func.body.block.name_hint if isinstance(func.body, SBlockRealize) else "root"
     found = {}
@@ -72,7 +85,11 @@ def broadcasts(func: tvm.tirx.PrimFunc) -> dict[str, int]:
         block = sch.get(rv)
         if not _spatial(block) or len(block.writes) != 1:
             continue
-        readers = [c for c in (sch.get(c) for c in sch.get_consumers(rv)) if _broadcasts(c, block)]
+        readers = [
+            sch.get(c)
+            for c in sch.get_consumers(rv)
+            if _broadcasts(sch.get(c), block) and not any(_product(sch.get(p)) for p in sch.get_producers(c))
+        ]
         if readers:
             found[block.name_hint] = min(row_vector(_innermost(c)) or LANES for c in readers)
     return found
