@@ -84,18 +84,21 @@ def test_a_gate_over_channels_in_no_whole_vectors_is_left_inlined():
 class RoutedExperts(torch.nn.Module):
     """Mixtral's experts: each expert's product of the tokens routed to it, scaled by each token's routing weight."""
 
-    def __init__(self, experts: int = 4, width: int = 128, hidden: int = 64):
+    def __init__(self, experts: int = 4, width: int = 128, hidden: int = 64, bias: bool = False):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.randn(experts, width, hidden) / width**0.5)
+        self.bias = torch.nn.Parameter(torch.randn(experts, 1, hidden)) if bias else None
 
     def forward(self, tokens, routing):
-        return torch.bmm(tokens, self.weight) * routing.unsqueeze(-1)
+        product = torch.bmm(tokens, self.weight)
+        return (product if self.bias is None else product + self.bias) * routing.unsqueeze(-1)
 
 
-def test_a_products_epilogue_reading_a_broadcast_value_keeps_its_design_space():
+@pytest.mark.parametrize("bias", [False, True])  # Mixtral's experts; GPT-OSS's, a bias added before the scaling
+def test_a_products_epilogue_reading_a_broadcast_value_keeps_its_design_space(bias):
     """The routing weight, read 64 times over by the scaled product, stays inlined: marked, it left the product's
     epilogue a producer MetaSchedule's tiling could not move the epilogue past, and the kernel unscheduled."""
-    workload = load_model(RoutedExperts().eval(), (torch.randn(4, 32, 128), torch.rand(4, 32)))
+    workload = load_model(RoutedExperts(bias=bias).eval(), (torch.randn(4, 32, 128), torch.rand(4, 32)))
     (product,) = [task for task in extract_tasks(workload, TARGET) if "matmul" in task.name]
     assert broadcast_blocks(product.mod["main"]) == []
     configured = configure_kernel(product.mod, TARGET)

@@ -58,6 +58,13 @@ def _product(block: SBlock) -> bool:
     return sum(over_reduction) >= 2
 
 
+def _after_a_product(sch: Schedule, block_rv, besides: SBlock | None = None) -> bool:
+    """Whether a block reads a product's output, directly or through element-wise blocks (a bias added first),
+    other than through ``besides``: it is the product's epilogue."""
+    producers = [p for p in sch.get_producers(block_rv) if besides is None or not sch.get(p).same_as(besides)]
+    return any(_product(sch.get(p)) or (_spatial(sch.get(p)) and _after_a_product(sch, p)) for p in producers)
+
+
 def row_vector(extent: int) -> int | None:
     """The widest vector, up to ``VECTOR_EXTENT`` and in whole ``LANES``, that rows of ``extent`` hold a whole
     number of; None where ``extent`` is no multiple of ``LANES``."""
@@ -74,10 +81,11 @@ def _broadcasts(consumer: SBlock, block: SBlock) -> bool:
 def broadcasts(func: tvm.tirx.PrimFunc) -> dict[str, int]:
     """``func``'s spatial blocks that a spatial consumer reads ``MIN_BROADCAST`` times over or more
     (``_broadcasts``), by name, each with the widest vector its consumers' rows hold (``row_vector``). Not one
-    whose consumer is also a product's epilogue (reads a product's output: Mixtral's expert product scaled
-    by each token's routing weight): MetaSchedule's tiling of the product moves its epilogue into its tiles,
-    which it cannot where another producer of the epilogue stays a loop nest of its own after the product; the
-    kernel had no design space at all, and ran unscheduled (753 ms for a 3 ms product)."""
+    whose consumer is also a product's epilogue (reads a product's output, directly or past a bias: Mixtral's and
+    GPT-OSS's expert products scaled by each token's routing weight): MetaSchedule's tiling of the product moves
+    its epilogue into its tiles, which it cannot where another producer of the epilogue stays a loop nest of its
+    own after the product; the kernel had no design space at all, and ran unscheduled (753 ms for a 3 ms
+    product)."""
     sch = Schedule(IRModule({"main": func}))
     root = func.body.block.name_hint if isinstance(func.body, SBlockRealize) else "root"
     found = {}
@@ -88,7 +96,7 @@ def broadcasts(func: tvm.tirx.PrimFunc) -> dict[str, int]:
         readers = [
             sch.get(c)
             for c in sch.get_consumers(rv)
-            if _broadcasts(sch.get(c), block) and not any(_product(sch.get(p)) for p in sch.get_producers(c))
+            if _broadcasts(sch.get(c), block) and not _after_a_product(sch, c, besides=block)
         ]
         if readers:
             found[block.name_hint] = min(row_vector(_innermost(c)) or LANES for c in readers)
