@@ -244,9 +244,7 @@ def suits_winograd(call: Call) -> bool:
 class _Winograd(PyExprMutator):
     def visit_call_(self, call: Call) -> Expr:
         call = super().visit_call_(call)
-        if not isinstance(call, Call) or call.op != tvm.ir.Op.get("relax.nn.conv2d"):
-            return call
-        if not suits_winograd(call):
+        if not isinstance(call, Call) or call.op != tvm.ir.Op.get("relax.nn.conv2d") or not suits_winograd(call):
             return call
         data, weight = call.args
         out = static_shape(call)

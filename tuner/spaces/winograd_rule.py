@@ -20,7 +20,7 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import SBlockRV
 
-from .register_tiles import VECTOR_LANES
+from .register_tiles import VECTOR_LANES, divisors
 
 WINOGRAD_TRANSFORM_RULE = "tuner_winograd_transform"
 ROWS_SUFFIX = "_rows"  # the name of a transform's first block is its own's and this
@@ -35,7 +35,7 @@ def schedule_winograd_transform(sch: Schedule, transform: SBlockRV) -> list[Sche
             sch.compute_inline(producer)
     x, y, tile, channels = sch.get_loops(transform)
     extent = int(sch.get(channels).extent)
-    lanes = max(d for d in range(1, VECTOR_LANES + 1) if extent % d == 0)
+    lanes = max(d for d in divisors(extent) if d <= VECTOR_LANES)
     vectors, lane = sch.split(channels, [None, lanes])
     sch.reorder(tile, vectors, x, y, lane)
     sch.compute_at(rows, vectors, preserve_unit_loops=True)
