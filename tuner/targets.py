@@ -31,7 +31,9 @@ _EXAMPLES = (
 )
 # Features kernels use, as /proc/cpuinfo names them and as LLVM does: LLVM names the host CPU by its model
 # number, which a hypervisor may report for an older CPU (a Sapphire Rapids seen as a Rocket Lake, without
-# its bf16 dot product and AMX), so the host's target adds those its CPU name lacks.
+# its bf16 dot product and AMX), or offer less than the model has (an Emerald Rapids with AMX off: its tiles'
+# instructions stop the process), so the host's target adds those its CPU name lacks and removes those the
+# CPU does not offer.
 _HOST_FEATURES = {
     "avx512_bf16": "avx512bf16",
     "amx_tile": "amx-tile",
@@ -177,24 +179,28 @@ def _complete_llvm(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config)
     if "mtriple" not in config and "mcpu" not in config:
         config["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
-        missing = host_features_missing(config["mcpu"])
-        if missing:
-            config["mattr"] = [*config.get("mattr", []), *missing]
+        corrections = host_feature_corrections(config["mcpu"])
+        if corrections:
+            config["mattr"] = [*config.get("mattr", []), *corrections]
     _check_mcpu(config)
     config.setdefault("num-cores", physical_cores())
     return config
 
 
-def host_features_missing(mcpu: str, flags: set[str] | None = None) -> list[str]:
-    """LLVM attributes (``+amx-bf16``, ...) of features this CPU has (or ``flags``, as /proc/cpuinfo
-    names them) and LLVM's CPU ``mcpu`` lacks."""
-    flags = cpu_flags() or set() if flags is None else flags
+def host_feature_corrections(mcpu: str, flags: set[str] | None = None) -> list[str]:
+    """LLVM attributes that make LLVM's CPU ``mcpu`` what this CPU offers (or ``flags``, as /proc/cpuinfo
+    names them): ``+amx-bf16`` for a feature the CPU has and the name lacks, ``-amx-bf16`` for one the name
+    has and the CPU does not offer; none where the flags cannot be read."""
+    flags = cpu_flags() if flags is None else flags
+    if not flags:
+        return []
     named = Target({"kind": "llvm", "mcpu": mcpu})
-    return [
-        f"+{feature}"
-        for flag, feature in _HOST_FEATURES.items()
-        if flag in flags and not llvm_features.target_has_features(feature, named)
-    ]
+    corrections = []
+    for flag, feature in _HOST_FEATURES.items():
+        in_name = bool(llvm_features.target_has_features(feature, named))
+        if (flag in flags) != in_name:
+            corrections.append(f"{'-' if in_name else '+'}{feature}")
+    return corrections
 
 
 def _complete_cuda(config: dict[str, Any]) -> dict[str, Any]:

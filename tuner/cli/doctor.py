@@ -195,13 +195,17 @@ def check_cpu() -> list[Check]:
     import tvm
 
     from common.host import cpu_model, physical_cores
-    from tuner.targets import host_features_missing
+    from tuner.targets import host_feature_corrections
 
     mcpu = tvm.target.codegen.llvm_get_system_cpu()
-    added = host_features_missing(mcpu)
-    text = f"{cpu_model()}, {physical_cores()} physical cores, mcpu={mcpu}" + (
-        f" (with {','.join(added)}: this CPU has them, LLVM's name for it does not)" if added else ""
-    )
+    corrections = host_feature_corrections(mcpu)
+    added = [c for c in corrections if c.startswith("+")]
+    removed = [c for c in corrections if c.startswith("-")]
+    text = f"{cpu_model()}, {physical_cores()} physical cores, mcpu={mcpu}"
+    if added:
+        text += f" (with {','.join(added)}: this CPU has them, LLVM's name for it does not)"
+    if removed:
+        text += f" (with {','.join(removed)}: LLVM's name for this CPU has them, the CPU does not offer them)"
     if mcpu in ("", "generic"):
         return [
             _warn(
