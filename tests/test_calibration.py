@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import tvm
 
 from codegen.bf16_dot import AMX, AVX512
 from common import peaks
+from tuner.lowering.bf16.precision import slow_bf16_products
 from tuner.spaces import calibration as cal
 from tuner.targets import bf16_unit, resolve_target
 
@@ -119,3 +120,14 @@ def test_the_calibrations_product_takes_its_weights_in_the_layout_its_schedule_c
     cache, _ = _cache_with(tmp_path, cal.Calibration(**{**asdict(SLOW), "load_per_core": 0.0}))
     probe = cal.speed_probe(TARGET, cache)
     assert probe.args[1] == ["float32", [int(d) for d in weights.shape]]  # the worker times it so
+
+
+def test_bf16_products_calibrated_slower_than_float32_ones_are_said_up_front():
+    # an Emerald Rapids VM with AMX off: its vdpbf16ps products 156 GFLOP/s, its float32 ones 267
+    avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    slow = cal.Calibration(267.0, 53.0, 1e-6, 330.0, 172.0, bf16_product_gflops=156.0)
+    assert "run at 0.58 of its float32 ones' rate (156 against 267 GFLOP/s" in slow_bf16_products(avx512, slow)
+    assert slow_bf16_products(avx512, replace(slow, bf16_product_gflops=400.0)) is None
+    assert slow_bf16_products(avx512, replace(slow, bf16_product_gflops=None)) is None
+    amx = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
+    assert slow_bf16_products(amx, replace(slow, amx_product_gflops=1500.0)) is None  # AMX's rate, not vdpbf16ps's

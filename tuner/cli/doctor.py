@@ -237,7 +237,8 @@ def check_machine() -> Check:
 def check_bf16_cpu() -> Check:
     """Whether ``dtype="bfloat16"`` runs fast here (the CPU's bf16 dot product, AVX512_BF16)."""
     from common.host import host_has_amx
-    from tuner.lowering.bf16.precision import host_has_bf16
+    from tuner.lowering.bf16.precision import host_has_bf16, slow_bf16_products
+    from tuner.targets import resolve_target
 
     has = host_has_bf16()
     if has is None:
@@ -245,7 +246,9 @@ def check_bf16_cpu() -> Check:
     if has and host_has_amx():
         return _ok("bfloat16", "AMX: dtype bfloat16 computes its products on the CPU's tile unit (tdpbf16ps)")
     if has:
-        return _ok("bfloat16", "AVX512_BF16: dtype bfloat16 computes with the CPU's bf16 dot product (vdpbf16ps)")
+        slow = slow_bf16_products(resolve_target("llvm"))
+        what = "AVX512_BF16: dtype bfloat16 computes with the CPU's bf16 dot product (vdpbf16ps)"
+        return _warn("bfloat16", f"{what}, but {slow}") if slow else _ok("bfloat16", what)
     return _warn(
         "bfloat16",
         "no AVX512_BF16: dtype bfloat16 would compute in fp32 from bf16 storage, slower than float32 here",
