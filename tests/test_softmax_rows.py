@@ -1,12 +1,15 @@
 """Softmaxes a row per parallel task (tuner.spaces.softmax_rule, named on the kernels by
 tuner.lowering.softmax_rows): the kernels the tuner sees carry the rule, and its schedule computes
-what the kernel computes, over rows of any length (ViT's 197 tokens, a prime, among them)."""
+what the kernel computes, over rows of any length (ViT's 197 tokens, a prime, among them); a softmax fused
+with a product that broadcasts it, which no design space takes, is named as such."""
 
 import numpy as np
 import pytest
+import torch
 import tvm
 from tvm import te
 
+from tuner import tune
 from tuner.lowering import LoweringOptions, lower_model
 from tuner.lowering.fast_math import row_softmax
 from tuner.lowering.softmax_rows import by_rows
@@ -75,3 +78,31 @@ def test_without_the_option_and_in_work_dirs_tuned_before_softmaxes_keep_metasch
     gpu = resolve_target("cuda -arch=sm_90")
     (on_gpu,) = [t for t in extract_tasks(workload, gpu) if "softmax" in t.name]
     assert SOFTMAX_RULE not in on_gpu.mod.script()
+
+
+class SeparableAttention(torch.nn.Module):
+    """MobileViTV2's attention: its softmax fused with the product that broadcasts it is a kernel MetaSchedule
+    makes no design space of (TVM 0.27)."""
+
+    def __init__(self, channels: int = 16):
+        super().__init__()
+        self.channels = channels
+        self.qkv = torch.nn.Conv2d(channels, 1 + 2 * channels, 1)
+
+    def forward(self, x):
+        q, k, v = torch.split(self.qkv(x), [1, self.channels, self.channels], dim=1)
+        context = (k * torch.softmax(q, dim=-1)).sum(dim=-1, keepdim=True)
+        return torch.relu(v) * context
+
+
+def test_a_kernel_without_an_analytic_schedule_is_named_with_why(tmp_path, capsys):
+    x = torch.randn(1, 16, 4, 64)
+    model = SeparableAttention().eval()
+    result = tune(model, example_inputs=(x,), trials=0, work_dir=tmp_path)
+    (softmax,) = [task for task in result.tasks if "softmax" in task.name]
+    assert not softmax.analytic and softmax.fell_back.startswith("no analytic schedule: MetaSchedule makes no design")
+    assert "1 kernel(s) built with TVM's default schedule (why: see below)" in result.summary()
+    assert f"{softmax.name}: built with TVM's default schedule: no analytic schedule" in capsys.readouterr().err
+    assert all(task.analytic for task in result.tasks if task is not softmax)
+    with torch.no_grad():
+        np.testing.assert_allclose(result.run(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-5)

@@ -163,7 +163,7 @@ class TuneResult:
             lines.append(self.check.line())
         fallen = sum(1 for task in self.tasks if task.fell_back)
         if fallen:
-            lines.append(f"{fallen} kernel(s) built with TVM's default schedule (fell back: see below)")
+            lines.append(f"{fallen} kernel(s) built with TVM's default schedule (why: see below)")
         if self.seconds:
             lines.append("time: " + format_phases(self.seconds, self.device_seconds))
         if self.stop_reason:
@@ -206,7 +206,7 @@ def task_line(task: TaskResult, machine_speed: float | None = None) -> str:
         speed += f" ({task.fraction_of_peak:.0%} of peak)"
     check = {True: "verified", False: "WRONG", None: "unverified"}[task.verified]
     if task.fell_back:
-        check = f"default schedule (fell back: {task.fell_back})"
+        check = f"TVM's default schedule ({task.fell_back})"
     elif task.analytic and task.tuned_in_model_latency:
         check = f"analytic schedule (its tuned one {format_latency(task.tuned_in_model_latency)} in the model)"
     elif task.analytic:

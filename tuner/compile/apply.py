@@ -22,7 +22,7 @@ from tuner.targets import resolve_target
 from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
 
 from .checked_build import CheckedBuild
-from .compile import choose_schedules, fell_back, program_of
+from .compile import choose_schedules, program_of
 
 
 def apply(
@@ -83,8 +83,9 @@ def _apply(
     judged = [choice.task.name for choice in choices if choice.beaten]
     if judged:
         _say(f"{len(judged)} kernel(s) take their analytic schedule, faster inside the model: {', '.join(judged)}")
-    for name, why in fell_back(choices).items():
-        _say(f"{name}: built with TVM's default schedule: no usable candidate ({why})")
+    for choice in choices:
+        if choice.why_default:
+            _say(f"{choice.task.name}: built with TVM's default schedule: {choice.why_default}")
     engine = MeasureEngine(tvm_target, run_dir.path, EngineConfig(build_workers=1))
     try:
         with tempfile.TemporaryDirectory(prefix="tuner-apply-") as scratch:

@@ -21,7 +21,7 @@ from tuner.database.database import Record, TuningDatabase
 from tuner.database.workdir import IN_MODEL_CHOICES_KEY
 from tuner.search.parallel import parallel_map
 from tuner.spaces import metaschedule as msc
-from tuner.spaces.analytic import AnalyticSchedule, configure_kernel
+from tuner.spaces.analytic import AnalyticSchedule, Configuration, configuration
 from tuner.tasks.extraction import Task
 from workloads import Workload
 
@@ -39,13 +39,24 @@ class KernelChoice:
     """What compile takes for one kernel: a tuned record, else its analytic schedule (``configured``, on a
     CPU), else TVM's default schedule; ``fell_back`` says why where tuned records existed but none could
     be used, ``beaten`` the tuned record its analytic schedule ran faster than inside the model
-    (``in_model_choice``)."""
+    (``in_model_choice``), ``unconfigured`` why a CPU kernel has no analytic schedule."""
 
     task: Task
     record: Record | None
     fell_back: str | None = None
     configured: AnalyticSchedule | None = None
     beaten: Record | None = None
+    unconfigured: str | None = None
+
+    @property
+    def why_default(self) -> str | None:
+        """Why compile builds the kernel with TVM's default schedule; None where it has a schedule (or none
+        was looked for)."""
+        if self.record is not None or self.configured is not None:
+            return None
+        if self.fell_back:
+            return f"no usable candidate ({self.fell_back})"
+        return f"no analytic schedule: {self.unconfigured}" if self.unconfigured else None
 
     @cached_property
     def trace(self) -> str | None:
@@ -70,9 +81,13 @@ def choose_schedules(
     if not configure:
         return choices
     configured = parallel_map(
-        lambda choice: configure_kernel(choice.task.mod, target) if choice.record is None else None, choices
+        lambda choice: configuration(choice.task.mod, target) if choice.record is None else Configuration(None),
+        choices,
     )
-    return [replace(choice, configured=schedule) for choice, schedule in zip(choices, configured, strict=True)]
+    return [
+        replace(choice, configured=made.schedule, unconfigured=made.missing)
+        for choice, made in zip(choices, configured, strict=True)
+    ]
 
 
 def _recorded_choices(
@@ -126,10 +141,6 @@ def in_model_seconds(times: dict[str, float], name: str) -> float | None:
 def schedules_of(choices: list[KernelChoice], leave_out: frozenset[str] = frozenset()) -> list[tuple]:
     """(kernel, trace JSON) pairs for ``compile_workload``: the scheduled kernels not in ``leave_out``."""
     return [(c.task.mod, c.trace) for c in choices if c.trace is not None and c.task.name not in leave_out]
-
-
-def fell_back(choices: list[KernelChoice]) -> dict[str, str]:
-    return {c.task.name: c.fell_back for c in choices if c.fell_back}
 
 
 @dataclass(frozen=True)

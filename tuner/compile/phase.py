@@ -104,9 +104,12 @@ def compile_and_time(
     if verify and workload.kind != "relax":  # a single kernel: no end-to-end check to catch a wrong one
         choices = _verified_configurations(engine, choices, report)
     for choice in choices:
-        if choice.fell_back:
-            kept = "its analytic schedule" if choice.configured else "TVM's default schedule"
-            report.line(f"{choice.task.name}: built with {kept}: no usable candidate ({choice.fell_back})")
+        if choice.why_default:
+            if choice.task.name not in (untunable or {}):  # the search said why already
+                report.line(f"{choice.task.name}: built with TVM's default schedule: {choice.why_default}")
+        elif choice.fell_back:
+            why = f"no usable candidate ({choice.fell_back})"
+            report.line(f"{choice.task.name}: built with its analytic schedule: {why}")
         elif choice.beaten and choice.configured:
             report.line(f"{choice.task.name}: built with its analytic schedule, judged faster inside the model")
     remove_model(work_dir.untuned)  # an earlier run's, of the same lowering or not
@@ -128,8 +131,9 @@ def compile_and_time(
     speed_before = _speed_now(engine, probe)
     in_model = _in_model_seconds(engine, workload, work_dir.artifact, tasks, report, latency_after)
     speed_after = _speed_now(engine, probe) if speed_before and in_model else None
-    defaulted = {c.task.name: c.fell_back for c in choices if c.trace is None and c.fell_back}
-    reasons = {**(untunable or {}), **defaulted, **check.left_out}
+    fell_back = {c.task.name: c.why_default for c in choices if c.why_default and c.fell_back}
+    unconfigured = {c.task.name: c.why_default for c in choices if c.why_default and not c.fell_back}
+    reasons = {**unconfigured, **(untunable or {}), **fell_back, **check.left_out}  # later win: the search's why
     configured = {c.task.name: c.configured for c in choices if c.configured and c.task.name not in check.left_out}
     switched = [c for c in choices if c.task.name in judged.switched and c.task.name in configured]
     beaten = {c.task.name: judged.judged[c.task.name].tuned / c.task.weight for c in switched}

@@ -30,10 +30,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import tvm
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError, Trace
+
+from common.error_text import error_line
 
 from . import metaschedule as msc
 from .bf16_rule import is_one, space_accumulators, space_unit
@@ -360,22 +363,37 @@ def _fusion_depth(space: Schedule) -> int:
     return max((level.get(inst.inputs[1], -1) for inst in insts if inst.kind.name == "ReverseComputeAt"), default=-1)
 
 
+class Configuration(NamedTuple):
+    """A kernel's analytic schedule, or on a CPU target why it has none (it keeps TVM's default schedule)."""
+
+    schedule: AnalyticSchedule | None
+    missing: str | None = None
+
+
 def configure_kernel(mod: tvm.IRModule, target: tvm.target.Target) -> AnalyticSchedule | None:
     """The analytic schedule of a kernel on a CPU target; None on other targets (a GPU's kernels without
     a tuned schedule take TVM's rule-based ones) and where MetaSchedule makes no design space of it: it
     keeps TVM's default schedule then."""
+    return configuration(mod, target).schedule
+
+
+def configuration(mod: tvm.IRModule, target: tvm.target.Target) -> Configuration:
+    """``configure_kernel``, saying why a CPU kernel has no analytic schedule."""
     if target.kind.name != "llvm":
-        return None
+        return Configuration(None)
     facts = MachineFacts.of(target)
     ruled = rule_schedule(mod, facts)  # before the design spaces, which such a kernel does not need
     if ruled is not None:
-        return ruled
+        return Configuration(ruled)
     try:
         context = msc.make_context(mod, target, ANALYTIC_SEED)
         spaces = msc.design_spaces(context)
-    except RuntimeError:  # MetaSchedule refused the kernel or the target (one without num-cores, say)
-        return None
-    return analytic_schedule(mod, spaces, msc.postprocessors(context), facts)
+    except RuntimeError as err:  # MetaSchedule refused the kernel or the target (one without num-cores, say)
+        return Configuration(None, f"MetaSchedule makes no design space of it ({error_line(err)})")
+    configured = analytic_schedule(mod, spaces, msc.postprocessors(context), facts)
+    if configured is None:
+        return Configuration(None, f"TVM's postprocessors reject every schedule of its {len(spaces)} design space(s)")
+    return Configuration(configured)
 
 
 def rule_schedule(mod: tvm.IRModule, facts: MachineFacts | None) -> AnalyticSchedule | None:
