@@ -193,6 +193,19 @@ def test_an_unverified_record_never_reaches_a_compiled_model(conv_then_pad_work_
     apply(conv_then_pad_work_dir, ConvThenPad, tmp_path / "model.so")  # checks end to end, or raises
 
 
+def test_a_kernel_without_an_analytic_schedule_is_built_with_tvm_s_default_and_says_why(conv_then_pad_work_dir):
+    workload = load_model(ConvThenPad)
+    target = tvm.target.Target({"kind": "llvm"})  # MetaSchedule makes no design space without -num-cores
+    db = WorkDir.existing(conv_then_pad_work_dir, "read").open_database(read_only=True)
+    try:
+        tasks = extract_tasks(workload, target, lower_workload(workload, target, None))
+        (choice,) = choose_schedules(db, tasks, target)
+    finally:
+        db.close()
+    assert choice.trace is None and choice.why_default.startswith("no analytic schedule: MetaSchedule makes no design")
+    assert "num-cores" in choice.why_default
+
+
 def test_a_schedule_that_makes_the_model_wrong_is_found_and_left_out(conv_then_pad_work_dir, tmp_path, capsys):
     name = _add_wrong_record(conv_then_pad_work_dir, verified=True)
     apply(conv_then_pad_work_dir, ConvThenPad, tmp_path / "model.so")

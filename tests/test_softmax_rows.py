@@ -1,7 +1,7 @@
 """Softmaxes a row per parallel task (tuner.spaces.softmax_rule, named on the kernels by
 tuner.lowering.softmax_rows): the kernels the tuner sees carry the rule, and its schedule computes
 what the kernel computes, over rows of any length (ViT's 197 tokens, a prime, among them); a softmax fused
-with a product that broadcasts it, which no design space takes, is named as such."""
+with the product that broadcasts it computes each row's share of the product after the row."""
 
 import numpy as np
 import pytest
@@ -81,8 +81,7 @@ def test_without_the_option_and_in_work_dirs_tuned_before_softmaxes_keep_metasch
 
 
 class SeparableAttention(torch.nn.Module):
-    """MobileViTV2's attention: its softmax fused with the product that broadcasts it is a kernel MetaSchedule
-    makes no design space of (TVM 0.27)."""
+    """MobileViTV2's attention: its softmax is fused with the product that broadcasts it over the channels."""
 
     def __init__(self, channels: int = 16):
         super().__init__()
@@ -95,14 +94,13 @@ class SeparableAttention(torch.nn.Module):
         return torch.relu(v) * context
 
 
-def test_a_kernel_without_an_analytic_schedule_is_named_with_why(tmp_path, capsys):
+def test_a_softmax_fused_with_a_product_that_broadcasts_it_takes_its_rows_and_the_product_after_each(tmp_path):
+    # TVM 0.27 raised an internal error inlining the product, not a ScheduleError: the kernel had no design space
     x = torch.randn(1, 16, 4, 64)
     model = SeparableAttention().eval()
-    result = tune(model, example_inputs=(x,), trials=0, work_dir=tmp_path)
+    result = tune(model, example_inputs=(x,), trials=0, work_dir=tmp_path, progress=False)
     (softmax,) = [task for task in result.tasks if "softmax" in task.name]
-    assert not softmax.analytic and softmax.fell_back.startswith("no analytic schedule: MetaSchedule makes no design")
-    assert "1 kernel(s) built with TVM's default schedule (why: see below)" in result.summary()
-    assert f"{softmax.name}: built with TVM's default schedule: no analytic schedule" in capsys.readouterr().err
-    assert all(task.analytic for task in result.tasks if task is not softmax)
+    assert softmax.analytic and "reverse_compute_at" in softmax.schedule and "parallel" in softmax.schedule
+    assert all(task.analytic for task in result.tasks) and "TVM's default schedule" not in result.summary()
     with torch.no_grad():
         np.testing.assert_allclose(result.run(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-5)

@@ -3,7 +3,8 @@
 Every row is a parallel task that computes its maximum, its exponentials, their sum and the
 quotients one after the other, over the row held in cache: the reductions' ``LANES`` partial
 results vectorised under their loop over the row's vectors, the element-wise loops split into
-whole vectors (vectorised) and the rest.
+whole vectors (vectorised) and the rest. A product fusion put after the softmax that reads each quotient more
+than once (MobileViTV2's, broadcasting it over the channels) takes each row's share right after the row.
 """
 
 from __future__ import annotations
@@ -39,18 +40,25 @@ def schedule_softmax(sch: Schedule, block: SBlockRV) -> list[Schedule]:
 
 def _by_rows(sch: Schedule, block: SBlockRV) -> Schedule:
     blocks = {sch.get(b).name_hint: b for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    broadcasting = []
     for name, other in blocks.items():
         if name in _PER_ROW or name in QUOTIENTS:
             continue
         try:  # the shift, exp's formula, the reductions' combinations, what fusion put before them
             sch.compute_inline(other)
         except tvm.s_tir.ScheduleError:  # what fusion put after them
-            sch.reverse_compute_inline(other)
+            try:
+                sch.reverse_compute_inline(other)
+            except (tvm.s_tir.ScheduleError, tvm.error.InternalError):  # TVM 0.27 raises the second for some
+                broadcasting.append(other)  # reads a row's quotients more than once: MobileViTV2's product
     *outer, _ = sch.get_loops(block)
     row = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     for name in _PER_ROW:
         if name in blocks:
             sch.compute_at(blocks[name], row, preserve_unit_loops=True)
+    for consumer in broadcasting:  # each row's share of it right after the row, while its quotients are in cache
+        sch.reverse_compute_at(consumer, row, preserve_unit_loops=True)
+        _vectorize_whole(sch, consumer)
     for name in ("row_max_lanes", "row_sum_lanes"):
         if name in blocks:  # [..., lane, c]: the lanes innermost, a vector per step over the row
             *_, lane, vectors = sch.get_loops(blocks[name])
