@@ -30,7 +30,7 @@ from tuner.errors import TargetError
 from tuner.lowering.bf16.kernels import bf16_conv2d_nhwc, bf16_dense, pack_conv_weight, pack_dense_weight
 from tuner.lowering.bf16.precision import check_bf16
 from tuner.spaces.bf16_rule import padded_rows, tile_shapes
-from tuner.targets import bf16_unit, has_bf16_dot_product, host_feature_corrections
+from tuner.targets import has_bf16_dot_product
 
 
 @needs_bf16
@@ -182,31 +182,6 @@ def test_amx_tiles_fit_its_eight_tile_registers_and_prefer_four_full_blocks() ->
     assert tile_shapes(7, 6, AMX)[0] == (7, 3)
     assert padded_rows(197, 48, AMX) == 203  # 7 tiles of 29 rows (16 + 13), not 197 of one
     assert padded_rows(56, 4, AMX) == 56
-
-
-def test_the_host_target_adds_the_features_its_cpu_has_and_llvm_s_name_for_it_lacks() -> None:
-    # a hypervisor that reports a Sapphire Rapids as model 167 makes LLVM call it a Rocket Lake
-    flags = {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "avx512_fp16", "avx512_vnni"}
-    assert host_feature_corrections("rocketlake", flags) == ["+avx512bf16", "+amx-tile", "+amx-bf16", "+avx512fp16"]
-    assert host_feature_corrections("sapphirerapids", flags) == []
-    assert host_feature_corrections("znver4", {"avx512_bf16", "avx512_vnni"}) == []
-    target = tvm.target.Target(
-        {"kind": "llvm", "mcpu": "rocketlake", "mattr": ["+avx512bf16", "+amx-tile", "+amx-bf16"]}
-    )
-    assert bf16_unit(target) == AMX
-    assert bf16_unit(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})) == AVX512
-    assert bf16_unit(tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake"})) is None
-
-
-def test_the_host_target_removes_what_llvm_s_name_has_and_the_cpu_does_not_offer() -> None:
-    # an Emerald Rapids VM with AMX off: LLVM names it by its model, AMX included, and a tile instruction
-    # stopped `tuner doctor` with SIGILL
-    flags = {"avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni"}
-    corrections = host_feature_corrections("emeraldrapids", flags)
-    assert corrections == ["-amx-tile", "-amx-bf16"]
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "emeraldrapids", "mattr": corrections})
-    assert bf16_unit(target) == AVX512
-    assert host_feature_corrections("emeraldrapids", set()) == []  # flags unknown: LLVM's name stands
 
 
 def test_packed_layouts_put_pairs_along_the_reduction_and_sixteen_outputs_together() -> None:

@@ -1,8 +1,9 @@
 import pytest
 import tvm
 
+from codegen.bf16_dot import AMX, AVX512
 from tuner.errors import TargetError
-from tuner.targets import describe_target, resolve_target, target_kind
+from tuner.targets import bf16_unit, describe_target, host_feature_corrections, resolve_target, target_kind
 
 
 def test_plain_llvm_means_the_host_cpu_with_its_vector_units():
@@ -58,3 +59,47 @@ def test_kind_and_description():
     assert target_kind(str(resolve_target("cuda -arch=sm_90"))) == "cuda"  # the JSON form records store
     assert describe_target(resolve_target("cuda -arch=sm_90")) == "cuda -arch=sm_90"
     assert describe_target(resolve_target("llvm -mcpu=znver4 -num-cores=2")) == "llvm -mcpu=znver4 -num-cores=2"
+
+
+# /proc/cpuinfo's vector flags of a 2-core Emerald Rapids VM with AMX off (2026-12-06)
+EMERALD_RAPIDS_FLAGS = set(
+    "avx2 fma f16c avx512f avx512dq avx512cd avx512bw avx512vl avx512ifma avx512vbmi avx512_vbmi2 avx512_vnni "
+    "avx512_bitalg avx512_vpopcntdq avx512_fp16 avx512_bf16 avx_vnni".split()
+)
+AMX_FLAGS = {"amx_tile", "amx_bf16", "amx_int8"}
+
+
+def test_the_host_target_adds_the_features_its_cpu_has_and_llvm_s_name_for_it_lacks() -> None:
+    # a hypervisor that reports a Sapphire Rapids as model 167 makes LLVM call it a Rocket Lake
+    flags = EMERALD_RAPIDS_FLAGS | AMX_FLAGS
+    assert host_feature_corrections("rocketlake", flags) == [
+        "+avx512fp16",
+        "+avx512bf16",
+        "+amx-tile",
+        "+amx-bf16",
+        "+amx-int8",
+        "+avxvnni",
+    ]
+    assert host_feature_corrections("sapphirerapids", flags) == []
+    target = tvm.target.Target(
+        {"kind": "llvm", "mcpu": "rocketlake", "mattr": ["+avx512bf16", "+amx-tile", "+amx-bf16"]}
+    )
+    assert bf16_unit(target) == AMX
+    assert bf16_unit(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})) == AVX512
+    assert bf16_unit(tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake"})) is None
+
+
+def test_the_host_target_removes_what_llvm_s_name_has_and_the_cpu_does_not_offer() -> None:
+    # an Emerald Rapids VM with AMX off: LLVM names it by its model, AMX included, and a tile instruction
+    # stopped `tuner doctor` with SIGILL
+    corrections = host_feature_corrections("emeraldrapids", EMERALD_RAPIDS_FLAGS)
+    assert corrections == ["-amx-tile", "-amx-bf16", "-amx-int8"]
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "emeraldrapids", "mattr": corrections})
+    assert bf16_unit(target) == AVX512
+    assert host_feature_corrections("emeraldrapids", set()) == []  # flags unknown: LLVM's name stands
+    # a hypervisor that hides AVX-512: removing AVX-512F takes every AVX-512 feature with it
+    avx2_only = host_feature_corrections("skylake-avx512", {"avx2", "fma", "f16c"})
+    assert avx2_only[0] == "-avx512f"
+    hidden = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "mattr": avx2_only})
+    assert not tvm.target.codegen.target_has_features("avx512bw", hidden)
+    assert tvm.target.codegen.target_has_features("avx2", hidden)

@@ -29,17 +29,32 @@ _EXAMPLES = (
     "'llvm', 'llvm -mcpu=skylake-avx512 -num-cores=4', 'cuda', 'cuda -arch=sm_90', or a dict like {'kind': 'cuda', "
     "'arch': 'sm_90'}"
 )
-# Features kernels use, as /proc/cpuinfo names them and as LLVM does: LLVM names the host CPU by its model
-# number, which a hypervisor may report for an older CPU (a Sapphire Rapids seen as a Rocket Lake, without
+# Vector features LLVM may emit code for, as /proc/cpuinfo names them and as LLVM does: LLVM names the host CPU
+# by its model number, which a hypervisor may report for an older CPU (a Sapphire Rapids seen as a Rocket Lake, without
 # its bf16 dot product and AMX), or offer less than the model has (an Emerald Rapids with AMX off: its tiles'
 # instructions stop the process), so the host's target adds those its CPU name lacks and removes those the
 # CPU does not offer.
 _HOST_FEATURES = {
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+    "avx512f": "avx512f",  # removed, it takes every AVX-512 feature with it (a hypervisor that hides AVX-512)
+    "avx512dq": "avx512dq",
+    "avx512cd": "avx512cd",
+    "avx512bw": "avx512bw",
+    "avx512vl": "avx512vl",
+    "avx512ifma": "avx512ifma",
+    "avx512vbmi": "avx512vbmi",
+    "avx512_vbmi2": "avx512vbmi2",
+    "avx512_vnni": "avx512vnni",
+    "avx512_bitalg": "avx512bitalg",
+    "avx512_vpopcntdq": "avx512vpopcntdq",
+    "avx512_fp16": "avx512fp16",
     "avx512_bf16": "avx512bf16",
     "amx_tile": "amx-tile",
     "amx_bf16": "amx-bf16",
-    "avx512_fp16": "avx512fp16",
-    "avx512_vnni": "avx512vnni",
+    "amx_int8": "amx-int8",
+    "avx_vnni": "avxvnni",
 }
 # Limits of every CUDA GPU since Volta, used where the device cannot be asked (a build host without a GPU).
 _CUDA_DEFAULT_LIMITS = {
