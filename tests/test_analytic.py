@@ -174,6 +174,15 @@ def test_a_late_convolution_splits_its_weights_across_the_cores_an_early_one_its
     assert plan.factors[3][0] == 1 and plan.tasks >= AVX512.cores
 
 
+def test_where_reads_tie_a_products_tasks_split_its_outermost_loops_as_an_element_wise_kernel_does():
+    """The attention block's QK^T, 4 heads of 256 x 16 x 256: every split reads less than L2, so the heads
+    split first (the softmax after it takes heads on each core), not rows and columns."""
+    scores = _loops([4, 256, 256], [16])
+    plan = plan_block(scores, AVX512)
+    _check_factors(scores, plan)
+    assert plan.factors[0][0] == 4 and plan.factors[2][0] == 1 and plan.tasks == 4 * AVX512.cores
+
+
 def test_a_product_whose_weights_exceed_l3_reads_each_weight_tile_once_for_all_its_rows():
     """Llama-3-8B's FFN down product, 128 x 14336 x 4096: 235 MB of weights. Rows blocked to fit L2 (8 at a
     time) streamed a task's weights from memory once per block of rows, 16 times; all 128 rows in the block,
