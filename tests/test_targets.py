@@ -2,8 +2,16 @@ import pytest
 import tvm
 
 from codegen.bf16_dot import AMX, AVX512
-from tuner.errors import TargetError
-from tuner.targets import bf16_unit, describe_target, host_feature_corrections, resolve_target, target_kind
+from tuner.errors import NoDeviceError, TargetError
+from tuner.targets import (
+    bf16_unit,
+    describe_target,
+    features_not_offered,
+    host_feature_corrections,
+    require_device,
+    resolve_target,
+    target_kind,
+)
 
 
 def test_plain_llvm_means_the_host_cpu_with_its_vector_units():
@@ -103,3 +111,26 @@ def test_the_host_target_removes_what_llvm_s_name_has_and_the_cpu_does_not_offer
     hidden = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "mattr": avx2_only})
     assert not tvm.target.codegen.target_has_features("avx512bw", hidden)
     assert tvm.target.codegen.target_has_features("avx2", hidden)
+
+
+def test_the_host_s_own_cpu_name_means_this_cpu_and_a_cpu_it_cannot_run_is_refused() -> None:
+    host = tvm.target.codegen.llvm_get_system_cpu()
+    assert describe_target(resolve_target(f"llvm -mcpu={host}")) == describe_target(resolve_target("llvm"))
+    kept = resolve_target(f"llvm -mcpu={host} -mattr=+amx-tile")  # a feature the user names stays as named
+    assert "+amx-tile" in kept.attrs["mattr"] and "-amx-tile" not in kept.attrs["mattr"]
+
+    sapphire = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
+    assert features_not_offered(sapphire, EMERALD_RAPIDS_FLAGS) == ["amx-tile", "amx-bf16", "amx-int8"]
+    assert features_not_offered(sapphire, EMERALD_RAPIDS_FLAGS | AMX_FLAGS) == []
+    assert features_not_offered(tvm.target.Target({"kind": "llvm", "mcpu": "haswell"}), EMERALD_RAPIDS_FLAGS) == []
+    aarch64 = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72"})
+    assert features_not_offered(aarch64, EMERALD_RAPIDS_FLAGS) == []  # another architecture's: not ours to judge
+
+    beyond = next(
+        (name for name in ("sapphirerapids", "znver5") if features_not_offered(resolve_target(f"llvm -mcpu={name}"))),
+        None,
+    )
+    if beyond is not None:  # this CPU lacks something of it: one line before anything is built
+        with pytest.raises(NoDeviceError, match="illegal instruction"):
+            require_device(f"llvm -mcpu={beyond}")
+    require_device("llvm")

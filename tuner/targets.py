@@ -192,9 +192,12 @@ def _check_arch(config: dict[str, Any]) -> None:
 
 def _complete_llvm(config: dict[str, Any]) -> dict[str, Any]:
     config = dict(config)
-    if "mtriple" not in config and "mcpu" not in config:
-        config["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
-        corrections = host_feature_corrections(config["mcpu"])
+    host = tvm.target.codegen.llvm_get_system_cpu()
+    if "mtriple" not in config and config.setdefault("mcpu", host) == host:
+        # the host's own name, given or not, means this CPU with the features it offers; a feature the user
+        # names in -mattr stays as named
+        named = {str(attr).lstrip("+-") for attr in config.get("mattr", [])}
+        corrections = [c for c in host_feature_corrections(host) if c[1:] not in named]
         if corrections:
             config["mattr"] = [*config.get("mattr", []), *corrections]
     _check_mcpu(config)
@@ -216,6 +219,17 @@ def host_feature_corrections(mcpu: str, flags: set[str] | None = None) -> list[s
         if (flag in flags) != in_name:
             corrections.append(f"{'-' if in_name else '+'}{feature}")
     return corrections
+
+
+def features_not_offered(target: Target, flags: set[str] | None = None) -> list[str]:
+    """The vector features kernels for ``target`` may use that this CPU (or ``flags``, as /proc/cpuinfo names
+    them) does not offer; none for another architecture's target or where the flags cannot be read."""
+    flags = cpu_flags() if flags is None else flags
+    triple = str(target.attrs.get("mtriple", "") or "")
+    if not flags or target.kind.name != "llvm" or triple not in ("", tvm.target.codegen.llvm_get_system_triple()):
+        return []
+    offered = {feature for flag, feature in _HOST_FEATURES.items() if flag in flags}
+    return [f for f in _HOST_FEATURES.values() if f not in offered and llvm_features.target_has_features(f, target)]
 
 
 def _complete_cuda(config: dict[str, Any]) -> dict[str, Any]:
@@ -265,9 +279,20 @@ def target_kind(spec: str | dict | Target) -> str | None:
 
 def require_device(spec: str | dict | Target) -> None:
     """Stop early, in one line, when the target's device cannot be used on this machine: say what
-    is missing (no GPU, no driver, a driver too old, no CUDA 13 runtime) and how to get it."""
+    is missing (a vector feature of the named CPU this one lacks; no GPU, no driver, a driver too old, no
+    CUDA 13 runtime) and how to get it."""
     from .errors import NoDeviceError
 
+    if target_kind(spec) == "llvm":
+        target = resolve_target(spec)
+        missing = features_not_offered(target)
+        if missing:
+            raise NoDeviceError(
+                f"cannot tune for '{describe_target(target)}' here: its kernels may use {', '.join(missing)}, which "
+                f"this CPU does not offer (they would stop with an illegal instruction); leave -mcpu out for this "
+                f"CPU, or take them out with -mattr={','.join('-' + f for f in missing)}"
+            )
+        return
     if target_kind(spec) != "cuda":
         return
     # a typo in -arch is named before the missing GPU (a target's JSON text is for resolve_target to refuse)
