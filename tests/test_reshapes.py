@@ -1,5 +1,6 @@
-"""Reshapes legalized with bounded indices (tuner.lowering.reshapes), and a block read through a remainder
-computed at the root by the analytic draw (tuner.spaces.analytic): real TE, TVM builds and PyTorch."""
+"""Reshapes legalized with bounded indices (tuner.lowering.reshapes), and where the analytic draw
+(tuner.spaces.analytic) computes them: a block read through a remainder at the root, a reshape that moves
+nothing inlined into the product that reads it. Real TE, TVM builds and PyTorch."""
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from tvm import te, tirx
 
 from tuner.lowering import LoweringOptions
 from tuner.lowering.reshapes import bounded_reshape
-from tuner.spaces.analytic import ROOT, configure_kernel
+from tuner.spaces.analytic import INLINED, ROOT, configure_kernel, is_view
 from tuner.targets import resolve_target
 from tuner.tasks.extraction import extract_tasks, lower_workload
 from workloads import load_workload
@@ -85,3 +86,46 @@ def test_a_block_read_through_a_remainder_is_computed_at_the_root():
     assert ROOT in locations, locations
     unscheduled, ours = unscheduled_and_scheduled_outputs(task.mod, configured.sch.mod, seed=2)
     np.testing.assert_array_equal(ours, unscheduled)
+
+
+def _product_of(rows: te.Tensor, columns: int) -> tvm.IRModule:
+    """``rows`` (a 2-D copy of an input) times a weight of ``columns`` columns."""
+    (data,) = rows.op.input_tensors
+    weight = te.placeholder((rows.shape[1], columns), name="w")
+    k = te.reduce_axis((0, rows.shape[1]), name="k")
+    out = te.compute((rows.shape[0], columns), lambda i, j: te.sum(rows[i, k] * weight[k, j], axis=k), name="matmul")
+    func = te.create_prim_func([data, weight, out]).with_attr("global_symbol", "main")
+    return tvm.IRModule({"main": func})
+
+
+def _copy_location(mod: tvm.IRModule) -> int:
+    configured = configure_kernel(mod, resolve_target("llvm"))
+    assert configured is not None
+    unscheduled, ours = unscheduled_and_scheduled_outputs(mod, configured.sch.mod, seed=3)
+    np.testing.assert_allclose(ours, unscheduled, rtol=1e-5, atol=1e-5)
+    trace = configured.sch.trace
+    (location,) = [int(trace.decisions[i]) for i in trace.insts if i.kind.name == "SampleComputeLocation"]
+    return location
+
+
+def test_a_reshape_that_moves_nothing_is_inlined_into_the_product_that_reads_it():
+    """MobileViT's patches (4x256x144) read as 1024 rows of 144: at the root the reshape was a copy of the
+    whole input and a parallel launch of its own (its product 249 -> 185 us alone on a 2-core Xeon)."""
+    data = te.placeholder((4, 64, 48), name="x")
+    rows = bounded_reshape(data, [tirx.IntImm("int64", d) for d in (256, 48)])
+    mod = _product_of(rows, 32)
+    assert is_view(_block(mod, "T_reshape"))
+    assert _copy_location(mod) == INLINED
+    # a transpose moves every element: a pass of its own at the root, the product reading rows as they lie
+    columns_first = te.placeholder((48, 256), name="x")
+    moved = te.compute((256, 48), lambda i, j: columns_first[j, i], name="T_transpose")
+    assert not is_view(_block(_product_of(moved, 32), "T_transpose"))
+    assert _copy_location(_product_of(moved, 32)) == ROOT
+    # the same offsets across the innermost axis (6x10 read as 4x15): a division in the vectorised loop
+    across = bounded_reshape(te.placeholder((6, 10), name="x"), [tirx.IntImm("int64", d) for d in (4, 15)])
+    assert not is_view(_block(_product_of(across, 16), "T_reshape"))
+
+
+def _block(mod: tvm.IRModule, name: str):
+    sch = tvm.s_tir.Schedule(mod)
+    return sch.get(sch.get_sblock(name))
