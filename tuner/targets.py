@@ -209,27 +209,30 @@ def host_feature_corrections(mcpu: str, flags: set[str] | None = None) -> list[s
     """LLVM attributes that make LLVM's CPU ``mcpu`` what this CPU offers (or ``flags``, as /proc/cpuinfo
     names them): ``+amx-bf16`` for a feature the CPU has and the name lacks, ``-amx-bf16`` for one the name
     has and the CPU does not offer; none where the flags cannot be read."""
-    flags = cpu_flags() if flags is None else flags
-    if not flags:
-        return []
     named = Target({"kind": "llvm", "mcpu": mcpu})
-    corrections = []
-    for flag, feature in _HOST_FEATURES.items():
-        in_name = bool(llvm_features.target_has_features(feature, named))
-        if (flag in flags) != in_name:
-            corrections.append(f"{'-' if in_name else '+'}{feature}")
-    return corrections
+    return [f"{'+' if offered else '-'}{feature}" for feature, offered in _differences(named, flags)]
 
 
 def features_not_offered(target: Target, flags: set[str] | None = None) -> list[str]:
     """The vector features kernels for ``target`` may use that this CPU (or ``flags``, as /proc/cpuinfo names
     them) does not offer; none for another architecture's target or where the flags cannot be read."""
-    flags = cpu_flags() if flags is None else flags
     triple = str(target.attrs.get("mtriple", "") or "")
-    if not flags or target.kind.name != "llvm" or triple not in ("", tvm.target.codegen.llvm_get_system_triple()):
+    if target.kind.name != "llvm" or triple not in ("", tvm.target.codegen.llvm_get_system_triple()):
         return []
-    offered = {feature for flag, feature in _HOST_FEATURES.items() if flag in flags}
-    return [f for f in _HOST_FEATURES.values() if f not in offered and llvm_features.target_has_features(f, target)]
+    return [feature for feature, offered in _differences(target, flags) if not offered]
+
+
+def _differences(target: Target, flags: set[str] | None) -> list[tuple[str, bool]]:
+    """(feature, whether this CPU offers it) for each of ``_HOST_FEATURES`` where ``target`` and this CPU (or
+    ``flags``) differ; none where the flags cannot be read."""
+    flags = cpu_flags() if flags is None else flags
+    if not flags:
+        return []
+    return [
+        (feature, flag in flags)
+        for flag, feature in _HOST_FEATURES.items()
+        if (flag in flags) != bool(llvm_features.target_has_features(feature, target))
+    ]
 
 
 def _complete_cuda(config: dict[str, Any]) -> dict[str, Any]:
@@ -283,7 +286,8 @@ def require_device(spec: str | dict | Target) -> None:
     CUDA 13 runtime) and how to get it."""
     from .errors import NoDeviceError
 
-    if target_kind(spec) == "llvm":
+    kind = target_kind(spec)
+    if kind == "llvm":
         target = resolve_target(spec)
         missing = features_not_offered(target)
         if missing:
@@ -293,7 +297,7 @@ def require_device(spec: str | dict | Target) -> None:
                 f"CPU, or take them out with -mattr={','.join('-' + f for f in missing)}"
             )
         return
-    if target_kind(spec) != "cuda":
+    if kind != "cuda":
         return
     # a typo in -arch is named before the missing GPU (a target's JSON text is for resolve_target to refuse)
     if isinstance(spec, dict):
