@@ -106,7 +106,8 @@ def test_kernel_times_name_each_kernel_of_the_model_and_leave_it_running_as_befo
     model = tuned_mlp.compiled()
     x = _input()
     before = model.kernel_times(x, runs=3)
-    times = model.kernel_times(x, runs=12)
+    # the least of three: a stall over most of one measurement's runs (CI once: 1.85 ms against 15 us) is no inference
+    times = min((model.kernel_times(x, runs=12) for _ in range(3)), key=lambda by_kernel: sum(by_kernel.values()))
     after = model.kernel_times(x, runs=3)
     assert times and all(seconds > 0 for seconds in times.values())
     assert not any(name.startswith("vm.") for name in times)  # the VM's own builtins are left out
