@@ -31,6 +31,7 @@ from tuner.targets import bf16_unit
 from . import metaschedule as msc
 from .analytic import configure_kernel
 from .bf16_product import packed_product
+from .machine import MachineFacts
 
 CALIBRATION_FILE = "machine.json"
 # BERT-base's attention output projection (128 tokens, 768 -> 768), its weights in the layout its schedule
@@ -45,7 +46,8 @@ _PRODUCT = (128, 768, 768)  # rows, columns, reduction
 # in bf16; the shallow one ResNet-50's first 1x1 expansion (56x56 positions, 64 -> 256 channels), 1,009-1,093
 _BF16_PRODUCT = (784, 128, 1152)
 _SHALLOW_PRODUCT = (3136, 256, 64)
-_COPY_FLOATS = 16 << 20  # 64 MB each way: far past the last-level cache
+_COPY_FLOATS = 16 << 20  # 64 MB each way: past the private caches, within a VM's reported L3 (the operands' rate)
+_MAX_STREAM_BYTES = 1 << 30  # the copy from memory, each way, at most (twice the last-level cache, where smaller)
 
 
 def _flops(shape: tuple[int, int, int]) -> int:
@@ -59,7 +61,7 @@ _PRODUCT_FLOPS = _flops(_PRODUCT)
 _METHOD = (
     "a model's product (128x768x768, layout-free weights; in bf16 784x128x1152 and 3136x256x64 on each unit), "
     "host-wide peaks (FMA operands in registers), fastest of repeats; its block: row tiles per column tile; AMX "
-    "tiles from zero tiles store no zeros first"
+    "tiles from zero tiles store no zeros first; weights from memory: a copy twice the last-level cache"
 )
 BUSY_LOAD_PER_CORE = 0.5  # runnable processes per core (the 1-minute load average) above which a machine is busy
 
@@ -67,7 +69,8 @@ BUSY_LOAD_PER_CORE = 0.5  # runnable processes per core (the 1-minute load avera
 @dataclass(frozen=True)
 class Calibration:
     """Measured on this machine (AutoConfig's "dynamic overhead measurement"): the rate of an analytically
-    configured product running from the caches, memory bandwidth, and the cost of a parallel launch."""
+    configured product running from the caches, bandwidth from the caches and from memory, and the cost of
+    a parallel launch."""
 
     product_gflops: float  # all cores
     bandwidth_gbs: float  # bytes read and written per second
@@ -82,6 +85,8 @@ class Calibration:
     # the shallow product (``_SHALLOW_PRODUCT``) on each unit: with the one above, the cost of an output
     bf16_shallow_gflops: float | None = None
     amx_shallow_gflops: float | None = None
+    # a copy twice the last-level cache: what a model's weights stream at, read once an inference
+    memory_bandwidth_gbs: float | None = None
 
     @property
     def taken_busy(self) -> bool:
@@ -103,6 +108,9 @@ class Calibration:
             peaks += f", bf16 products on {name} {rate:.0f}" if rate else ""
             per_output = (self.bf16_costs(unit) or (0.0, 0.0))[1]
             peaks += f" (an output {per_output * 1e12:.0f} ps)" if per_output else ""
+        memory = f"memory {self.bandwidth_gbs:.1f} GB/s"
+        if self.memory_bandwidth_gbs:
+            memory = f"{self.bandwidth_gbs:.1f} GB/s from the caches and {self.memory_bandwidth_gbs:.1f} from memory"
         busy = (
             f" (taken while the machine was busy, {self.load_per_core:.1f} runnable per core: measured again on the "
             "first run that finds it quiet)"
@@ -110,7 +118,7 @@ class Calibration:
             else ""
         )
         return (
-            f"products {self.product_gflops:.0f} GFLOP/s from the caches, memory {self.bandwidth_gbs:.1f} GB/s, "
+            f"products {self.product_gflops:.0f} GFLOP/s from the caches, {memory}, "
             f"a parallel launch {self.launch_seconds * 1e6:.1f} us{peaks}{busy}"
         )
 
@@ -132,6 +140,7 @@ class Calibration:
             amx_product_gflops=most(self.amx_product_gflops, other.amx_product_gflops),
             bf16_shallow_gflops=most(self.bf16_shallow_gflops, other.bf16_shallow_gflops),
             amx_shallow_gflops=most(self.amx_shallow_gflops, other.amx_shallow_gflops),
+            memory_bandwidth_gbs=most(self.memory_bandwidth_gbs, other.memory_bandwidth_gbs),
         )
 
     def bf16_product_rate(self, unit: str) -> float | None:
@@ -302,6 +311,10 @@ def _measure_with_threads(target: tvm.target.Target) -> Calibration:
     x = te.placeholder((_COPY_FLOATS,), "float32", name="x")
     copy = _parallel_vectorized(te.compute((_COPY_FLOATS,), lambda i: x[i], name="y"), x, target)
     copy_seconds = _seconds(copy, target)
+    streamed_floats = _streamed_floats(target)
+    y = te.placeholder((streamed_floats,), "float32", name="x")
+    stream = _parallel_vectorized(te.compute((streamed_floats,), lambda i: y[i], name="y"), y, target)
+    stream_seconds = _seconds(stream, target)
     tiny = te.placeholder((1024,), "float32", name="t")
     launch_seconds = _seconds(_parallel_vectorized(te.compute((1024,), lambda i: tiny[i] + 1.0), tiny, target), target)
     units = {None: (), AVX512: (AVX512,), AMX: (AVX512, AMX)}[bf16_unit(target)]
@@ -323,7 +336,16 @@ def _measure_with_threads(target: tvm.target.Target) -> Calibration:
         amx_product_gflops=bf16_rates.get(AMX),
         bf16_shallow_gflops=shallow_rates.get(AVX512),
         amx_shallow_gflops=shallow_rates.get(AMX),
+        memory_bandwidth_gbs=2 * 4 * streamed_floats / stream_seconds / 1e9,
     )
+
+
+def _streamed_floats(target: tvm.target.Target) -> int:
+    """Floats each way of the copy from memory: twice the last-level cache (as much as the 64 MB copy where the
+    caches are not known), at most ``_MAX_STREAM_BYTES``."""
+    facts = MachineFacts.of(target)
+    last_level = facts.l3_bytes * facts.cores if facts is not None else 4 * _COPY_FLOATS
+    return min(2 * last_level, _MAX_STREAM_BYTES) // 4
 
 
 def _bf16_rate(target: tvm.target.Target, unit: str, shape: tuple[int, int, int]) -> float:

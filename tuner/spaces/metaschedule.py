@@ -321,14 +321,25 @@ def kernel_bytes(mod: tvm.IRModule) -> int:
     counted at most once per point of the blocks that read it: a gather reads the rows it picks, not its
     whole table (BERT's token embedding, 94 MB, of which a 128-token sequence reads 0.4 MB: the prediction
     said 0.93 ms for a kernel of 11 us)."""
+    return sum(_argument_bytes(mod))
+
+
+def weight_bytes(mod: tvm.IRModule) -> int:
+    """Of ``kernel_bytes``, the weights': its layout-free arguments (``LAYOUT_FREE_ATTR``), a model's constants."""
+    free = mod["main"].attrs.get(LAYOUT_FREE_ATTR, []) if mod["main"].attrs else []
+    return sum(_argument_bytes(mod)[int(index)] for index in free)
+
+
+def _argument_bytes(mod: tvm.IRModule) -> list[int]:
+    """Each argument's bytes the kernel moves (``kernel_bytes``), in the order of its parameters."""
     reads = _points_reading(mod)
-    total = 0
+    moved = []
     for param in mod["main"].params:
         shape = [int(d) for d in getattr(param, "shape", [])]
         elements = int(np.prod(shape, dtype=np.int64))
         read = next((points for buffer, points in reads if buffer.same_as(param)), None)
-        total += (min(elements, read) if read is not None else elements) * tvm.DataType(str(param.dtype)).bits // 8
-    return total
+        moved.append((min(elements, read) if read is not None else elements) * tvm.DataType(str(param.dtype)).bits // 8)
+    return moved
 
 
 def root_blocks(mod: tvm.IRModule) -> list[tvm.tirx.Stmt]:
