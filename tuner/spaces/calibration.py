@@ -308,13 +308,6 @@ def _configured_product(
 def _measure_with_threads(target: tvm.target.Target) -> Calibration:
     gemm_seconds = _seconds(_configured_product(target), target)
 
-    x = te.placeholder((_COPY_FLOATS,), "float32", name="x")
-    copy = _parallel_vectorized(te.compute((_COPY_FLOATS,), lambda i: x[i], name="y"), x, target)
-    copy_seconds = _seconds(copy, target)
-    streamed_floats = _streamed_floats(target)
-    y = te.placeholder((streamed_floats,), "float32", name="x")
-    stream = _parallel_vectorized(te.compute((streamed_floats,), lambda i: y[i], name="y"), y, target)
-    stream_seconds = _seconds(stream, target)
     tiny = te.placeholder((1024,), "float32", name="t")
     launch_seconds = _seconds(_parallel_vectorized(te.compute((1024,), lambda i: tiny[i] + 1.0), tiny, target), target)
     units = {None: (), AVX512: (AVX512,), AMX: (AVX512, AMX)}[bf16_unit(target)]
@@ -328,7 +321,7 @@ def _measure_with_threads(target: tvm.target.Target) -> Calibration:
         fma_peak = None
     return Calibration(
         product_gflops=_PRODUCT_FLOPS / gemm_seconds / 1e9,
-        bandwidth_gbs=2 * 4 * _COPY_FLOATS / copy_seconds / 1e9,
+        bandwidth_gbs=_copy_gbs(_COPY_FLOATS, target),
         launch_seconds=launch_seconds,
         fma_peak_gflops=fma_peak,
         bf16_peak_gflops=bf16_peak(threads)[0],
@@ -336,8 +329,15 @@ def _measure_with_threads(target: tvm.target.Target) -> Calibration:
         amx_product_gflops=bf16_rates.get(AMX),
         bf16_shallow_gflops=shallow_rates.get(AVX512),
         amx_shallow_gflops=shallow_rates.get(AMX),
-        memory_bandwidth_gbs=2 * 4 * streamed_floats / stream_seconds / 1e9,
+        memory_bandwidth_gbs=_copy_gbs(_streamed_floats(target), target),
     )
+
+
+def _copy_gbs(floats: int, target: tvm.target.Target) -> float:
+    """Bytes read and written per second by a copy of ``floats`` fp32 numbers on every core."""
+    x = te.placeholder((floats,), "float32", name="x")
+    copy = _parallel_vectorized(te.compute((floats,), lambda i: x[i], name="y"), x, target)
+    return 2 * 4 * floats / _seconds(copy, target) / 1e9
 
 
 def _streamed_floats(target: tvm.target.Target) -> int:
