@@ -76,25 +76,6 @@ def test_a_products_prediction_counts_its_memory_on_top_of_its_arithmetic():
     assert untiled == pytest.approx(1e9 / 500e9 + moved / 20e9 + 1e-6)
 
 
-def test_a_kernels_weights_are_predicted_at_the_bandwidth_from_memory_and_its_other_bytes_from_the_caches():
-    """A model reads each weight once an inference, after every other kernel's bytes went through the caches:
-    the classifiers' 1-row products read theirs at the rate of a copy twice the last-level cache, half that of
-    the 64 MB copy on a 2-core Xeon VM. Weights are a kernel's layout-free arguments."""
-    from tuner.spaces.calibration import _calibration_product
-
-    product = _calibration_product()  # 128x768 times 768x768 weights
-    assert msc.weight_bytes(product) == 768 * 768 * 4
-    assert msc.kernel_bytes(product) == (128 * 768 + 768 * 768 + 128 * 768) * 4
-    assert msc.weight_bytes(tvm.IRModule({"main": product["main"].without_attr(msc.LAYOUT_FREE_ATTR)})) == 0
-    both = Calibration(200.0, 50.0, 0.0, memory_bandwidth_gbs=25.0)
-    moved, weights = 100e6, 60e6
-    expected = (moved - weights) / 50e9 + weights / 25e9
-    assert predicted_seconds(0, moved, [], AVX512, both, weights=weights) == pytest.approx(expected)
-    older = Calibration(200.0, 50.0, 0.0)  # a cache from before: one bandwidth for every byte
-    assert predicted_seconds(0, moved, [], AVX512, older, weights=weights) == pytest.approx(moved / 50e9)
-    assert "25.0 from memory" in both.describe() and "from memory" not in older.describe()
-
-
 def test_a_bf16_products_prediction_takes_the_calibrated_rate_of_its_unit_not_the_units_peak():
     """AMX's peak is a rate of tiles already in registers: ResNet-18's bf16 convolutions ran at 13-35% of it,
     every prediction 1.3-2.2x too fast. The calibration's product in bf16 says what each unit's tiles reach

@@ -7,12 +7,17 @@ import json
 import subprocess
 from dataclasses import asdict, replace
 
+import pytest
 import tvm
 
 from codegen.bf16_dot import AMX, AVX512
 from common import peaks
 from tuner.lowering.bf16.precision import slow_bf16_products
 from tuner.spaces import calibration as cal
+from tuner.spaces import metaschedule as msc
+from tuner.spaces.machine import MachineFacts
+from tuner.spaces.prediction import predicted_seconds
+from tuner.spaces.register_tiles import RegisterFile
 from tuner.targets import bf16_unit, resolve_target
 
 TARGET = resolve_target("llvm")
@@ -131,3 +136,21 @@ def test_bf16_products_calibrated_slower_than_float32_ones_are_said_up_front():
     assert slow_bf16_products(avx512, replace(slow, bf16_product_gflops=None)) is None
     amx = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
     assert slow_bf16_products(amx, replace(slow, amx_product_gflops=1500.0)) is None  # AMX's rate, not vdpbf16ps's
+
+
+def test_a_kernels_weights_are_predicted_at_the_bandwidth_from_memory_and_its_other_bytes_from_the_caches():
+    """A model reads each weight once an inference, after every other kernel's bytes went through the caches:
+    the classifiers' 1-row products read theirs at the rate of a copy twice the last-level cache, half that of
+    the 64 MB copy on a 2-core Xeon VM. Weights are a kernel's layout-free arguments."""
+    product = cal._calibration_product()  # 128x768 times 768x768 weights
+    machine = MachineFacts(RegisterFile(16, 32), cores=2, l1_bytes=48 << 10, l2_bytes=2 << 20, l3_bytes=130 << 20)
+    assert msc.weight_bytes(product) == 768 * 768 * 4
+    assert msc.kernel_bytes(product) == (128 * 768 + 768 * 768 + 128 * 768) * 4
+    assert msc.weight_bytes(tvm.IRModule({"main": product["main"].without_attr(msc.LAYOUT_FREE_ATTR)})) == 0
+    both = cal.Calibration(200.0, 50.0, 0.0, memory_bandwidth_gbs=25.0)
+    moved, weights = 100e6, 60e6
+    expected = (moved - weights) / 50e9 + weights / 25e9
+    assert predicted_seconds(0, moved, [], machine, both, weights=weights) == pytest.approx(expected)
+    older = cal.Calibration(200.0, 50.0, 0.0)  # a cache from before: one bandwidth for every byte
+    assert predicted_seconds(0, moved, [], machine, older, weights=weights) == pytest.approx(moved / 50e9)
+    assert "25.0 from memory" in both.describe() and "from memory" not in older.describe()
