@@ -27,7 +27,7 @@ once (a Winograd kernel's transformed input and batched product, a reshape or sl
 A kernel's weights (its layout-free arguments, a model's constants) come at the bandwidth of a copy twice the
 last-level cache, its other bytes at that of a 64 MB copy: a model reads each weight once an inference, after
 every other kernel's bytes went through the caches, while a kernel's input was written just before by the one
-ahead of it. On a 2-core Xeon VM that reports a 260 MB L3, the 64 MB copy ran at 53 GB/s, the 520 MB one at 25,
+ahead of it. On a 2-core Xeon VM that reports a 260 MB L3, the 64 MB copy ran at 41-53 GB/s, one twice the L3 at 22-25,
 and the classifiers' 1-row products read their weights at 23-37 GB/s in the models (VGG-16's 411 MB, ResNet-50's
 8 MB, MobileNetV2's 5 MB): with one bandwidth they were predicted 1.3-2.2x too fast; every byte at 25 GB/s took
 the products within 25% from 294 of 370 to 246; weights alone at it, 302 -> 310 (21 gained, 13 lost: large
