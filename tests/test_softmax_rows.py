@@ -47,6 +47,30 @@ def test_a_row_softmax_of_a_prime_length_is_computed_a_row_per_task(llvm_target,
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("length", [256, 100, 49, 7])
+def test_rows_of_any_length_reduce_in_independent_chains_and_keep_their_results(llvm_target, length):
+    # 256: four vectors of running results, 100: two and 4 values left, 49: one, 7: no whole vector
+    x = te.placeholder((6, length), name="x")
+    mod = _by_rows(by_rows(te.create_prim_func([x, row_softmax(x, True, True)])))
+    scores = np.random.default_rng(1).standard_normal((6, length)).astype("float32") * 4
+    expected = np.exp(scores - scores.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    scores[2], expected[2] = -np.inf, 0.0  # a row attention masks whole: zeros, as PyTorch's safe softmax gives
+    out = _run(mod, llvm_target, [scores, np.zeros_like(scores)])
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_a_row_takes_one_division_and_combines_its_running_results_pairwise(llvm_target):
+    # a vector division per 16 quotients cost more than the exponentials; 16 lanes combined one by one
+    # made a chain of 16 dependent scalar adds (and as many maxima) per row
+    x = te.placeholder((64, 256), name="x")
+    mod = _by_rows(by_rows(te.create_prim_func([x, row_softmax(x, True, False)])))
+    assembly = tvm.compile(mod, target=llvm_target).mod.inspect_source("asm")
+    assert "vdivps" not in assembly
+    scalar_steps = sum(assembly.count(f"\t{op}\t") for op in ("vmaxss", "vaddss"))
+    assert scalar_steps <= 4, scalar_steps
+
+
 def test_the_attention_blocks_softmax_kernel_carries_the_rule_and_keeps_its_results(llvm_target):
     workload = get_workload("attention-block")
     (softmax,) = [t for t in extract_tasks(workload, llvm_target) if "softmax" in t.name]
@@ -104,3 +128,22 @@ def test_a_softmax_fused_with_a_product_that_broadcasts_it_takes_its_rows_and_th
     assert all(task.analytic for task in result.tasks) and "TVM's default schedule" not in result.summary()
     with torch.no_grad():
         np.testing.assert_allclose(result.run(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+class MaskedAttention(torch.nn.Module):
+    def forward(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_a_query_whose_keys_are_all_masked_attends_to_nothing_as_in_pytorch(tmp_path):
+    # the safe softmax tested its maximum against -inf, but a maximum starts at the lowest finite value: NaN
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool).tril()
+    mask[..., 3, :] = False
+    model = MaskedAttention().eval()
+    result = tune(model, example_inputs=(q, k, v, mask), trials=0, work_dir=tmp_path, progress=False)
+    out = result.run(q.numpy(), k.numpy(), v.numpy(), mask.numpy())
+    with torch.no_grad():
+        expected = model(q, k, v, mask).numpy()
+    assert not expected[0, :, 3].any()
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)

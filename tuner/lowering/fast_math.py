@@ -53,22 +53,26 @@ def whole_row(values: te.Tensor, reducer, combine, name: str, axis: str) -> te.T
 
 def row_softmax(x: te.Tensor, fast: bool, safe: bool, reduction=whole_row) -> te.Tensor:
     """Softmax over the last axis as one kernel: the row's maximum, its exponentials, their sum,
-    the quotient. The exponentials are stored once (MetaSchedule may not inline them into both
-    their readers, which computed each exp twice). ``safe``: a row of -inf gives 0, as PyTorch's
-    ``_safe_softmax`` does (scaled_dot_product_attention uses it); such a row is the one whose
-    maximum is -inf, so the softmax's own maximum decides. ``reduction``: how the maximum and the
-    sum reduce a row (``whole_row``'s signature)."""
+    the quotient (each exponential times the sum's reciprocal: one division a row). The exponentials are
+    stored once (MetaSchedule may not inline them into both their readers, which computed each exp twice).
+    ``safe``: a row of -inf gives 0, as PyTorch's ``_safe_softmax`` does (scaled_dot_product_attention uses
+    it); such a row is the one whose maximum never rose above where a maximum starts (the lowest finite
+    value, TVM's identity of max), so the softmax's own maximum decides (tested against -inf, it never
+    held: such rows gave NaN). ``reduction``: how the maximum and the sum reduce a row (``whole_row``'s
+    signature)."""
     row_max = reduction(x, te.max, tvm.tirx.max, "row_max", "k")
     shifted = te.compute(x.shape, lambda *i: x(*i) - row_max(*i[:-1]), name="shifted")
     exp = topi.fast_exp(shifted) if fast else topi.exp(shifted)
     stored = te.compute(x.shape, lambda *i: exp(*i), name="exp", attrs={"meta_schedule.inline_rule": "disable"})
     total = reduction(stored, te.sum, lambda a, b: a + b, "row_sum", "j")
+    one = tvm.tirx.const(1.0, x.dtype)
+    reciprocal = te.compute(total.shape, lambda *i: one / total(*i), name="row_reciprocal")
     if not safe:
-        return te.compute(x.shape, lambda *i: stored(*i) / total(*i[:-1]), name="softmax")
-    zero, minus_inf = tvm.tirx.const(0.0, x.dtype), tvm.tirx.const(float("-inf"), x.dtype)
+        return te.compute(x.shape, lambda *i: stored(*i) * reciprocal(*i[:-1]), name="softmax")
+    zero, lowest = tvm.tirx.const(0.0, x.dtype), te.min_value(x.dtype)
     return te.compute(
         x.shape,
-        lambda *i: tvm.tirx.Select(row_max(*i[:-1]) == minus_inf, zero, stored(*i) / total(*i[:-1])),
+        lambda *i: tvm.tirx.Select(row_max(*i[:-1]) <= lowest, zero, stored(*i) * reciprocal(*i[:-1])),
         name="safe_softmax",
     )
 

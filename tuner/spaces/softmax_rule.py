@@ -1,10 +1,12 @@
 """The design space of ``tuner.lowering.softmax_rows``'s softmaxes: one schedule, a row per task.
 
-Every row is a parallel task that computes its maximum, its exponentials, their sum and the
-quotients one after the other, over the row held in cache: the reductions' ``LANES`` partial
-results vectorised under their loop over the row's vectors, the element-wise loops split into
-whole vectors (vectorised) and the rest. A product fusion put after the softmax that reads each quotient more
-than once (MobileViTV2's, broadcasting it over the channels) takes each row's share right after the row.
+Every row is a parallel task that computes its maximum, its exponentials, their sum, its reciprocal and the
+quotients one after the other, over the row held in cache: the reductions' partial results (up to
+``MAX_CHAINS`` vectors, independent chains) vectorised under their loop over the row's vectors and combined
+pairwise, a vector per step; the element-wise loops split into whole vectors (vectorised) and the rest. Each
+quotient is its exponential times the row's reciprocal: a vector division issues once in 10-16 cycles where
+a product issues twice a cycle. A product fusion put after the softmax that reads each quotient more than
+once (MobileViTV2's, broadcasting it over the channels) takes each row's share right after the row.
 """
 
 from __future__ import annotations
@@ -16,14 +18,19 @@ from tvm.s_tir.schedule import SBlockRV
 SOFTMAX_RULE = "tuner_softmax"
 LANES = 16  # fp32 in an AVX-512 vector
 QUOTIENTS = ("softmax", "safe_softmax")
+MAX_CHAINS = 4  # vectors of a row's running maximum or sum, independent: an add's latency times its throughput
+_HALVES = tuple(f"_half{2**step}" for step in range(1, (LANES * MAX_CHAINS).bit_length() - 1))
 # computed per row, each after the blocks that read it are placed (their combinations are inlined)
 _PER_ROW = (
+    "row_reciprocal",
     "row_sum_rest",
     "row_sum_of_lanes",
+    *(f"row_sum{half}" for half in _HALVES),
     "row_sum_lanes",
     "exp",
     "row_max_rest",
     "row_max_of_lanes",
+    *(f"row_max{half}" for half in _HALVES),
     "row_max_lanes",
 )
 
@@ -64,6 +71,9 @@ def _by_rows(sch: Schedule, block: SBlockRV) -> Schedule:
             *_, lane, vectors = sch.get_loops(blocks[name])
             sch.reorder(vectors, lane)
             sch.vectorize(lane)
+    for name in blocks:
+        if any(name.endswith(half) for half in _HALVES):  # the partial results' pairwise steps, a vector each
+            sch.vectorize(sch.get_loops(blocks[name])[-1])
     for elementwise in (blocks["exp"], block):
         _vectorize_whole(sch, elementwise)
     sch.parallel(row)
