@@ -6,6 +6,7 @@ larger than the last-level cache); with ``--gpu``, a GPU's (cuBLAS GEMM in fp16,
 A kernel's roofline bound is max(FLOPs / peak, bytes / bandwidth).
 
     .venv/bin/python experiments/machine_limits.py [--threads N]
+    .venv/bin/python experiments/machine_limits.py --product   # our configured product against torch's
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.environment import environment
 from common.peaks import bf16_dot_gflops, bf16_peak, compile_kernels, fma_gflops, fma_gflops_of
 
 __all__ = ["GpuLimits", "MachineLimits", "bf16_dot_gflops", "bf16_peak", "fma_gflops", "measure", "measure_gpu"]
@@ -179,11 +181,83 @@ def measure_gpu(dtype: str = "float16") -> GpuLimits:
     return GpuLimits(torch.cuda.get_device_name(0), dtype, gemm, 2 * source.nbytes / copy / 1e9)
 
 
+def product_side_by_side(threads: int, rounds: int = 12, calls: int = 20) -> dict:
+    """The calibration's product (BERT-base's 128 x 768 x 768, ``tuner.spaces.calibration``) with its analytic
+    schedule against torch.mm (oneDNN/MKL) on the same shape, interleaved round by round on ``threads`` threads:
+    GFLOP/s (median and best of the rounds, each the mean of ``calls`` calls) and the median per-round ratio of
+    our time to torch's. Where the two sit together below the FMA peak, the machine's sustained rate, not the
+    schedule's code, holds the product."""
+    import torch
+
+    from tuner.spaces import calibration
+
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with environment({"TVM_NUM_THREADS": str(threads)}):  # TVM's pool reads it at each launch
+            times = _interleaved_rounds(torch, rounds, calls)
+    finally:
+        torch.set_num_threads(torch_threads)
+    flops = calibration._PRODUCT_FLOPS
+    rows, columns, depth = calibration._PRODUCT
+
+    def rates(seconds: list[float]) -> dict:
+        return {"median_gflops": flops / statistics.median(seconds) / 1e9, "best_gflops": flops / min(seconds) / 1e9}
+
+    return {
+        "shape": [rows, columns, depth],
+        "threads": threads,
+        "ours": rates([o for o, _ in times]),
+        "torch": rates([t for _, t in times]),
+        "ours_over_torch": statistics.median(o / t for o, t in times),
+        "fma_peak_gflops": fma_gflops(threads),
+    }
+
+
+def _interleaved_rounds(torch, rounds: int, calls: int) -> list[tuple[float, float]]:
+    """(our seconds, torch's seconds) a call of the calibration's product, each round's mean of ``calls``."""
+    import tvm
+
+    from tuner.spaces import calibration
+    from tuner.targets import resolve_target
+
+    target = resolve_target("llvm")
+    mod = calibration._configured_product(target)
+    kernel = tvm.compile(mod, target=target).mod
+    arrays = calibration._zeros(calibration._argument_specs(mod))
+    ours = kernel.time_evaluator(kernel.entry_name, tvm.cpu(), number=calls, repeat=1)
+    rows, columns, depth = calibration._PRODUCT
+    a, w, out = torch.randn(rows, depth), torch.randn(depth, columns), torch.empty(rows, columns)
+
+    def torch_seconds() -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            torch.mm(a, w, out=out)
+        return (time.perf_counter() - start) / calls
+
+    def round_of_both(first_ours: bool) -> tuple[float, float]:
+        # each goes first in every other round: torch's OpenMP threads spin on after a call, slowing what follows
+        if first_ours:
+            mine = ours(*arrays).mean
+            return mine, torch_seconds()
+        theirs = torch_seconds()
+        return ours(*arrays).mean, theirs
+
+    round_of_both(True)  # warm
+    return [round_of_both(r % 2 == 0) for r in range(rounds)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="threads to measure with (default: every core)")
     parser.add_argument("--gpu", action="store_true", help="measure the GPU's limits instead (torch with CUDA)")
+    parser.add_argument(
+        "--product", action="store_true", help="our configured product against torch.mm's, side by side, instead"
+    )
     args = parser.parse_args()
+    if args.product:
+        print(json.dumps(product_side_by_side(args.threads or os.cpu_count() or 1), indent=1))
+        return
     limits = measure_gpu() if args.gpu else measure(args.threads)
     print(json.dumps(limits.as_dict(), indent=1))
     print(limits.describe())

@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.host import host_has_amx  # noqa: E402
 from experiments import frameworks as fw  # noqa: E402
-from experiments.machine_limits import MachineLimits, bf16_peak  # noqa: E402
+from experiments.machine_limits import MachineLimits, bf16_peak, product_side_by_side  # noqa: E402
 from tuner.lowering.bf16.precision import host_has_bf16  # noqa: E402
 
 torch = pytest.importorskip("torch")
@@ -57,6 +57,14 @@ def test_the_bf16_peak_is_described_or_its_absence_explained():
     assert "bf16 peak (vdpbf16ps) 1050 GFLOP/s" in MachineLimits(2, 526.0, 450.0, None, 20.0, 1050.0).describe()
     amx = MachineLimits(2, 300.0, 350.0, None, 20.0, 6900.0, bf16_unit="tdpbf16ps")
     assert "bf16 peak (tdpbf16ps) 6900 GFLOP/s" in amx.describe()
+
+
+def test_our_configured_product_is_timed_beside_torchs_on_its_shape():
+    result = product_side_by_side(threads=1, rounds=2, calls=2)
+    assert result["shape"] == [128, 768, 768] and result["threads"] == 1
+    for side in ("ours", "torch"):  # one core's product runs well above 1 GFLOP/s and below 10 TFLOP/s anywhere
+        assert 1.0 < result[side]["median_gflops"] <= result[side]["best_gflops"] < 1e4
+    assert 0.05 < result["ours_over_torch"] < 20 and result["fma_peak_gflops"] > 1.0
 
 
 def test_openvino_forced_to_fp32_matches_pytorch_and_its_default_states_its_precision():

@@ -8,9 +8,9 @@ sum are taken over its whole vectors first, up to ``MAX_CHAINS`` vectors of runn
 issue), then over those pairwise (half of them a step: 16 lanes in 4 steps, not 16), then the row's last
 values; the rule splits the exponentials and the quotients into whole vectors and the rest. The
 results are the same up to the order of the sum's additions. On a 2-core Emerald Rapids, alone, the
-attention block's softmax (1024 rows of 256) and the softmaxes of BERT-base (128) and Swin-T (49, masks
-fused) ran in 0.59-0.79 of their time with one vector of running results combined lane by lane and a
-division per quotient.
+attention block's softmax (1024 rows of 256) ran in 0.77-0.85 of its time with one vector of running
+results combined lane by lane and a division per quotient, BERT-base's (128) in 0.67, Swin-T's (49, masks
+fused) in 0.59-0.66.
 """
 
 from __future__ import annotations
