@@ -5,9 +5,11 @@ what the unscheduled one does."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 
 import numpy as np
+import pytest
 import tvm
 from analytic_rules import configured_by_rule
 from tvm import te
@@ -85,8 +87,10 @@ def test_a_layer_norm_takes_parallel_rows_with_its_reductions_over_vectors():
     assert sch is not None
     script = sch.mod.script()
     assert script.count("T.parallel(128)") == 1
-    # two reductions' partial results (zeroed and summed) and the row written: 16 lanes each
-    assert script.count("T.vectorized(16)") == 5
+    # each of the two reductions: its partial results in 4 vectors of 16 lanes (independent chains over the
+    # row's 48 vectors), then halved pairwise down to 2 (zeroed and summed each); the row written 16 lanes at a time
+    widths = [int(w) for w in re.findall(r"T\.vectorized\((\d+)\)", script)]
+    assert widths == 2 * [64, 64, 32, 32, 16, 16, 8, 8, 4, 4, 2, 2] + [16]
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     row = sch.get(sch.get_loops(blocks[0])[0])
     assert all(sch.get(sch.get_loops(block)[0]).same_as(row) for block in blocks)  # all computed at the row
@@ -122,6 +126,22 @@ def test_the_analytic_schedule_of_a_layer_norm_is_its_rows_and_computes_the_same
     expected = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + 1e-5) * gamma + beta
     np.testing.assert_allclose(unscheduled, expected, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ours, unscheduled, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("columns", [768, 192, 96, 200])
+def test_a_rows_sums_take_independent_chains_and_pairwise_steps_and_compute_the_same(columns):
+    # 4 chains over 768 and 192, 2 over 96, one of 8-lane vectors over 200; 16 lanes summed one by one
+    # made 16 dependent scalar adds a reduction and a row
+    mod = _layer_norm(rows=64, columns=columns)
+    sch = norm_schedule(mod, lanes=16, cores=2)
+    assembly = tvm.compile(sch.mod, target=resolve_target("llvm")).mod.inspect_source("asm")
+    assert assembly.count("\tvaddss\t") <= 8
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((64, columns)) * 3 + 1).astype("float32")
+    gamma, beta = rng.standard_normal(columns).astype("float32"), rng.standard_normal(columns).astype("float32")
+    mean = x.mean(axis=1, keepdims=True)
+    expected = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + 1e-5) * gamma + beta
+    np.testing.assert_allclose(_run(sch.mod, [x, gamma, beta], (64, columns)), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_a_residual_rms_norm_computes_the_same():
