@@ -20,16 +20,16 @@ from tvm import te
 from tvm.ir.module import IRModule
 from tvm.s_tir import Schedule
 
-from tuner.spaces.softmax_rule import LANES, MAX_CHAINS, QUOTIENTS, SOFTMAX_RULE
+from tuner.spaces.softmax_rule import LANES, QUOTIENTS, SOFTMAX_RULE, running_chains
 
 from .fast_math import row_softmax
 
 
 def in_lanes(values: te.Tensor, reducer, combine, name: str, axis: str) -> te.Tensor:
-    """``rewrites.whole_row``'s reduction over whole vectors into ``LANES`` partial results
-    (``NAME_lanes``) and over those (``NAME_of_lanes``), and over the rest (``NAME_rest``)."""
+    """``rewrites.whole_row``'s reduction over whole vectors into up to ``MAX_CHAINS`` vectors of partial results
+    (``NAME_lanes``), over those pairwise (``_halving``), and over the rest (``NAME_rest``)."""
     *outer, length = values.shape
-    width = _partial_results(int(length))
+    width = LANES * running_chains(int(length), LANES)
     whole, rest = divmod(int(length), width)
     pieces = []
     if whole:
@@ -46,26 +46,15 @@ def in_lanes(values: te.Tensor, reducer, combine, name: str, axis: str) -> te.Te
     return te.compute(outer, lambda *i: combine(pieces[0](*i), pieces[1](*i)), name=name)
 
 
-def _partial_results(length: int) -> int:
-    """How many running results a row's reduction keeps: up to ``MAX_CHAINS`` vectors of them, as many as
-    leave the row no more values for the scalar rest than one vector would and give each at least two steps."""
-    for chains in (2**k for k in range(MAX_CHAINS.bit_length() - 1, 0, -1)):  # a power of two: halved pairwise
-        width = chains * LANES
-        if length % width == length % LANES and length // width >= 2:
-            return width
-    return LANES
-
-
 def _halving(lanes: te.Tensor, combine, name: str) -> te.Tensor:
-    """The ``LANES`` partial results of each row combined pairwise, halving their number each step
-    (``NAME_half8``, ``NAME_half4``, ...; the last ``NAME_of_lanes``): a chain of log2(LANES) steps, where
-    one running result waited out a combination's latency per lane."""
+    """Each row's partial results combined pairwise, halving their number each step (``NAME_half32``, ...,
+    ``NAME_half2``; the last ``NAME_of_lanes``): a chain of log2 of their number, where one running result
+    waited out a combination's latency per lane."""
     *outer, width = lanes.shape
     half, width = lanes, int(width)
     while width > 2:
         half, width = _halved(half, combine, f"{name}_half{width // 2}"), width // 2
-    last = half
-    return te.compute(outer, lambda *i: combine(last(*i, 0), last(*i, 1)), name=f"{name}_of_lanes")
+    return te.compute(outer, lambda *i: combine(half(*i, 0), half(*i, 1)), name=f"{name}_of_lanes")
 
 
 def _halved(values: te.Tensor, combine, name: str) -> te.Tensor:

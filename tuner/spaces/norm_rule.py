@@ -1,7 +1,8 @@
 """The analytic schedule of a kernel that reduces each row of its output and then writes the row (a layer
 norm, an RMS norm, a softmax that ``tuner.lowering.softmax_rows`` did not rebuild): a row per parallel
-task, its reductions taken over whole vectors into up to ``MAX_CHAINS`` vectors of partial results each
-(independent chains), those combined pairwise, then the row written a vector at a time.
+task, its reductions taken over whole vectors into up to ``softmax_rule.MAX_CHAINS`` vectors of partial
+results each (independent chains, ``softmax_rule.running_chains``), those combined pairwise, then the row
+written a vector at a time.
 
 MetaSchedule's design space for such a kernel draws where each reduction is computed, how its loop is
 split for ``rfactor`` and whether the row is vectorised; the analytic door took the draws of a fixed seed.
@@ -29,7 +30,7 @@ from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from .copy_rule import copy_lanes
 from .rows_rule import MIN_VECTOR, names_a_space_of_its_own, reduces, variables_of
-from .softmax_rule import MAX_CHAINS
+from .softmax_rule import running_chains
 
 
 def norm_schedule(mod: tvm.IRModule, lanes: int, cores: int) -> Schedule | None:
@@ -60,7 +61,7 @@ def norm_schedule(mod: tvm.IRModule, lanes: int, cores: int) -> Schedule | None:
     vector = copy_lanes([row], lanes)
     if rows < cores or vector < MIN_VECTOR:
         return None
-    width = vector * _chains(row, vector)
+    width = vector * running_chains(row, vector)  # the row is whole vectors: no scalar rest
     try:
         partials = [[_over_lanes(sch, reduction, width), *_pairwise(sch, reduction, width)] for reduction in reductions]
         row_loop = sch.fuse(*outer) if len(outer) > 1 else outer[0]
@@ -113,15 +114,6 @@ def _reads_at_its_row(block: tvm.tirx.Stmt, buffer: tvm.tirx.Buffer) -> bool:
             if len(indices) > len(rows) or not all(i.same_as(v) for i, v in zip(indices, rows, strict=False)):
                 return False
     return True
-
-
-def _chains(row: int, vector: int) -> int:
-    """Vectors of running results a reduction over a row keeps: up to ``MAX_CHAINS``, a power of two, as many as
-    divide the row's vectors and give each chain two or more of them."""
-    chains = MAX_CHAINS
-    while chains > 1 and (row % (vector * chains) or row // (vector * chains) < 2):
-        chains //= 2
-    return chains
 
 
 def _pairwise(sch: Schedule, reduction: SBlockRV, width: int) -> list[SBlockRV]:

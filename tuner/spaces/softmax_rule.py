@@ -81,6 +81,16 @@ def _by_rows(sch: Schedule, block: SBlockRV) -> Schedule:
     return sch
 
 
+def running_chains(length: int, lanes: int) -> int:
+    """Vectors of ``lanes`` running results a reduction over a row of ``length`` keeps: the most, a power of two
+    up to ``MAX_CHAINS`` (their results are halved pairwise), that leave the row no more values for a scalar rest
+    than one vector would and give each chain two or more steps."""
+    chains = MAX_CHAINS
+    while chains > 1 and (length % (lanes * chains) != length % lanes or length // (lanes * chains) < 2):
+        chains //= 2
+    return chains
+
+
 def _vectorize_whole(sch: Schedule, block: SBlockRV) -> None:
     """The element-wise loop over the row: its whole vectors vectorised, the rest (if any) after them."""
     loop = sch.get_loops(block)[-1]
