@@ -11,7 +11,14 @@ from tvm.s_tir import meta_schedule as ms
 from tuner.lowering import LoweringOptions, inverted_residual
 from tuner.spaces import metaschedule as msc
 from tuner.spaces.analytic import configure_kernel
-from tuner.spaces.schedule_rules import EXPAND_PIXELS
+from tuner.spaces.register_tiles import RegisterFile
+from tuner.spaces.schedule_rules import (
+    EXPAND_PIXELS,
+    MAX_CHANNEL_VECTORS,
+    MAX_OUTPUT_COLUMNS,
+    MAX_OUTPUT_ROWS,
+    ExpandDepthwiseDraw,
+)
 from tuner.targets import resolve_target
 from tuner.tasks.extraction import extract_tasks, lower_workload
 from workloads import load_workload
@@ -192,18 +199,39 @@ def test_a_work_dir_tuned_before_the_fusion_existed_is_applied_without_it(option
     assert getattr(LoweringOptions.from_record(before), option) is False
 
 
-@pytest.mark.parametrize(("cpu", "pixels"), [("haswell", 4), ("skylake-avx512", 8)])
-def test_the_analytic_schedule_fits_the_fused_tiles_to_the_register_file(cpu, pixels, fuse_small_blocks):
-    """One channel vector per tile, and as many expansion pixels (a power of two) as the registers hold
-    beside its weights: on AVX2 a 16-lane vector takes two of 16 registers, so 4 pixels, not 8."""
+@pytest.mark.parametrize(("cpu", "vectors", "pixels"), [("haswell", 1, 4), ("skylake-avx512", 2, 8)])
+def test_the_analytic_schedule_fits_the_fused_tiles_to_the_register_file(cpu, vectors, pixels, fuse_small_blocks):
+    """Channel vectors enough for the expansion's tile to hide the FMA latency (12 accumulators on
+    AVX-512, 6 on AVX2), and as many expansion pixels (a power of two) as the registers hold beside its
+    weights: on AVX2 a 16-lane vector takes two of 16 registers, so one vector and 4 pixels, not 8; on
+    AVX-512 one vector of 8 pixels is 8 accumulators, two are 16."""
     target = resolve_target(f"llvm -mcpu={cpu} -num-cores 2")
     _, workload, lowered = _block(1, 20, target)
     (task,) = _fused_tasks(workload, target, lowered)
     decisions = configure_kernel(task.mod, target).sch.trace.decisions.items()
     tiles = [[int(f) for f in d] for inst, d in decisions if inst.kind.name == "SamplePerfectTile"]
     (pixel_choice,) = [int(d) for inst, d in decisions if inst.kind.name == "SampleCategorical"]
-    assert tiles[0][-1] == 5 and tiles[2][-1] == 1  # rows: 20's largest divisor up to 8; one channel vector
+    assert tiles[0][-1] == 10  # rows: 20's largest divisor up to 16
+    assert tiles[2][-1] == vectors
     assert EXPAND_PIXELS[pixel_choice] == pixels
+
+
+@pytest.mark.parametrize(
+    ("registers", "channel_vectors", "expected"),
+    [
+        (RegisterFile(16, 32), 6, 2),  # 96 channels: 8 pixels x 2 vectors, 16 accumulators
+        (RegisterFile(16, 32), 9, 3),  # 144 channels: 2 does not divide 9; 3 x 8 = 24, all AVX-512 lends
+        (RegisterFile(16, 32), 7, 1),  # 112 channels: 7 is prime
+        (RegisterFile(8, 16), 9, 1),  # AVX2: one 16-lane vector of 4 pixels is 8 accumulators already
+    ],
+)
+def test_the_fused_tiles_channel_vectors_are_the_fewest_that_hide_the_fma_latency(registers, channel_vectors, expected):
+    draw = ExpandDepthwiseDraw(registers)
+    draw.perfect_tile(20, MAX_OUTPUT_ROWS)  # rows, then columns, then the channel vectors
+    draw.perfect_tile(20, MAX_OUTPUT_COLUMNS)
+    assert draw.perfect_tile(channel_vectors, MAX_CHANNEL_VECTORS) == [channel_vectors // expected, expected]
+    pixels = EXPAND_PIXELS[draw.pixels(list(EXPAND_PIXELS))]
+    assert registers.holds(pixels * expected * (16 // registers.lanes), expected * (16 // registers.lanes))
 
 
 def test_the_analytic_schedule_of_a_fused_block_computes_what_pytorch_computes(llvm_target, fuse_small_blocks):

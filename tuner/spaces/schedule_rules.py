@@ -8,6 +8,8 @@ sampling instructions, so that the search draws and mutates their tile sizes as 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tvm
 import tvm_ffi
 from tvm.s_tir import Schedule
@@ -23,7 +25,10 @@ from .winograd_rule import WINOGRAD_TRANSFORM_RULE, schedule_winograd_transform
 
 EXPAND_DEPTHWISE_RULE = "tuner_expand_depthwise"
 
-MAX_OUTPUT_ROWS = 8  # output rows per tile: more rows share the tile's halo, fewer give more parallel work
+# output rows per tile: more rows share the tile's halo (the expansion and its activation computed again for the
+# rows above and below), fewer give more parallel work; MobileViT-S's fused kernels took 0.72-0.95 of their time
+# with 8 rows (2-core Xeon), MobileNetV2's and EfficientNet's 0.84-0.99
+MAX_OUTPUT_ROWS = 16
 MAX_OUTPUT_COLUMNS = 8  # depthwise accumulators per row and vector of channels
 MAX_CHANNEL_VECTORS = 4  # channel vectors per tile
 EXPAND_PIXELS = (2, 4, 6, 8)  # pixels of the expanding GEMM's register tile
@@ -100,11 +105,19 @@ class ExpandDepthwiseDraw:
     (output rows, output columns, channel vectors, the expansion's pixels), from the register file:
 
     - rows: as many as ``MAX_OUTPUT_ROWS`` allows (more rows share the tile's halo);
-    - channel vectors: one of ``VECTOR_LANES`` lanes (two AVX2 registers), so that the tiles below fit;
-    - columns: the depthwise accumulators (columns x the vector's registers) within the register file's
+    - channel vectors: the fewest (of ``VECTOR_LANES`` lanes each; a divisor of the channels' vectors) whose
+      expansion tile has enough accumulators to hide the FMA latency (``RegisterFile.enough_accumulators``):
+      two on AVX-512 (three where the vectors are 9), one on AVX2, where one such vector takes two registers;
+    - columns: the depthwise accumulators (columns x the vectors' registers) within the register file's
       accumulators;
-    - pixels: the expansion's register tile (pixels x the vector's registers) the largest power of two of
-      ``EXPAND_PIXELS`` the registers hold beside its weight vector and a broadcast.
+    - pixels: the expansion's register tile (pixels x the vectors' registers) the largest power of two of
+      ``EXPAND_PIXELS`` the registers hold beside its weight vectors and a broadcast.
+
+    On a 2-core Xeon (AVX-512) one channel vector left the expansion 8 accumulators, as many as two FMA
+    units of 4 cycles' latency keep busy with nothing else in flight: its loop ran at half the FMA peak.
+    With two vectors (16 accumulators) MobileViT-S's five fused kernels took 0.82-0.90 of their time alone,
+    MobileNetV2's and EfficientNet's of 96 channels 0.77-0.87; their 144-channel ones, 9 vectors, 0.71-0.93
+    with three.
 
     On Zen 3 (AVX2) the seeded draw took 3 vectors and 6-pixel expansions, more than 16 registers hold:
     MobileNetV2's three fused kernels ran 2.5-4x their tuned time; over a grid of this space each kernel
@@ -114,23 +127,49 @@ class ExpandDepthwiseDraw:
     def __init__(self, registers: RegisterFile):
         self.registers = registers
         self.per_vector = max(1, VECTOR_LANES // registers.lanes)  # registers one channel vector takes
+        self.vectors = 1  # the tile's channel vectors, once drawn
         self.tiles = 0
+
+    def _largest_pixels(self, vectors: int, candidates: Sequence[int] = EXPAND_PIXELS) -> int | None:
+        """The most pixels of ``candidates`` (a power of two) an expansion tile of ``vectors`` can take."""
+        registers = vectors * self.per_vector
+        fitting = [p for p in candidates if power_of_two(p) and self.registers.holds(p * registers, registers)]
+        return max(fitting, default=None)
+
+    def _accumulators(self, vectors: int) -> int:
+        """The expansion tile's accumulators with ``vectors`` channel vectors, 0 where none fits."""
+        pixels = self._largest_pixels(vectors)
+        return pixels * vectors * self.per_vector if pixels is not None else 0
+
+    def _channel_vectors(self, extent: int, max_innermost: int) -> int:
+        """The fewest of ``extent``'s divisors with enough accumulators, else the one with the most."""
+        counts = [d for d in divisors(extent) if d <= min(max_innermost, MAX_CHANNEL_VECTORS) and self._accumulators(d)]
+        enough = [d for d in counts if self._accumulators(d) >= self.registers.enough_accumulators]
+        return min(enough) if enough else max(counts, key=self._accumulators, default=1)
 
     def perfect_tile(self, extent: int, max_innermost: int) -> list[int]:
         role = self.tiles
         self.tiles += 1
-        wanted = (MAX_OUTPUT_ROWS, self.registers.max_accumulators // self.per_vector, 1)[min(role, 2)]
+        if role >= 2:
+            self.vectors = self._channel_vectors(extent, max_innermost)
+            return [extent // self.vectors, self.vectors]
+        # the columns are drawn before the channel vectors: capped for the fewest vectors with enough accumulators
+        fewest = min(
+            (
+                v
+                for v in range(1, MAX_CHANNEL_VECTORS + 1)
+                if self._accumulators(v) >= self.registers.enough_accumulators
+            ),
+            default=1,
+        )
+        wanted = MAX_OUTPUT_ROWS if role == 0 else self.registers.max_accumulators // (self.per_vector * fewest)
         inner = max(d for d in divisors(extent) if d <= min(wanted, max_innermost))
         return [extent // inner, inner]
 
     def pixels(self, candidates: list[int]) -> int:
         """The index of the expansion's pixels among ``candidates``."""
-        fitting = [
-            i
-            for i, p in enumerate(candidates)
-            if power_of_two(p) and self.registers.holds(p * self.per_vector, self.per_vector)
-        ]
-        return max(fitting, key=lambda i: candidates[i]) if fitting else 0
+        pixels = self._largest_pixels(self.vectors, candidates)
+        return candidates.index(pixels) if pixels is not None else 0
 
 
 def register() -> None:
