@@ -129,6 +129,22 @@ def test_trials_in_flight_count_against_the_time_left(pipelined):
         loop.spent.in_flight = 0
 
 
+def test_a_trial_of_a_kernel_costlier_than_the_typical_one_is_priced_at_its_own_cost(pipelined):
+    """The call's seconds a trial are an average over its kernels; a kernel whose candidates build and time
+    slower than the typical one's takes fewer trials of the time left, so that its last batch ends in time."""
+    loop, run = pipelined.loop, pipelined.loop.runs[0]
+    average = loop._measure_seconds / loop._measured
+    assert loop._trial_seconds(run) == pytest.approx(average)  # its only kernel is the typical one
+    build, timing = loop.costs.build(run.task.name), loop.costs.run(run.task.name)
+    loop.costs.observe("a-kernel-seven-times-cheaper", build / 7, timing / 7)
+    try:
+        # typical: the mean of the two kernels' costs, 4/7 of this one's
+        assert loop._trial_seconds(run) == pytest.approx(average * 7 / 4)
+    finally:
+        loop.costs.builds.pop("a-kernel-seven-times-cheaper")
+        loop.costs.runs.pop("a-kernel-seven-times-cheaper")
+
+
 def test_each_task_gets_its_first_batch_and_its_own_trial_budget_exactly(tmp_path, llvm_target):
     tasks = [_matmul_task(32, 32, 32), _matmul_task(16, 32, 64)]
     db = TuningDatabase(tmp_path / "tuning.db")
