@@ -26,9 +26,9 @@ from .winograd_rule import WINOGRAD_TRANSFORM_RULE, schedule_winograd_transform
 EXPAND_DEPTHWISE_RULE = "tuner_expand_depthwise"
 
 # output rows per tile: more rows share the tile's halo (the expansion and its activation computed again for the
-# rows above and below), fewer give more parallel work; MobileViT-S's fused kernels took 0.72-0.95 of their time
-# with 8 rows (2-core Xeon), MobileNetV2's and EfficientNet's 0.84-0.99; their AVX2 code (``-mcpu=haswell``, timed
-# on the same Xeon) 0.92-0.98
+# rows above and below), fewer give more parallel work; with 16 rather than 8, MobileViT-S's fused kernels took
+# 0.82-0.96 of their time alone (2-core Xeon), MobileNetV2's and EfficientNet's 0.82-0.98; their AVX2 code
+# (``-mcpu=haswell``, timed on the same Xeon) 0.92-0.98
 MAX_OUTPUT_ROWS = 16
 MAX_OUTPUT_COLUMNS = 8  # depthwise accumulators per row and vector of channels
 MAX_CHANNEL_VECTORS = 4  # channel vectors per tile
