@@ -231,7 +231,8 @@ def test_the_fused_tiles_channel_vectors_are_the_fewest_that_hide_the_fma_latenc
     draw.perfect_tile(20, MAX_OUTPUT_COLUMNS)
     assert draw.perfect_tile(channel_vectors, MAX_CHANNEL_VECTORS) == [channel_vectors // expected, expected]
     pixels = EXPAND_PIXELS[draw.pixels(list(EXPAND_PIXELS))]
-    assert registers.holds(pixels * expected * (16 // registers.lanes), expected * (16 // registers.lanes))
+    vector_registers = expected * draw.per_vector
+    assert registers.holds(pixels * vector_registers, vector_registers)
 
 
 def test_the_analytic_schedule_of_a_fused_block_computes_what_pytorch_computes(llvm_target, fuse_small_blocks):

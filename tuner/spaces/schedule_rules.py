@@ -130,6 +130,8 @@ class ExpandDepthwiseDraw:
         self.per_vector = max(1, VECTOR_LANES // registers.lanes)  # registers one channel vector takes
         self.vectors = 1  # the tile's channel vectors, once drawn
         self.tiles = 0
+        # the columns are drawn before the channel vectors: capped for the fewest vectors with enough accumulators
+        self.fewest_vectors = min(filter(self._enough, range(1, MAX_CHANNEL_VECTORS + 1)), default=1)
 
     def _largest_pixels(self, vectors: int, candidates: Sequence[int] = EXPAND_PIXELS) -> int | None:
         """The most pixels of ``candidates`` (a power of two) an expansion tile of ``vectors`` can take."""
@@ -142,10 +144,14 @@ class ExpandDepthwiseDraw:
         pixels = self._largest_pixels(vectors)
         return pixels * vectors * self.per_vector if pixels is not None else 0
 
+    def _enough(self, vectors: int) -> bool:
+        """Whether an expansion tile of ``vectors`` channel vectors has accumulators enough to hide the FMA latency."""
+        return self._accumulators(vectors) >= self.registers.enough_accumulators
+
     def _channel_vectors(self, extent: int, max_innermost: int) -> int:
         """The fewest of ``extent``'s divisors with enough accumulators, else the one with the most."""
         counts = [d for d in divisors(extent) if d <= min(max_innermost, MAX_CHANNEL_VECTORS) and self._accumulators(d)]
-        enough = [d for d in counts if self._accumulators(d) >= self.registers.enough_accumulators]
+        enough = [d for d in counts if self._enough(d)]
         return min(enough) if enough else max(counts, key=self._accumulators, default=1)
 
     def perfect_tile(self, extent: int, max_innermost: int) -> list[int]:
@@ -154,16 +160,8 @@ class ExpandDepthwiseDraw:
         if role >= 2:
             self.vectors = self._channel_vectors(extent, max_innermost)
             return [extent // self.vectors, self.vectors]
-        # the columns are drawn before the channel vectors: capped for the fewest vectors with enough accumulators
-        fewest = min(
-            (
-                v
-                for v in range(1, MAX_CHANNEL_VECTORS + 1)
-                if self._accumulators(v) >= self.registers.enough_accumulators
-            ),
-            default=1,
-        )
-        wanted = MAX_OUTPUT_ROWS if role == 0 else self.registers.max_accumulators // (self.per_vector * fewest)
+        columns = self.registers.max_accumulators // (self.per_vector * self.fewest_vectors)
+        wanted = MAX_OUTPUT_ROWS if role == 0 else columns
         inner = max(d for d in divisors(extent) if d <= min(wanted, max_innermost))
         return [extent // inner, inner]
 
