@@ -18,7 +18,7 @@ from codegen.bf16_dot import AVX512 as BF16_DOT
 from common.host import CacheLevel, data_caches
 from tuner import tune
 from tuner.spaces import metaschedule as msc
-from tuner.spaces.analytic import configure_kernel
+from tuner.spaces.analytic import configure_kernel, copied_by_tasks
 from tuner.spaces.block_plan import TiledLoop, plan_block
 from tuner.spaces.calibration import Calibration
 from tuner.spaces.machine import MachineFacts
@@ -316,6 +316,21 @@ def test_a_grouped_convolution_whose_column_tiles_split_a_group_still_gets_its_s
     postprocessed space was rejected (DisallowDynamicLoop): the kernel ran unscheduled, 38 ms for 0.3."""
     configured = configure_kernel(_grouped_conv_nhwc(14, 1088, 17, 2), resolve_target("llvm"))
     assert configured is not None and configured.plans
+
+
+def test_a_grouped_convolutions_tasks_each_pad_no_more_of_the_image_than_half_an_l2_holds():
+    """RegNet's first strided 3x3 convolution, 112 x 112 x 128 in 2 groups: its padded image (6.6 MB) split over
+    4 tasks by rows (what reads the least weights) made each task write 1.7 MB of pad before reading it back,
+    more than half of an Emerald Rapids' 2 MiB L2 with the block's outputs beside it; 8 tasks of 0.8 MB ran in
+    0.85-0.88 of its time alone. A plain convolution's tasks copy nothing and split as before."""
+    copied = copied_by_tasks(_grouped_conv_nhwc(112, 128, 2, 2))
+    assert copied == 114 * 114 * 128 * 4  # the pad, the one block the convolution reads by groups
+    assert copied_by_tasks(load_workload("conv2d-resnet18-l2").mod) == 0
+    loops = _loops([1, 56, 56, 128], [3, 3, 64])
+    assert plan_block(loops, AVX512).tasks * AVX512.l2_bytes // 2 < copied
+    plan = plan_block(loops, AVX512, copied_by_tasks=copied)
+    _check_factors(loops, plan)
+    assert plan.tasks * AVX512.l2_bytes // 2 >= copied and plan.tasks % AVX512.cores == 0
 
 
 def test_weights_as_given_keep_their_column_tiles_inside_the_row_tiles():

@@ -139,36 +139,10 @@ class AnalyticDraw:
         """Whether a reader of the block reduces over what it reads of it beyond a window: a reduction along
         an axis of its own, or beside outputs that index its other operands too (a matmul's, a convolution's
         channels, a grouped one's); a depthwise convolution's reductions all run beside the image positions."""
-        return any(not names - reduced - others for names, reduced, others in self._reduced_axes(block_rv))
+        return any(not names - reduced - others for names, reduced, others in _reduced_axes(self.sch, block_rv))
 
     def _read_by_groups(self, block_rv) -> bool:
-        """Whether a reader reduces over the block's channels a group at a time: the channel it reads is its
-        reduction's beside an output's (``g * 64 + c``), as in a grouped convolution. Such a convolution does a
-        group's FLOPs per channel read, so its pad, a pass of its own at the root, is a large part of its time
-        (RegNet's strided 3x3 convolutions over 64-channel groups: 16-20% alone, unpadded inputs against padded)."""
-        return any(
-            names - reduced and not names - reduced - others for names, reduced, others in self._reduced_axes(block_rv)
-        )
-
-    def _reduced_axes(self, block_rv):
-        """(variables, reduced variables, variables of the other operands) of each axis along which a reader
-        of the block reduces over what it reads of it."""
-        written = [region.source for region in self.sch.get(block_rv).writes]
-        for consumer in self.sch.get_consumers(block_rv):
-            block = self.sch.get(consumer)
-            reductions = [v for v in block.iter_vars if v.iter_type != tvm.tirx.IterVar.DataPar]
-            reduced = {v.var.name for v in reductions if not is_one(v.dom.extent)}
-            ours, others = [], set()
-            for region in block.reads:
-                if any(region.source.same_as(buffer) for buffer in written):
-                    ours.append(region)
-                else:
-                    others |= set().union(*(variables_of(axis.min) for axis in region.region))
-            for region in ours:
-                for axis in region.region:
-                    names = variables_of(axis.min)
-                    if names & reduced:
-                        yield names, reduced, others
+        return read_by_groups(self.sch, block_rv)
 
     def _in_parallel_tasks(self, block_rv) -> int:
         """The location inside the tiled reader's parallel tasks (under its last S0 loop): each task pads the
@@ -220,6 +194,54 @@ class AnalyticDraw:
         """Whether a block is read by a product this schedule tiles (a convolution's pad: see the module's
         docstring). Not a Winograd transform's input gather: at the root, a pass of its own (2x slower)."""
         return any(TILING_ANNOTATION in self.sch.get(c).annotations for c in self.sch.get_consumers(block_rv))
+
+
+def read_by_groups(sch: Schedule, block_rv) -> bool:
+    """Whether a reader reduces over the block's channels a group at a time: the channel it reads is its
+    reduction's beside an output's (``g * 64 + c``), as in a grouped convolution. Such a convolution does a
+    group's FLOPs per channel read, so its pad, a pass of its own at the root, is a large part of its time
+    (RegNet's strided 3x3 convolutions over 64-channel groups: 16-20% alone, unpadded inputs against padded)."""
+    return any(
+        names - reduced and not names - reduced - others for names, reduced, others in _reduced_axes(sch, block_rv)
+    )
+
+
+def copied_by_tasks(mod: tvm.IRModule) -> int:
+    """Bytes of what the kernel's parallel tasks copy before they compute: the pads its grouped convolutions
+    read by groups (``AnalyticDraw``: each task pads its part of the image), 0 where there are none."""
+    sch = Schedule(mod)
+    try:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except ScheduleError:  # an extern kernel: one opaque block
+        return 0
+    copied = 0
+    for block_rv in blocks:
+        if sch.get_consumers(block_rv) and read_by_groups(sch, block_rv):
+            for region in sch.get(block_rv).writes:
+                buffer = region.source
+                copied += math.prod(int(d) for d in buffer.shape) * tvm.DataType(buffer.dtype).bits // 8
+    return copied
+
+
+def _reduced_axes(sch: Schedule, block_rv):
+    """(variables, reduced variables, variables of the other operands) of each axis along which a reader
+    of the block reduces over what it reads of it."""
+    written = [region.source for region in sch.get(block_rv).writes]
+    for consumer in sch.get_consumers(block_rv):
+        block = sch.get(consumer)
+        reductions = [v for v in block.iter_vars if v.iter_type != tvm.tirx.IterVar.DataPar]
+        reduced = {v.var.name for v in reductions if not is_one(v.dom.extent)}
+        ours, others = [], set()
+        for region in block.reads:
+            if any(region.source.same_as(buffer) for buffer in written):
+                ours.append(region)
+            else:
+                others |= set().union(*(variables_of(axis.min) for axis in region.region))
+        for region in ours:
+            for axis in region.region:
+                names = variables_of(axis.min)
+                if names & reduced:
+                    yield names, reduced, others
 
 
 def is_view(block: tvm.tirx.Stmt) -> bool:
@@ -315,7 +337,8 @@ def configure_in(
     if facts is not None:
         columns = column_vectors(mod)
         packed = msc.packs_weights(mod)
-        plans = tuple(plan_block(block, facts, columns, packed) for block in tiled_blocks(mod, space))
+        copied = copied_by_tasks(mod)
+        plans = tuple(plan_block(block, facts, columns, packed, copied) for block in tiled_blocks(mod, space))
     ours = facts is not None and is_expand_depthwise(mod)  # our own space, configured from the registers
     sch = replay_plans(mod, space, plans, postprocs, facts.registers if ours else None)
     return AnalyticSchedule(sch, plans) if sch is not None else None

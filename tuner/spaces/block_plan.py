@@ -30,6 +30,10 @@ nested S0 S1 R0 S2 R1 S3. The plan sets every factor, BLIS's way (Low et al., TO
   halves and column quarters, the attention block's QK^T product wrote every head's scores from both cores and
   the softmax after it, split by heads, read half of them from the other core (a 2-core Emerald Rapids: 99 us
   in the model against 38 alone); by heads first, the model ran 0.90 of its time, MobileNetV2 0.92, RegNet 0.95.
+  Where the tasks copy an input before they compute (a grouped convolution's pad, each task padding its band of
+  the image: ``analytic.copied_by_tasks``), enough tasks come first that a task's share fits in half of L2:
+  RegNet's first strided convolution wrote 1.7 MB of pad in each of 4 tasks, then read it back past a 2 MiB L2;
+  in 8 tasks it ran in 0.85-0.88 of its time alone (2-core Emerald Rapids).
 - **S2, the block of tiles one reduction run covers** (inside a task), in BLIS's order: rows while their
   inputs of one run and their outputs (kept across the runs by MetaSchedule's write cache) fit in a quarter
   of L2 and their inputs over the whole reduction, read again for every column tile, in half of it; weight
@@ -92,12 +96,18 @@ class BlockPlan:
 
 
 def plan_block(
-    loops: Sequence[TiledLoop], facts: MachineFacts, column_vectors: int = 1, packed_weights: bool = True
+    loops: Sequence[TiledLoop],
+    facts: MachineFacts,
+    column_vectors: int = 1,
+    packed_weights: bool = True,
+    copied_by_tasks: int = 0,
 ) -> BlockPlan:
     """The factors of every loop of a CPU-tiled block (see the module's docstring); with ``column_vectors``
     (``COLUMN_VECTORS_ATTR``), the spatial loop outside the rows whole in the register tile; ``packed_weights``:
     whether the schedule lays the weights out in the tile's order (a model's constant weights, its
-    ``layout_free_buffers``), so that a column tile's run of them is one contiguous piece."""
+    ``layout_free_buffers``), so that a column tile's run of them is one contiguous piece; ``copied_by_tasks``:
+    the bytes of an input the parallel tasks copy among them before they compute (a grouped convolution's pad,
+    each task padding its part of the image)."""
     spatial = [loop for loop in loops if loop.role != "reduction"]
     reductions = [loop for loop in loops if loop.role == "reduction"]
     vector = spatial[-1]
@@ -129,7 +139,10 @@ def plan_block(
     reduction = math.prod(loop.extent for loop in reductions)
     weight_bytes = reduction * vector.extent * FLOAT_BYTES
     input_bytes = math.prod(loop.extent for loop in rows) * (reduction // window) * FLOAT_BYTES
-    outer = {**dict.fromkeys(rest, 1), **_parallel_split(rows, vector, rest, weight_bytes, input_bytes, facts)}
+    outer = {
+        **dict.fromkeys(rest, 1),
+        **_parallel_split(rows, vector, rest, weight_bytes, input_bytes, copied_by_tasks, facts),
+    }
     tasks = math.prod(outer.values())
     for index, factor in outer.items():
         rest[index] //= factor
@@ -208,13 +221,15 @@ def _parallel_split(
     rest: dict[int, int],
     weight_bytes: int,
     input_bytes: int,
+    copied_by_tasks: int,
     facts: MachineFacts,
 ) -> dict[int, int]:
     """S0's factors: the parallel tasks. A task count the cores divide evenly, at least one per core; of
-    those, the split that reads the least, counted in L2-fulls (a task over rows reads all the weights,
-    one over columns all the inputs: a late layer's 9 MB of weights are split by columns, an early
-    layer's image by rows); then the count nearest ``TASKS_PER_CORE`` per core; then rows before columns,
-    the outermost first (each core's outputs contiguous, where the next kernel reads them: module docstring)."""
+    those, one whose share of ``copied_by_tasks`` fits in half of L2 (module docstring); then the split that
+    reads the least, counted in L2-fulls (a task over rows reads all the weights, one over columns all the
+    inputs: a late layer's 9 MB of weights are split by columns, an early layer's image by rows); then the count
+    nearest ``TASKS_PER_CORE`` per core; then rows before columns, the outermost first (each core's outputs
+    contiguous, where the next kernel reads them: module docstring)."""
     cores = facts.cores
     limit = MAX_JOBS_PER_CORE * cores
     row_splits: list[dict[int, int]] = [{}]
@@ -231,8 +246,17 @@ def _parallel_split(
         tasks = across_rows * columns
         imbalance = -(-tasks // cores) * cores / tasks
         read = (across_rows * weight_bytes + columns * input_bytes) // facts.l2_bytes
+        copy_spills = copied_by_tasks > tasks * (facts.l2_bytes // 2)
         outermost_first = tuple(-split.get(loop.index, 1) for loop in rows)
-        return (tasks < cores, round(imbalance, 3), read, abs(tasks - TASKS_PER_CORE * cores), columns, outermost_first)
+        return (
+            tasks < cores,
+            round(imbalance, 3),
+            copy_spills,
+            read,
+            abs(tasks - TASKS_PER_CORE * cores),
+            columns,
+            outermost_first,
+        )
 
     options = [
         (split, columns)
