@@ -136,8 +136,24 @@ def composed_attention() -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
-def _input_names(inputs: Sequence[Any]) -> list[str]:
+def input_names(inputs: Sequence[Any]) -> list[str]:
     return ["input"] if len(inputs) == 1 else [f"input{i}" for i in range(len(inputs))]
+
+
+def export_onnx(module: Any, inputs: Sequence[Any], path: Path) -> None:
+    """The module as ONNX (opset 17, TorchScript exporter), its attention composed of plain operators."""
+    import torch
+
+    with composed_attention(), torch.no_grad():
+        torch.onnx.export(
+            module,
+            tuple(inputs),
+            str(path),
+            input_names=input_names(inputs),
+            output_names=["output"],
+            dynamo=False,
+            opset_version=17,
+        )
 
 
 def onnx_runtime(
@@ -145,27 +161,17 @@ def onnx_runtime(
 ) -> Contender:
     def build():
         import onnxruntime
-        import torch
 
         path = directory / "model.onnx"
         if not path.exists():
-            with composed_attention(), torch.no_grad():
-                torch.onnx.export(
-                    module,
-                    tuple(inputs),
-                    str(path),
-                    input_names=_input_names(inputs),
-                    output_names=["output"],
-                    dynamo=False,
-                    opset_version=17,
-                )
+            export_onnx(module, inputs, path)
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         if inputs[0].device.type == "cuda":
             return _on_gpu(onnxruntime, path, options, inputs)
         session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        feed = {name: x.numpy() for name, x in zip(_input_names(inputs), inputs, strict=True)}
+        feed = {name: x.numpy() for name, x in zip(input_names(inputs), inputs, strict=True)}
         return lambda: session.run(None, feed)[0]
 
     return _prepare("ONNX Runtime", build, precision)
@@ -177,7 +183,7 @@ def _on_gpu(onnxruntime: Any, path: Path, options: Any, inputs: Sequence[Any]) -
         raise RuntimeError("this onnxruntime has no CUDA provider (pip install onnxruntime-gpu)")
     session = onnxruntime.InferenceSession(str(path), options, providers=["CUDAExecutionProvider"])
     binding = session.io_binding()
-    for name, x in zip(_input_names(inputs), inputs, strict=True):
+    for name, x in zip(input_names(inputs), inputs, strict=True):
         element = np.dtype(str(x.dtype).removeprefix("torch."))
         binding.bind_input(name, "cuda", x.device.index or 0, element, tuple(x.shape), x.data_ptr())
     for output in session.get_outputs():
