@@ -29,7 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments import frameworks as fw  # noqa: E402
 from experiments.harness import host_cpu, markdown_table  # noqa: E402
-from experiments.layers_vs_openvino import by_kind, kernel_kind, our_kernels, slowest  # noqa: E402
+from experiments.layers_vs_openvino import (  # noqa: E402
+    by_kind,
+    kernel_kind,
+    module_on_threads,
+    our_kernels,
+    slowest,
+)
 
 PREPACKED_SUFFIX = "_prepacked"
 # ONNX Runtime's convolution nodes after its graph rewrites: NCHWc's (named Conv) and a convolution with its
@@ -143,11 +149,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("experiments/results/layers_vs_onnxruntime"))
     args = parser.parse_args()
 
-    import torch
-
-    torch.set_num_threads(args.threads)
-    module, inputs = fw.module_and_inputs(args.model)
-    module = module.eval()
+    module, inputs = module_on_threads(args.model, args.threads)
     shapes = our_conv_shapes(args.model)
     ours, theirs, latencies = [], [], []
     with tempfile.TemporaryDirectory() as tmp:

@@ -94,6 +94,15 @@ def slowest(seconds: dict, label, count: int) -> list[dict]:
     return [{"layer": label(key), "us": f"{value * 1e6:.1f}"} for key, value in ordered]
 
 
+def module_on_threads(model: str, threads: int) -> tuple:
+    """(the model's module in eval mode, its inputs), torch's own threads set to ``threads``."""
+    import torch
+
+    torch.set_num_threads(threads)
+    module, inputs = fw.module_and_inputs(model)
+    return module.eval(), inputs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="a model of workloads/hf_models.py or the zoo")
@@ -105,11 +114,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("experiments/results/layers_vs_openvino"))
     args = parser.parse_args()
 
-    import torch
-
-    torch.set_num_threads(args.threads)
-    module, inputs = fw.module_and_inputs(args.model)
-    module = module.eval()
+    module, inputs = module_on_threads(args.model, args.threads)
     layers, latency = openvino_layers(module, inputs, args.threads, args.runs, args.dtype)
     lines = [
         f"# {args.model} ({args.dtype}) kernel by kernel against OpenVINO",
