@@ -124,7 +124,7 @@ class AnalyticDraw:
             limits = [int(limit) for limit in attrs[0]]
             return max(range(len(limits)), key=lambda i: (limits[i] <= UNROLL_STEPS, limits[i]))
         if inst.kind.name == "SampleComputeLocation" and self._feeds_a_tiled_product(inputs[0]):
-            if self._read_by_groups(inputs[0]):
+            if read_by_groups(self.sch, inputs[0]):
                 return self._in_parallel_tasks(inputs[0])
             if is_view(self.sch.get(inputs[0])):
                 return INLINED
@@ -140,9 +140,6 @@ class AnalyticDraw:
         an axis of its own, or beside outputs that index its other operands too (a matmul's, a convolution's
         channels, a grouped one's); a depthwise convolution's reductions all run beside the image positions."""
         return any(not names - reduced - others for names, reduced, others in _reduced_axes(self.sch, block_rv))
-
-    def _read_by_groups(self, block_rv) -> bool:
-        return read_by_groups(self.sch, block_rv)
 
     def _in_parallel_tasks(self, block_rv) -> int:
         """The location inside the tiled reader's parallel tasks (under its last S0 loop): each task pads the
