@@ -18,8 +18,9 @@ from codegen.bf16_dot import AVX512 as BF16_DOT
 from common.host import CacheLevel, data_caches
 from tuner import tune
 from tuner.spaces import metaschedule as msc
-from tuner.spaces.analytic import configure_kernel, copied_by_tasks
+from tuner.spaces.analytic import configure_kernel
 from tuner.spaces.block_plan import TiledLoop, plan_block
+from tuner.spaces.block_reads import copied_by_tasks
 from tuner.spaces.calibration import Calibration
 from tuner.spaces.machine import MachineFacts
 from tuner.spaces.prediction import bf16_product_outputs, lanes_used, materialized_bytes, predicted_seconds

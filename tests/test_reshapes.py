@@ -11,7 +11,8 @@ from tvm import te, tirx
 
 from tuner.lowering import LoweringOptions
 from tuner.lowering.reshapes import bounded_reshape
-from tuner.spaces.analytic import INLINED, ROOT, configure_kernel, is_view
+from tuner.spaces.analytic import INLINED, ROOT, configure_kernel
+from tuner.spaces.block_reads import is_view
 from tuner.targets import resolve_target
 from tuner.tasks.extraction import extract_tasks, lower_workload
 from workloads import load_workload

@@ -30,7 +30,6 @@ where the write cache goes, the first one that applies is taken.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -38,19 +37,19 @@ from typing import NamedTuple
 import tvm
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError, Trace
-from tvm.sym import Analyzer
 
 from common.error_text import error_line
 
 from . import metaschedule as msc
-from .bf16_rule import is_one, space_accumulators, space_unit
+from .bf16_rule import space_accumulators, space_unit
 from .block_plan import COLUMN_VECTORS_ATTR, BlockPlan, TiledLoop, plan_block
+from .block_reads import block_points, copied_by_tasks, is_view, read_by_groups, reduced_axes, wraps
 from .column_rule import column_schedule
 from .machine import MachineFacts
 from .norm_rule import norm_schedule
 from .pool_rule import max_pool_schedule
 from .register_tiles import TILING_ANNOTATION, RegisterFile, tile_roles
-from .rows_rule import reduces, rows_schedule, variables_of
+from .rows_rule import reduces, rows_schedule
 from .schedule_rules import ExpandDepthwiseDraw, is_expand_depthwise
 
 UNROLL_STEPS = 64
@@ -139,7 +138,7 @@ class AnalyticDraw:
         """Whether a reader of the block reduces over what it reads of it beyond a window: a reduction along
         an axis of its own, or beside outputs that index its other operands too (a matmul's, a convolution's
         channels, a grouped one's); a depthwise convolution's reductions all run beside the image positions."""
-        return any(not names - reduced - others for names, reduced, others in _reduced_axes(self.sch, block_rv))
+        return any(not names - reduced - others for names, reduced, others in reduced_axes(self.sch, block_rv))
 
     def _in_parallel_tasks(self, block_rv) -> int:
         """The location inside the tiled reader's parallel tasks (under its last S0 loop): each task pads the
@@ -161,7 +160,7 @@ class AnalyticDraw:
         times: 2.0 ms for a 21 us kernel)."""
         written = [region.source for region in self.sch.get(block_rv).writes]
         return any(
-            any(region.source.same_as(buffer) for buffer in written) and any(_wraps(r.min) for r in region.region)
+            any(region.source.same_as(buffer) for buffer in written) and any(wraps(r.min) for r in region.region)
             for consumer in self.sch.get_consumers(block_rv)
             for region in self.sch.get(consumer).reads
         )
@@ -191,94 +190,6 @@ class AnalyticDraw:
         """Whether a block is read by a product this schedule tiles (a convolution's pad: see the module's
         docstring). Not a Winograd transform's input gather: at the root, a pass of its own (2x slower)."""
         return any(TILING_ANNOTATION in self.sch.get(c).annotations for c in self.sch.get_consumers(block_rv))
-
-
-def read_by_groups(sch: Schedule, block_rv) -> bool:
-    """Whether a reader reduces over the block's channels a group at a time: the channel it reads is its
-    reduction's beside an output's (``g * 64 + c``), as in a grouped convolution. Such a convolution does a
-    group's FLOPs per channel read, so its pad, a pass of its own at the root, is a large part of its time
-    (RegNet's strided 3x3 convolutions over 64-channel groups: 16-20% alone, unpadded inputs against padded)."""
-    return any(
-        names - reduced and not names - reduced - others for names, reduced, others in _reduced_axes(sch, block_rv)
-    )
-
-
-def copied_by_tasks(mod: tvm.IRModule) -> int:
-    """Bytes of what the kernel's parallel tasks copy before they compute: the pads its grouped convolutions
-    read by groups (``AnalyticDraw``: each task pads its part of the image), 0 where there are none."""
-    sch = Schedule(mod)
-    try:
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    except ScheduleError:  # an extern kernel: one opaque block
-        return 0
-    copied = 0
-    for block_rv in blocks:
-        if sch.get_consumers(block_rv) and read_by_groups(sch, block_rv):
-            for region in sch.get(block_rv).writes:
-                buffer = region.source
-                copied += math.prod(int(d) for d in buffer.shape) * tvm.DataType(buffer.dtype).bits // 8
-    return copied
-
-
-def _reduced_axes(sch: Schedule, block_rv):
-    """(variables, reduced variables, variables of the other operands) of each axis along which a reader
-    of the block reduces over what it reads of it."""
-    written = [region.source for region in sch.get(block_rv).writes]
-    for consumer in sch.get_consumers(block_rv):
-        block = sch.get(consumer)
-        reductions = [v for v in block.iter_vars if v.iter_type != tvm.tirx.IterVar.DataPar]
-        reduced = {v.var.name for v in reductions if not is_one(v.dom.extent)}
-        ours, others = [], set()
-        for region in block.reads:
-            if any(region.source.same_as(buffer) for buffer in written):
-                ours.append(region)
-            else:
-                others |= set().union(*(variables_of(axis.min) for axis in region.region))
-        for region in ours:
-            for axis in region.region:
-                names = variables_of(axis.min)
-                if names & reduced:
-                    yield names, reduced, others
-
-
-def is_view(block: tvm.tirx.Stmt) -> bool:
-    """Whether a block copies an input element to the same flat offset and keeps its innermost axis (rows
-    merged or split, an expand_dims): nothing computed, nothing tested, a reader's vectors read as they lie,
-    so inlined into its reader it costs nothing. A reshape across the innermost axis (6x10 read as 4x15)
-    would leave a division in the reader's vectorised loop."""
-    store = block.body
-    if not isinstance(store, tvm.tirx.BufferStore) or not isinstance(store.value, tvm.ir.expr.TensorLoad):
-        return False
-    load = store.value
-    source = load.source
-    if not store.indices or not load.indices or not store.indices[-1].same_as(load.indices[-1]):
-        return False
-    analyzer = Analyzer()
-    if not analyzer.can_prove_equal(store.buffer.shape[-1], source.shape[-1]):
-        return False
-    for v in block.iter_vars:
-        analyzer.bind(v.var, tvm.ir.Range.from_min_extent(v.dom.min, v.dom.extent))
-    return analyzer.can_prove_equal(_flat(store.buffer.shape, store.indices), _flat(source.shape, load.indices))
-
-
-def _flat(shape: Sequence[tvm.tirx.PrimExpr], indices: Sequence[tvm.tirx.PrimExpr]) -> tvm.tirx.PrimExpr:
-    offset = tvm.tirx.const(0, "int64")
-    for extent, index in zip(shape, indices, strict=True):
-        offset = offset * extent + index
-    return offset
-
-
-def _wraps(index: tvm.tirx.PrimExpr) -> bool:
-    """Whether an index expression takes a remainder anywhere in it."""
-    if isinstance(index, (tvm.tirx.FloorMod, tvm.tirx.Mod)):
-        return True
-    return any(_wraps(getattr(index, operand)) for operand in ("a", "b") if hasattr(index, operand))
-
-
-def block_points(block: tvm.tirx.Stmt, kind: int) -> int:
-    """The points a block's variables of ``kind`` (spatial, reduction) span; a dynamic extent counts as huge."""
-    extents = [v.dom.extent for v in block.iter_vars if v.iter_type == kind]
-    return math.prod(int(e) if isinstance(e, tvm.tirx.IntImm) else 1 << 30 for e in extents)
 
 
 @dataclass(frozen=True)

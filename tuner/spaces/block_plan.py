@@ -31,7 +31,7 @@ nested S0 S1 R0 S2 R1 S3. The plan sets every factor, BLIS's way (Low et al., TO
   the softmax after it, split by heads, read half of them from the other core (a 2-core Emerald Rapids: 99 us
   in the model against 38 alone); by heads first, the model ran 0.90 of its time, MobileNetV2 0.92, RegNet 0.95.
   Where the tasks copy an input before they compute (a grouped convolution's pad, each task padding its band of
-  the image: ``analytic.copied_by_tasks``), enough tasks come first that a task's share fits in half of L2:
+  the image: ``block_reads.copied_by_tasks``), enough tasks come first that a task's share fits in half of L2:
   RegNet's first strided convolution wrote 1.7 MB of pad in each of 4 tasks, then read it back past a 2 MiB L2;
   in 8 tasks it ran in 0.85-0.88 of its time alone (2-core Emerald Rapids).
 - **S2, the block of tiles one reduction run covers** (inside a task), in BLIS's order: rows while their

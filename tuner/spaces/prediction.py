@@ -61,9 +61,10 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 
 from . import metaschedule as msc
-from .analytic import AnalyticSchedule, block_points
+from .analytic import AnalyticSchedule
 from .bf16_rule import UNIT_ANNOTATION
 from .block_plan import BlockPlan
+from .block_reads import block_points
 from .calibration import Calibration, calibration
 from .machine import MachineFacts
 
