@@ -1,5 +1,5 @@
 """Kernel by kernel against ONNX Runtime: where a compiled fp32 model loses its time to ONNX Runtime's CPU
-provider, convolution by convolution.
+provider, convolution by convolution and product by product.
 
     .venv/bin/python experiments/layers_vs_onnxruntime.py hf-regnet \
         --work-dir experiments/results/budget_curve/runs/hf-regnet/analytic/work
@@ -8,7 +8,8 @@ One process, ``--rounds`` rounds alternating the two sides: ONNX Runtime's node 
 each node's time, a fresh session a round) and the work dir's model (its ``model.so``) timed kernel by kernel
 inside the model (``CompiledModel.kernel_times``), both on 2 threads by default. Each side is summed by kind,
 then every convolution of ours is paired with ONNX Runtime's of the same shape (input channels and size,
-window, channels a group, output channels and size), its time over theirs the median of the rounds' ratios:
+window, channels a group, output channels and size) and every product with theirs of the same rows, reduction and
+columns (batches counted as rows), its time over theirs the median of the rounds' ratios:
 the machine's speed drifts between rounds, not within one. The pairs show which convolutions hold a model
 back (HF RegNet on an Emerald Rapids: its first strided grouped convolution at 1.43x, the rest 0.65-1.25x).
 Writes OUT/MODEL.md (default OUT: experiments/results/layers_vs_onnxruntime).
@@ -19,10 +20,12 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -41,6 +44,7 @@ PREPACKED_SUFFIX = "_prepacked"
 # ONNX Runtime's convolution nodes after its graph rewrites: NCHWc's (named Conv) and a convolution with its
 # activation fused (FusedConv)
 CONVOLUTION_OPS = ("Conv", "FusedConv")
+PRODUCT_OPS = ("MatMul", "FusedMatMul", "Gemm")
 
 
 def onnxruntime_nodes(path: Path, inputs, threads: int, runs: int, directory: Path) -> tuple[dict, float]:
@@ -75,16 +79,29 @@ def onnxruntime_nodes(path: Path, inputs, threads: int, runs: int, directory: Pa
     return {key: statistics.median(values[-runs:]) for key, values in samples.items()}, latency
 
 
-def onnx_conv_shape(inputs: tuple, output: tuple) -> tuple | None:
-    """(input channels, input size, window, channels a group, output channels, output size) of an NCHW Conv node."""
-    if len(inputs) < 2 or len(inputs[0]) != 4 or not output or len(output[0]) != 4:
+def onnx_shape(op: str, inputs: tuple, output: tuple) -> tuple | None:
+    """A node's pairing key: ("convolution", input channels, input size, window, channels a group, output channels,
+    output size) of an NCHW convolution, ("product", rows, reduction, columns) of a product; None for others."""
+    if len(inputs) < 2 or not output:
         return None
-    image, weight = inputs[0], inputs[1]
-    return image[1], image[2], weight[2], weight[1], weight[0], output[0][2]
+    if op in CONVOLUTION_OPS and len(inputs[0]) == 4 and len(output[0]) == 4:
+        image, weight = inputs[0], inputs[1]
+        return "convolution", image[1], image[2], weight[2], weight[1], weight[0], output[0][2]
+    if op in PRODUCT_OPS:
+        return _product_shape(inputs[0], output[0])
+    return None
 
 
-def our_conv_shapes(model: str) -> dict[str, tuple]:
-    """The same shape of each NHWC 2-d convolution kernel the model lowers to, by kernel name."""
+def _product_shape(left: Sequence[int], output: Sequence[int]) -> tuple | None:
+    rows = math.prod(output[:-1])
+    if not left or math.prod(left[:-1]) != rows:  # the first operand is not the rows' (a transposed one)
+        return None
+    return "product", rows, left[-1], output[-1]
+
+
+def our_shapes(model: str) -> dict[str, tuple]:
+    """The pairing key (``onnx_shape``) of each NHWC 2-d convolution and each product the model lowers to, by
+    kernel name."""
     from experiments.analytic import _model
     from tuner.lowering import LoweringOptions
     from tuner.targets import resolve_target
@@ -98,13 +115,22 @@ def our_conv_shapes(model: str) -> dict[str, tuple]:
         params = [[int(d) for d in p.shape] for p in task.mod["main"].params]
         image, weight, output = params[0], params[1], params[-1]
         if "conv2d" in task.name and len(image) == len(weight) == len(output) == 4:
-            shapes[task.name] = (image[3], image[1], weight[0], weight[2], weight[3], output[1])
+            shapes[task.name] = ("convolution", image[3], image[1], weight[0], weight[2], weight[3], output[1])
+        elif ("matmul" in task.name or "dense" in task.name) and (shape := _product_shape(image, output)):
+            shapes[task.name] = shape
     return shapes
 
 
-def paired_convolutions(ours: list[dict], theirs: list[dict], shapes: dict[str, tuple]) -> list[dict]:
-    """Per convolution shape, each side's seconds summed over its kernels of that shape, round by round; the
-    rows ordered by what ours loses, largest first."""
+def _label(shape: tuple) -> str:
+    if shape[0] == "product":
+        return "product {} x {} x {}".format(*shape[1:])
+    c, h, k, g, co, ho = shape[1:]
+    return f"{c}ch {h}x{h} -> {co}ch {ho}x{ho}, {k}x{k}" + (f", {c // g} groups" if g != c else "")
+
+
+def paired_kernels(ours: list[dict], theirs: list[dict], shapes: dict[str, tuple]) -> list[dict]:
+    """Per convolution or product shape (``onnx_shape``), each side's seconds summed over its kernels of that shape,
+    round by round; the rows ordered by what ours loses, largest first."""
     rounds = []
     for our_round, their_round in zip(ours, theirs, strict=True):
         pairs: dict = collections.defaultdict(lambda: [0.0, 0.0])
@@ -113,7 +139,7 @@ def paired_convolutions(ours: list[dict], theirs: list[dict], shapes: dict[str, 
             if shape is not None:
                 pairs[shape][0] += seconds
         for (_, op, inputs, output), seconds in their_round.items():
-            shape = onnx_conv_shape(inputs, output) if op in CONVOLUTION_OPS else None
+            shape = onnx_shape(op, inputs, output)
             if shape in pairs:
                 pairs[shape][1] += seconds
         rounds.append(pairs)
@@ -129,12 +155,12 @@ def paired_convolutions(ours: list[dict], theirs: list[dict], shapes: dict[str, 
     rows.sort(key=lambda row: -row[0])
     return [
         {
-            "convolution": f"{c}ch {h}x{h} -> {co}ch {ho}x{ho}, {k}x{k}" + (f", {c // g} groups" if g != c else ""),
+            "kernel": _label(shape),
             "ours (us)": f"{mine * 1e6:.0f}",
             "ONNX Runtime (us)": f"{theirs * 1e6:.0f}",
             "ours / ONNX Runtime": f"{ratio:.2f}",
         }
-        for _, (c, h, k, g, co, ho), mine, theirs, ratio in rows
+        for _, shape, mine, theirs, ratio in rows
     ]
 
 
@@ -150,7 +176,7 @@ def main() -> None:
     args = parser.parse_args()
 
     module, inputs = module_on_threads(args.model, args.threads)
-    shapes = our_conv_shapes(args.model)
+    shapes = our_shapes(args.model)
     ours, theirs, latencies = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"
@@ -173,11 +199,11 @@ def main() -> None:
         f"model; ONNX Runtime: nodes {statistics.median(sum(r.values()) for r in theirs) * 1e3:.3f} ms, "
         f"{statistics.median(latencies) * 1e3:.3f} ms an inference while profiled (medians of the rounds)",
         "",
-        "## Convolutions of the same shape",
+        "## Convolutions and products of the same shape",
         "",
         markdown_table(
-            paired_convolutions(ours, theirs, shapes),
-            ["convolution", "ours (us)", "ONNX Runtime (us)", "ours / ONNX Runtime"],
+            paired_kernels(ours, theirs, shapes),
+            ["kernel", "ours (us)", "ONNX Runtime (us)", "ours / ONNX Runtime"],
         ),
         "",
         "## By kind (the last round)",
