@@ -217,22 +217,28 @@ def _repredict(record: dict, out: Path) -> None:
 def step_predict(model: str, target_text: str, dtype: str) -> dict[str, tuple[float, bool]]:
     """Each kernel of ``model`` (lowered as tune() lowers it) predicted by the analytic model, by name, with
     whether the model counts it a product (``AnalyticSchedule.product``)."""
-    subject, keywords, _ = _model(model)
-    from tuner.lowering import LoweringOptions
     from tuner.spaces.analytic import configure_kernel
     from tuner.spaces.prediction import predict_kernel
     from tuner.targets import resolve_target
-    from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
 
     target = resolve_target(target_text)
-    workload = load_model(subject, keywords.get("example_inputs"), dtype=dtype)
-    lowering = LoweringOptions(bfloat16=workload.precision == "bfloat16")  # as tune() lowers it
     predicted = {}
-    for task in extract_tasks(workload, target, lower_workload(workload, target, lowering)):
+    for task in model_tasks(model, target, dtype):
         configured = configure_kernel(task.mod, target)
         if configured is not None:
             predicted[task.name] = (predict_kernel(task.mod, task.flops, configured, target), configured.product)
     return predicted
+
+
+def model_tasks(model: str, target, dtype: str = "float32") -> list:
+    """The kernels (``Task``) of a model of ``_model``'s, lowered for ``target`` as tune() lowers it."""
+    from tuner.lowering import LoweringOptions
+    from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
+
+    subject, keywords, _ = _model(model)
+    workload = load_model(subject, keywords.get("example_inputs"), dtype=dtype)
+    lowering = LoweringOptions(bfloat16=workload.precision == "bfloat16")
+    return extract_tasks(workload, target, lower_workload(workload, target, lowering))
 
 
 def _label(model: str, args: argparse.Namespace) -> str:

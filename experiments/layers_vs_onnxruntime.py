@@ -36,8 +36,8 @@ from experiments.layers_vs_openvino import (  # noqa: E402
     by_kind,
     kernel_kind,
     module_on_threads,
-    our_kernels,
     slowest,
+    work_dir_model,
 )
 
 PREPACKED_SUFFIX = "_prepacked"
@@ -102,16 +102,11 @@ def _product_shape(left: Sequence[int], output: Sequence[int]) -> tuple | None:
 def our_shapes(model: str) -> dict[str, tuple]:
     """The pairing key (``onnx_shape``) of each NHWC 2-d convolution and each product the model lowers to, by
     kernel name."""
-    from experiments.analytic import _model
-    from tuner.lowering import LoweringOptions
+    from experiments.analytic import model_tasks
     from tuner.targets import resolve_target
-    from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
 
-    subject, keywords, _ = _model(model)
-    target = resolve_target("llvm")
-    workload = load_model(subject, keywords.get("example_inputs"), dtype="float32")
     shapes = {}
-    for task in extract_tasks(workload, target, lower_workload(workload, target, LoweringOptions())):
+    for task in model_tasks(model, resolve_target("llvm")):
         params = [[int(d) for d in p.shape] for p in task.mod["main"].params]
         image, weight, output = params[0], params[1], params[-1]
         if "conv2d" in task.name and len(image) == len(weight) == len(output) == 4:
@@ -177,12 +172,13 @@ def main() -> None:
 
     module, inputs = module_on_threads(args.model, args.threads)
     shapes = our_shapes(args.model)
+    model = work_dir_model(args.work_dir)
     ours, theirs, latencies = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"
         fw.export_onnx(module, inputs, path)
         for index in range(args.rounds):
-            ours.append(our_kernels(args.work_dir, inputs, args.runs))
+            ours.append(model.kernel_times(*inputs, runs=args.runs))
             round_dir = Path(tmp) / str(index)
             round_dir.mkdir()
             nodes, latency = onnxruntime_nodes(path, inputs, args.threads, args.runs, round_dir)

@@ -70,14 +70,19 @@ def openvino_layers(module, inputs, threads: int, runs: int, dtype: str) -> tupl
     return dict(layers), (time.perf_counter() - started) / runs
 
 
-def our_kernels(work_dir: Path, inputs, runs: int) -> dict[str, float]:
-    """Seconds per inference of each kernel of the work dir's compiled model, inside the model."""
+def work_dir_model(work_dir: Path):
+    """The compiled model (``CompiledModel``) a finished tune left in ``work_dir``."""
     from tuner.runtime.compiled_model import CompiledModel, ModelDescription
 
     library = work_dir / "model.so"
     if not library.exists():
         raise SystemExit(f"{work_dir} holds no compiled model (model.so): pass the work dir of a finished tune")
-    return CompiledModel(library, ModelDescription.read(library)).kernel_times(*inputs, runs=runs)
+    return CompiledModel(library, ModelDescription.read(library))
+
+
+def our_kernels(work_dir: Path, inputs, runs: int) -> dict[str, float]:
+    """Seconds per inference of each kernel of the work dir's compiled model, inside the model."""
+    return work_dir_model(work_dir).kernel_times(*inputs, runs=runs)
 
 
 def by_kind(seconds: dict, kind_of) -> list[dict]:

@@ -37,10 +37,13 @@ def copied_by_tasks(mod: tvm.IRModule) -> int:
     copied = 0
     for block_rv in blocks:
         if sch.get_consumers(block_rv) and read_by_groups(sch, block_rv):
-            for region in sch.get(block_rv).writes:
-                buffer = region.source
-                copied += math.prod(int(d) for d in buffer.shape) * tvm.DataType(buffer.dtype).bits // 8
+            copied += sum(tensor_bytes(region.source) for region in sch.get(block_rv).writes)
     return copied
+
+
+def tensor_bytes(tensor) -> int:
+    """Bytes of a buffer or tensor of static shape."""
+    return math.prod(int(extent) for extent in tensor.shape) * tvm.DataType(str(tensor.dtype)).bits // 8
 
 
 def reduced_axes(sch: Schedule, block_rv):

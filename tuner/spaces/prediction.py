@@ -64,7 +64,7 @@ from . import metaschedule as msc
 from .analytic import AnalyticSchedule
 from .bf16_rule import UNIT_ANNOTATION
 from .block_plan import BlockPlan
-from .block_reads import block_points
+from .block_reads import block_points, tensor_bytes
 from .calibration import Calibration, calibration
 from .machine import MachineFacts
 
@@ -166,12 +166,8 @@ def materialized_bytes(mod: tvm.IRModule, sch: Schedule) -> int:
             (loop := outermost_loop(reader)) is not None and nest.same_as(loop) for reader in readers
         )
         if not shared:
-            total += _tensor_bytes(buffer)
+            total += tensor_bytes(buffer)
     return total
-
-
-def _tensor_bytes(tensor) -> int:
-    return math.prod(int(extent) for extent in tensor.shape) * tvm.DataType(str(tensor.dtype)).bits // 8
 
 
 def precision(mod: tvm.IRModule) -> str:
