@@ -1,6 +1,7 @@
 """The analytic model's latency of a configured kernel: the interpretable half of AutoConfig.
 
     seconds = FLOPs / (product rate x balance x lanes used) + bytes / bandwidth + a parallel launch
+              - half the shorter of that arithmetic and its weights' stream (hidden behind the other)
 
 for a product (a block ``analytic`` tiled), where the product rate is the calibrated rate of a model's product
 (BERT-base's output projection, its weights packed) running from the caches on every core, ``balance`` the
@@ -40,7 +41,12 @@ prefetch them. Counted so, the prediction came within 25% of the kernel's time i
 measured afterwards; the lanes, added next (planned before it was tried on them), took the 365 products
 of those 21 models from 249 within 25% to 261 (ragged column counts: 6 of 23 to 17). Counting every
 intermediate the schedule leaves whole (until December 2026 only those one reduction handed another) took
-the 601 recorded products of 38 models on a Zen 5 from 466 within 25% to 477. The rest are
+the 601 recorded products of 38 models on a Zen 5 from 466 within 25% to 477. Since December 2026 half of the
+shorter of a product's arithmetic and its weights' stream is hidden behind the other (``WEIGHTS_HIDDEN``): it
+reads its packed weights in order, and the hardware prefetcher brings the next panel while the FMAs run on the
+last (ResNet-18's 512-channel 3x3 convolutions, 776 us of arithmetic and 344 of weights, ran 796-834 us in the
+model on a 2-core Xeon with AMX); on the records of four CPUs the products within 25% went from 808 of 1,077
+to 833 (docs/analytic.md). The rest are
 where the schedule is what is slow, or where the kernel's time in the model is not one figure: a short
 kernel's time on a VM moves with the machine more than a product's (Hugging Face's MobileNetV2 read its
 depthwise kernels at 2.8-3.6x their prediction in one run and within 25% in the next; called in the same
@@ -68,6 +74,8 @@ from .block_reads import block_points, tensor_bytes
 from .calibration import Calibration, calibration
 from .machine import MachineFacts
 
+WEIGHTS_HIDDEN = 0.5  # of a product's weights' stream or of its arithmetic, whichever is shorter (module docstring)
+
 
 def predicted_seconds(
     flops: float,
@@ -84,7 +92,8 @@ def predicted_seconds(
     by ``plans``, in our bf16 rule's tiles on ``bf16_unit`` (its product computing ``outputs``), or neither (the
     module's docstring)."""
     streamed = measured.memory_bandwidth_gbs or measured.bandwidth_gbs
-    memory = (bytes_moved - weights) / (measured.bandwidth_gbs * 1e9) + weights / (streamed * 1e9)
+    others = (bytes_moved - weights) / (measured.bandwidth_gbs * 1e9)
+    streaming = weights / (streamed * 1e9)
     bf16_costs = measured.bf16_costs(bf16_unit) if bf16_unit is not None else None
     if bf16_costs:
         per_flop, per_output = bf16_costs
@@ -96,8 +105,9 @@ def predicted_seconds(
         compute = flops / (measured.product_gflops * 1e9 * balance * lanes)
     else:
         peak = measured.peak_gflops(dtype)
-        compute = flops / (peak * 1e9) if peak else 0.0
-    return compute + memory + measured.launch_seconds
+        return (flops / (peak * 1e9) if peak else 0.0) + others + streaming + measured.launch_seconds
+    hidden = WEIGHTS_HIDDEN * min(compute, streaming)  # the part of the weights' stream the FMAs run through
+    return compute + streaming - hidden + others + measured.launch_seconds
 
 
 def lanes_used(plan: BlockPlan, lanes: int) -> float:
