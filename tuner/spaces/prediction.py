@@ -45,8 +45,8 @@ the 601 recorded products of 38 models on a Zen 5 from 466 within 25% to 477. Si
 shorter of a product's arithmetic and its weights' stream is hidden behind the other (``WEIGHTS_HIDDEN``): it
 reads its packed weights in order, and the hardware prefetcher brings the next panel while the FMAs run on the
 last (ResNet-18's 512-channel 3x3 convolutions, 776 us of arithmetic and 344 of weights, ran 796-834 us in the
-model on a 2-core Xeon with AMX); on the records of four CPUs the products within 25% went from 808 of 1,077
-to 833 (docs/analytic.md). The rest are
+model on a 2-core Xeon with AMX); on the records of 19 models on five CPUs the products within 25% went from 857
+of 1,148 to 870, on that Xeon's 23 models predicted again from 263 of 425 to 297 (docs/analytic.md). The rest are
 where the schedule is what is slow, or where the kernel's time in the model is not one figure: a short
 kernel's time on a VM moves with the machine more than a product's (Hugging Face's MobileNetV2 read its
 depthwise kernels at 2.8-3.6x their prediction in one run and within 25% in the next; called in the same
@@ -99,15 +99,20 @@ def predicted_seconds(
         per_flop, per_output = bf16_costs
         compute = flops * per_flop + outputs * per_output
     elif plans:
-        tasks = min(plan.tasks for plan in plans)
-        balance = tasks / (math.ceil(tasks / facts.cores) * facts.cores)
-        lanes = min(lanes_used(plan, facts.registers.lanes) for plan in plans)
-        compute = flops / (measured.product_gflops * 1e9 * balance * lanes)
+        compute = flops / (measured.product_gflops * 1e9 * plan_efficiency(plans, facts))
     else:
         peak = measured.peak_gflops(dtype)
         return (flops / (peak * 1e9) if peak else 0.0) + others + streaming + measured.launch_seconds
     hidden = WEIGHTS_HIDDEN * min(compute, streaming)  # the part of the weights' stream the FMAs run through
     return compute + streaming - hidden + others + measured.launch_seconds
+
+
+def plan_efficiency(plans: Sequence[BlockPlan], facts: MachineFacts) -> float:
+    """The share of the calibrated product rate a tiled kernel reaches: the cores its parallel tasks keep busy
+    (7 tasks on 2 cores: 7/8) times the vector lanes its register tile fills."""
+    tasks = min(plan.tasks for plan in plans)
+    balance = tasks / (math.ceil(tasks / facts.cores) * facts.cores)
+    return balance * min(lanes_used(plan, facts.registers.lanes) for plan in plans)
 
 
 def lanes_used(plan: BlockPlan, lanes: int) -> float:
@@ -127,12 +132,18 @@ def predict_kernel(
     facts = MachineFacts.of(target)
     if facts is None:
         return None
-    moved = msc.kernel_bytes(mod) + 2 * materialized_bytes(mod, configured.sch)
+    moved = bytes_moved(mod, configured)
     measured = calibration(target)
     unit = configured.bf16_unit
     outputs = bf16_product_outputs(mod) if unit is not None else 0
     weights = msc.weight_bytes(mod)
     return predicted_seconds(flops, moved, configured.plans, facts, measured, precision(mod), unit, outputs, weights)
+
+
+def bytes_moved(mod: tvm.IRModule, configured: AnalyticSchedule) -> int:
+    """The bytes a kernel moves with its analytic schedule: its arguments, and each intermediate the schedule
+    leaves whole written and read once (module docstring)."""
+    return msc.kernel_bytes(mod) + 2 * materialized_bytes(mod, configured.sch)
 
 
 def bf16_product_outputs(mod: tvm.IRModule) -> int:
