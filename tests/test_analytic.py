@@ -402,6 +402,15 @@ def test_rows_of_13_or_14_positions_take_every_register_the_step_leaves():
     assert plan_block(_loops([13, 1024], [512]), AVX2).accumulators == 13  # 13 + 1 + 1 of AVX2's 16
 
 
+def test_a_tile_one_vector_wide_takes_the_fewest_rows_that_keep_the_fma_ports_busy():
+    """ViT's Q.K^T over 208 padded keys (13 vectors: no wider tile divides them) broadcasts for every FMA at any
+    height: 13 x 1, not 26 x 1 (26/27 FMAs a load against 13/14; in the model 113 -> 87 us on a Xeon with AMX)."""
+    plan = plan_block(_loops([208, 208], [64]), AVX512)
+    assert (plan.factors[0][-1], plan.factors[1][-1], plan.accumulators) == (13, 16, 13)
+    assert plan.accumulators >= AVX512.registers.enough_accumulators
+    assert plan_block(_loops([384, 768], [768]), AVX512).accumulators == 24  # wider tiles keep the most per load
+
+
 def test_a_reduction_one_run_covers_leaves_no_block_between_a_tile_and_its_epilogue():
     """SqueezeNet's stem (27 reductions) and a 1x1 convolution over 64 channels: R0 is all 1, so S2 is too and
     S1 takes its factors; over 512 channels (two runs) the block stays."""
