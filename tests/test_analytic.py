@@ -11,9 +11,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import tvm
+from analytic_facts import AVX2, AVX512, loops_of
 from bf16_builds import dense_module, needs_bf16
 
-from codegen.bf16_dot import AMX
 from codegen.bf16_dot import AVX512 as BF16_DOT
 from common.host import CacheLevel, data_caches
 from tuner import tune
@@ -21,25 +21,10 @@ from tuner.spaces import metaschedule as msc
 from tuner.spaces.analytic import configure_kernel
 from tuner.spaces.block_plan import TiledLoop, plan_block
 from tuner.spaces.block_reads import copied_by_tasks
-from tuner.spaces.calibration import Calibration
 from tuner.spaces.machine import MachineFacts
-from tuner.spaces.prediction import bf16_product_outputs, lanes_used, materialized_bytes, predicted_seconds
 from tuner.spaces.register_tiles import RegisterFile
 from tuner.targets import resolve_target
 from workloads import load_workload
-
-AVX512 = MachineFacts(
-    RegisterFile(lanes=16, registers=32), cores=2, l1_bytes=32 << 10, l2_bytes=1 << 20, l3_bytes=16 << 20
-)
-AVX2 = MachineFacts(
-    RegisterFile(lanes=8, registers=16), cores=4, l1_bytes=32 << 10, l2_bytes=256 << 10, l3_bytes=8 << 20
-)
-
-
-def _loops(spatial: list[int], reduction: list[int]) -> list[TiledLoop]:
-    loops = [TiledLoop(i, "spatial", extent, 4, 64) for i, extent in enumerate(spatial)]
-    loops[-1] = TiledLoop(len(spatial) - 1, "vector", spatial[-1], 4, 64)
-    return loops + [TiledLoop(len(spatial) + i, "reduction", extent, 2, 64) for i, extent in enumerate(reduction)]
 
 
 def _check_factors(loops: list[TiledLoop], plan) -> None:
@@ -50,7 +35,7 @@ def _check_factors(loops: list[TiledLoop], plan) -> None:
 
 
 def test_a_matmuls_register_tile_fills_the_registers_and_its_reduction_run_fits_l1():
-    loops = _loops([512, 512], [512])
+    loops = loops_of([512, 512], [512])
     plan = plan_block(loops, AVX512)
     _check_factors(loops, plan)
     rows, columns, run = plan.factors[0][-1], plan.factors[1][-1], plan.factors[2][-1]
@@ -61,103 +46,8 @@ def test_a_matmuls_register_tile_fills_the_registers_and_its_reduction_run_fits_
     assert plan.tasks % AVX512.cores == 0 and plan.tasks >= AVX512.cores
 
 
-def test_a_products_prediction_counts_its_memory_on_top_of_its_arithmetic():
-    """In a model a product's operands come from memory while it computes: the two are added, not
-    overlapped, and a task count the cores do not divide leaves a core idle for part of the time."""
-    loops = _loops([512, 512], [512])
-    plan = plan_block(loops, AVX512)
-    measured = Calibration(product_gflops=200.0, bandwidth_gbs=20.0, launch_seconds=1e-6)
-    flops, moved = 2 * 512**3, 3 * 512 * 512 * 4
-    balance = plan.tasks / (math.ceil(plan.tasks / AVX512.cores) * AVX512.cores)
-    expected = flops / 200e9 / balance + moved / 20e9 + 1e-6
-    assert predicted_seconds(flops, moved, [plan], AVX512, measured) == pytest.approx(expected)
-    assert predicted_seconds(0, moved, [], AVX512, measured) == pytest.approx(moved / 20e9 + 1e-6)
-    with_peaks = Calibration(200.0, 20.0, 1e-6, fma_peak_gflops=250.0, bf16_peak_gflops=500.0)
-    untiled = predicted_seconds(1e9, moved, [], AVX512, with_peaks, "bfloat16")  # at its precision's peak
-    assert untiled == pytest.approx(1e9 / 500e9 + moved / 20e9 + 1e-6)
-
-
-def test_a_bf16_products_prediction_takes_the_calibrated_rate_of_its_unit_not_the_units_peak():
-    """AMX's peak is a rate of tiles already in registers: ResNet-18's bf16 convolutions ran at 13-35% of it,
-    every prediction 1.3-2.2x too fast. The calibration's product in bf16 says what each unit's tiles reach
-    (a network's first convolution computes on ``vdpbf16ps`` on an AMX machine too)."""
-    peaks = {"fma_peak_gflops": 250.0, "bf16_peak_gflops": 6000.0}
-    calibrated = Calibration(200.0, 20.0, 1e-6, **peaks, bf16_product_gflops=450.0, amx_product_gflops=1500.0)
-    moved, rest = 1 << 20, (1 << 20) / 20e9 + 1e-6
-    on = {unit: predicted_seconds(1e9, moved, [], AVX512, calibrated, "bfloat16", unit) for unit in (AMX, BF16_DOT)}
-    assert on == {AMX: pytest.approx(1e9 / 1500e9 + rest), BF16_DOT: pytest.approx(1e9 / 450e9 + rest)}
-    older = Calibration(200.0, 20.0, 1e-6, **peaks)  # a cache from before: no such figures
-    assert predicted_seconds(1e9, moved, [], AVX512, older, "bfloat16", AMX) == pytest.approx(1e9 / 6000e9 + rest)
-
-
-def test_an_amx_products_outputs_cost_what_the_calibrations_shallow_product_says():
-    """An AMX tile's accumulators go through memory once per output (stored, then converted by vector code), as
-    long as a 64-deep reduction takes on the unit: ResNet-50's 64 -> 256 1x1 ran at 0.4 of the rate of a 1152-deep
-    product, and a prediction from one rate had such kernels 1.4-2.2x too fast. Predicted from the per-FLOP and
-    per-output costs the calibration's two products give, each of them takes exactly the time it was timed at."""
-    peaks = {"fma_peak_gflops": 250.0, "bf16_peak_gflops": 6000.0}
-    amx = Calibration(200.0, 20.0, 0.0, **peaks, amx_product_gflops=2400.0, amx_shallow_gflops=1100.0)
-    per_flop, per_output = amx.bf16_costs(AMX)
-    assert per_output > 0 and 1 / per_flop > 2400e9  # a reduction step alone runs faster than the product
-    for (rows, columns, depth), rate in (((784, 128, 1152), 2400.0), ((3136, 256, 64), 1100.0)):
-        flops = 2 * rows * columns * depth
-        alone = predicted_seconds(flops, 0, [], AVX512, amx, "bfloat16", AMX, outputs=rows * columns)
-        assert alone == pytest.approx(flops / (rate * 1e9))
-    # vdpbf16ps keeps its accumulators in registers: two products at one rate say no cost of an output
-    dot = Calibration(200.0, 20.0, 0.0, **peaks, bf16_product_gflops=450.0, bf16_shallow_gflops=460.0)
-    assert dot.bf16_costs(BF16_DOT) == (pytest.approx(1 / 450e9), 0.0)
-    assert "an output" in amx.describe() and "an output" not in dot.describe()
-
-
-def test_a_bf16_products_outputs_are_its_products_sums():
-    """Counted on the product's block (``bf16_product``): a kernel with none has none."""
-    assert bf16_product_outputs(dense_module(64, 128, 256)) == 64 * 128
-    assert bf16_product_outputs(_reshaped_row_product()) == 0
-
-
-def test_a_products_prediction_counts_the_vector_lanes_its_columns_leave_empty():
-    """Swin-T's Q.K^T has 49 columns: tiled 7 wide, a vector instruction computes 7 of its 16 lanes."""
-    measured = Calibration(product_gflops=200.0, bandwidth_gbs=20.0, launch_seconds=1e-6)
-    ragged, whole = _loops([192 * 49, 49], [32]), _loops([192 * 49, 32], [49])
-    ragged_plan, whole_plan = plan_block(ragged, AVX512), plan_block(whole, AVX512)
-    assert ragged_plan.factors[1][-1] == 7 and lanes_used(ragged_plan, 16) == pytest.approx(7 / 16)
-    assert lanes_used(whole_plan, 16) == 1.0
-    flops = 2 * 192 * 49 * 49 * 32
-    balance = ragged_plan.tasks / (math.ceil(ragged_plan.tasks / AVX512.cores) * AVX512.cores)
-    expected = flops / (200e9 * balance * 7 / 16) + 1e-6
-    assert predicted_seconds(flops, 0, [ragged_plan], AVX512, measured) == pytest.approx(expected)
-
-
-def _reshaped_row_product() -> tvm.IRModule:
-    """A row vector times an image read through a reshape (BiT's group-norm statistics): an intermediate
-    the product reads, which a schedule may copy whole first or compute inside the product's loops."""
-    from tvm import te
-
-    image = te.placeholder((14, 14, 64), "float32", name="image")
-    row = te.placeholder((196,), "float32", name="row")
-    flat = te.compute((196, 64), lambda p, c: image[p // 14, p % 14, c], name="flat")
-    k = te.reduce_axis((0, 196), "k")
-    sums = te.compute((64,), lambda c: te.sum(row[k] * flat[k, c], axis=k), name="sums")
-    return tvm.IRModule({"main": te.create_prim_func([image, row, sums])})
-
-
-def test_an_intermediate_left_whole_by_the_schedule_is_a_pass_over_memory():
-    """Copied whole before the product, the reshape is written and read once more; computed inside the
-    product's loop nest, its values stay in the caches and nothing is counted."""
-    mod = _reshaped_row_product()
-    whole = tvm.s_tir.Schedule(mod)
-    assert materialized_bytes(mod, whole) == 196 * 64 * 4
-    inside = tvm.s_tir.Schedule(mod)
-    (columns, _) = inside.get_loops(inside.get_sblock("sums"))
-    inside.compute_at(inside.get_sblock("flat"), columns)
-    assert materialized_bytes(mod, inside) == 0
-    inlined = tvm.s_tir.Schedule(mod)
-    inlined.compute_inline(inlined.get_sblock("flat"))
-    assert materialized_bytes(mod, inlined) == 0
-
-
 def test_fewer_registers_make_a_smaller_tile():
-    plan = plan_block(_loops([384, 768], [768]), AVX2)
+    plan = plan_block(loops_of([384, 768], [768]), AVX2)
     assert AVX2.registers.min_accumulators <= plan.accumulators <= AVX2.registers.max_accumulators == 12
     assert plan.tasks % AVX2.cores == 0
 
@@ -165,11 +55,11 @@ def test_fewer_registers_make_a_smaller_tile():
 def test_a_late_convolution_splits_its_weights_across_the_cores_an_early_one_its_image():
     """7x7x512 from 3x3x512: 9 MB of weights, split by output channels; 56x56x64 from 3x3x64: the image
     is what is large, split by rows."""
-    late = _loops([1, 7, 7, 512], [3, 3, 512])
+    late = loops_of([1, 7, 7, 512], [3, 3, 512])
     plan = plan_block(late, AVX512)
     _check_factors(late, plan)
     assert plan.factors[3][0] == plan.tasks >= AVX512.cores  # all of S0 on the channels
-    early = _loops([1, 56, 56, 64], [3, 3, 64])
+    early = loops_of([1, 56, 56, 64], [3, 3, 64])
     plan = plan_block(early, AVX512)
     _check_factors(early, plan)
     assert plan.factors[3][0] == 1 and plan.tasks >= AVX512.cores
@@ -178,7 +68,7 @@ def test_a_late_convolution_splits_its_weights_across_the_cores_an_early_one_its
 def test_where_reads_tie_a_products_tasks_split_its_outermost_loops_as_an_element_wise_kernel_does():
     """The attention block's QK^T, 4 heads of 256 x 16 x 256: every split reads less than L2, so the heads
     split first (the softmax after it takes heads on each core), not rows and columns."""
-    scores = _loops([4, 256, 256], [16])
+    scores = loops_of([4, 256, 256], [16])
     plan = plan_block(scores, AVX512)
     _check_factors(scores, plan)
     assert plan.factors[0][0] == 4 and plan.factors[2][0] == 1 and plan.tasks == 4 * AVX512.cores
@@ -188,17 +78,17 @@ def test_a_product_whose_weights_exceed_l3_reads_each_weight_tile_once_for_all_i
     """Llama-3-8B's FFN down product, 128 x 14336 x 4096: 235 MB of weights. Rows blocked to fit L2 (8 at a
     time) streamed a task's weights from memory once per block of rows, 16 times; all 128 rows in the block,
     each weight tile in L1 serves every row. A product whose weights fit in L3 keeps its rows blocked to L2."""
-    streamed = _loops([128, 4096], [14336])
+    streamed = loops_of([128, 4096], [14336])
     plan = plan_block(streamed, AVX512)
     _check_factors(streamed, plan)
     assert plan.factors[0][:2] == [1, 1] and plan.factors[0][2] * plan.factors[0][3] == 128
-    cached = _loops([1024, 1024], [1024])  # 4 MB of weights
+    cached = loops_of([1024, 1024], [1024])  # 4 MB of weights
     plan = plan_block(cached, AVX512)
     assert plan.factors[0][1] > 1 and plan.factors[0][2] * plan.factors[0][3] * 1024 * 4 <= AVX512.l2_bytes // 2
 
 
 def test_a_loop_without_whole_vectors_still_gets_a_plan():
-    loops = _loops([197, 10], [64])
+    loops = loops_of([197, 10], [64])
     plan = plan_block(loops, AVX512)
     _check_factors(loops, plan)
     assert plan.factors[1][-1] in (1, 2, 5, 10)
@@ -327,7 +217,7 @@ def test_a_grouped_convolutions_tasks_each_pad_no_more_of_the_image_than_half_an
     copied = copied_by_tasks(_grouped_conv_nhwc(112, 128, 2, 2))
     assert copied == 114 * 114 * 128 * 4  # the pad, the one block the convolution reads by groups
     assert copied_by_tasks(load_workload("conv2d-resnet18-l2").mod) == 0
-    loops = _loops([1, 56, 56, 128], [3, 3, 64])
+    loops = loops_of([1, 56, 56, 128], [3, 3, 64])
     assert plan_block(loops, AVX512).tasks * AVX512.l2_bytes // 2 < copied
     plan = plan_block(loops, AVX512, copied_by_tasks=copied)
     _check_factors(loops, plan)
@@ -338,7 +228,7 @@ def test_weights_as_given_keep_their_column_tiles_inside_the_row_tiles():
     """An operator's matmul, its weights not laid out by the schedule: a column tile's run of them is R1 rows 4 KB
     apart, all in the same L1 sets, so its weights cannot stay in L1 over the rows; the columns stay in S2 (in
     BLIS's order matmul-1024 ran 15% slower alone, Llama-2's 32 x 4096 x 4096 30%)."""
-    loops = _loops([1024, 1024], [1024])
+    loops = loops_of([1024, 1024], [1024])
     assert plan_block(loops, AVX512, packed_weights=False).factors[1][2] > 1
     assert plan_block(loops, AVX512).factors[1][2] == 1
     configured = configure_kernel(load_workload("matmul-1024").mod, resolve_target("llvm"))
@@ -376,7 +266,7 @@ def test_a_blocks_row_tiles_share_its_weights_columns_and_its_inputs_stay_in_l2(
     L1) serve every row of the block before the next column tile's come in (BLIS's order; with the columns
     inside the rows they cycled through L1 once per row tile: FFN up 12% slower alone); the block's inputs over
     the whole reduction, re-read once per column tile, fit in half of L2 (FFN down's 3072: not all 128 rows)."""
-    loops = _loops([128, 3072 * 768 // reduction], [reduction])
+    loops = loops_of([128, 3072 * 768 // reduction], [reduction])
     plan = plan_block(loops, AVX512)
     _check_factors(loops, plan)
     rows, columns = plan.factors[0], plan.factors[1]
@@ -386,47 +276,47 @@ def test_a_blocks_row_tiles_share_its_weights_columns_and_its_inputs_stay_in_l2(
 
 def test_a_register_tile_leaves_registers_for_its_weight_vectors_and_a_broadcast():
     for facts in (AVX2, AVX512):
-        plan = plan_block(_loops([384, 768], [768]), facts)
+        plan = plan_block(loops_of([384, 768], [768]), facts)
         vectors = plan.factors[1][-1] // facts.registers.lanes
         assert plan.accumulators + vectors + 1 <= facts.registers.registers, plan
-    assert plan_block(_loops([384, 768], [768]), AVX512).accumulators == 24  # AVX-512 still fills its 24
+    assert plan_block(loops_of([384, 768], [768]), AVX512).accumulators == 24  # AVX-512 still fills its 24
 
 
 def test_rows_of_13_or_14_positions_take_every_register_the_step_leaves():
     """13 x 13 and 14 x 14 images: 13 x 2 and 14 x 2 tiles (26 and 28 accumulators, 2 weight vectors and a
     broadcast in 32 registers), not 13 x 1 and 7 x 2 within the random draws' bound of 24."""
     for rows, accumulators in ((13, 26), (14, 28)):
-        plan = plan_block(_loops([rows, 1024], [512]), AVX512)
+        plan = plan_block(loops_of([rows, 1024], [512]), AVX512)
         assert (plan.factors[0][-1], plan.factors[1][-1], plan.accumulators) == (rows, 32, accumulators)
         assert accumulators > AVX512.registers.max_accumulators
-    assert plan_block(_loops([13, 1024], [512]), AVX2).accumulators == 13  # 13 + 1 + 1 of AVX2's 16
+    assert plan_block(loops_of([13, 1024], [512]), AVX2).accumulators == 13  # 13 + 1 + 1 of AVX2's 16
 
 
 def test_a_tile_one_vector_wide_takes_the_fewest_rows_that_keep_the_fma_ports_busy():
     """ViT's Q.K^T over 208 padded keys (13 vectors: no wider tile divides them) broadcasts for every FMA at any
     height: 13 x 1, not 26 x 1 (26/27 FMAs a load against 13/14; in the model 113 -> 87 us on a Xeon with AMX)."""
-    plan = plan_block(_loops([208, 208], [64]), AVX512)
+    plan = plan_block(loops_of([208, 208], [64]), AVX512)
     assert (plan.factors[0][-1], plan.factors[1][-1], plan.accumulators) == (13, 16, 13)
     assert plan.accumulators >= AVX512.registers.enough_accumulators
-    assert plan_block(_loops([384, 768], [768]), AVX512).accumulators == 24  # wider tiles keep the most per load
+    assert plan_block(loops_of([384, 768], [768]), AVX512).accumulators == 24  # wider tiles keep the most per load
 
 
 def test_a_reduction_one_run_covers_leaves_no_block_between_a_tile_and_its_epilogue():
     """SqueezeNet's stem (27 reductions) and a 1x1 convolution over 64 channels: R0 is all 1, so S2 is too and
     S1 takes its factors; over 512 channels (two runs) the block stays."""
     for spatial, reduction in (([111, 111, 64], [3, 3, 3]), ([56, 56, 64], [64])):
-        loops = _loops(spatial, reduction)
+        loops = loops_of(spatial, reduction)
         plan = plan_block(loops, AVX512)
         _check_factors(loops, plan)
         assert all(plan.factors[loop.index][0] == 1 for loop in loops if loop.role == "reduction")
         assert all(plan.factors[loop.index][2] == 1 for loop in loops if loop.role != "reduction"), plan
-    deep = plan_block(_loops([56, 56, 64], [512]), AVX512)
+    deep = plan_block(loops_of([56, 56, 64], [512]), AVX512)
     assert any(deep.factors[i][2] > 1 for i in range(3)), deep
 
 
 def test_a_window_alone_keeps_its_tile_within_the_random_draws_bound():
     """A depthwise convolution's reduction is its window: no broadcast shared by a row of FMAs, so no 14 x 2."""
-    plan = plan_block(_loops([14, 14, 384], [3, 3, 1]), AVX512)
+    plan = plan_block(loops_of([14, 14, 384], [3, 3, 1]), AVX512)
     assert plan.accumulators <= AVX512.registers.max_accumulators, plan
 
 
