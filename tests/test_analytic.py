@@ -4,14 +4,13 @@ each task's first candidate in a search)."""
 
 from __future__ import annotations
 
-import math
 import sqlite3
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import tvm
-from analytic_facts import AVX2, AVX512, loops_of
+from analytic_facts import AVX2, AVX512, check_factors, loops_of
 from bf16_builds import dense_module, needs_bf16
 
 from codegen.bf16_dot import AVX512 as BF16_DOT
@@ -19,7 +18,7 @@ from common.host import CacheLevel, data_caches
 from tuner import tune
 from tuner.spaces import metaschedule as msc
 from tuner.spaces.analytic import configure_kernel
-from tuner.spaces.block_plan import TiledLoop, plan_block
+from tuner.spaces.block_plan import plan_block
 from tuner.spaces.block_reads import copied_by_tasks
 from tuner.spaces.machine import MachineFacts
 from tuner.spaces.register_tiles import RegisterFile
@@ -27,17 +26,10 @@ from tuner.targets import resolve_target
 from workloads import load_workload
 
 
-def _check_factors(loops: list[TiledLoop], plan) -> None:
-    for loop in loops:
-        assert math.prod(plan.factors[loop.index]) == loop.extent, loop
-        assert len(plan.factors[loop.index]) == loop.levels
-        assert plan.factors[loop.index][-1] <= loop.max_innermost
-
-
 def test_a_matmuls_register_tile_fills_the_registers_and_its_reduction_run_fits_l1():
     loops = loops_of([512, 512], [512])
     plan = plan_block(loops, AVX512)
-    _check_factors(loops, plan)
+    check_factors(loops, plan)
     rows, columns, run = plan.factors[0][-1], plan.factors[1][-1], plan.factors[2][-1]
     assert columns % 16 == 0 and plan.accumulators == rows * columns // 16
     assert AVX512.registers.min_accumulators <= plan.accumulators <= AVX512.registers.max_accumulators
@@ -57,11 +49,11 @@ def test_a_late_convolution_splits_its_weights_across_the_cores_an_early_one_its
     is what is large, split by rows."""
     late = loops_of([1, 7, 7, 512], [3, 3, 512])
     plan = plan_block(late, AVX512)
-    _check_factors(late, plan)
+    check_factors(late, plan)
     assert plan.factors[3][0] == plan.tasks >= AVX512.cores  # all of S0 on the channels
     early = loops_of([1, 56, 56, 64], [3, 3, 64])
     plan = plan_block(early, AVX512)
-    _check_factors(early, plan)
+    check_factors(early, plan)
     assert plan.factors[3][0] == 1 and plan.tasks >= AVX512.cores
 
 
@@ -70,7 +62,7 @@ def test_where_reads_tie_a_products_tasks_split_its_outermost_loops_as_an_elemen
     split first (the softmax after it takes heads on each core), not rows and columns."""
     scores = loops_of([4, 256, 256], [16])
     plan = plan_block(scores, AVX512)
-    _check_factors(scores, plan)
+    check_factors(scores, plan)
     assert plan.factors[0][0] == 4 and plan.factors[2][0] == 1 and plan.tasks == 4 * AVX512.cores
 
 
@@ -80,7 +72,7 @@ def test_a_product_whose_weights_exceed_l3_reads_each_weight_tile_once_for_all_i
     each weight tile in L1 serves every row. A product whose weights fit in L3 keeps its rows blocked to L2."""
     streamed = loops_of([128, 4096], [14336])
     plan = plan_block(streamed, AVX512)
-    _check_factors(streamed, plan)
+    check_factors(streamed, plan)
     assert plan.factors[0][:2] == [1, 1] and plan.factors[0][2] * plan.factors[0][3] == 128
     cached = loops_of([1024, 1024], [1024])  # 4 MB of weights
     plan = plan_block(cached, AVX512)
@@ -90,7 +82,7 @@ def test_a_product_whose_weights_exceed_l3_reads_each_weight_tile_once_for_all_i
 def test_a_loop_without_whole_vectors_still_gets_a_plan():
     loops = loops_of([197, 10], [64])
     plan = plan_block(loops, AVX512)
-    _check_factors(loops, plan)
+    check_factors(loops, plan)
     assert plan.factors[1][-1] in (1, 2, 5, 10)
 
 
@@ -220,7 +212,7 @@ def test_a_grouped_convolutions_tasks_each_pad_no_more_of_the_image_than_half_an
     loops = loops_of([1, 56, 56, 128], [3, 3, 64])
     assert plan_block(loops, AVX512).tasks * AVX512.l2_bytes // 2 < copied
     plan = plan_block(loops, AVX512, copied_by_tasks=copied)
-    _check_factors(loops, plan)
+    check_factors(loops, plan)
     assert plan.tasks * AVX512.l2_bytes // 2 >= copied and plan.tasks % AVX512.cores == 0
 
 
@@ -268,7 +260,7 @@ def test_a_blocks_row_tiles_share_its_weights_columns_and_its_inputs_stay_in_l2(
     the whole reduction, re-read once per column tile, fit in half of L2 (FFN down's 3072: not all 128 rows)."""
     loops = loops_of([128, 3072 * 768 // reduction], [reduction])
     plan = plan_block(loops, AVX512)
-    _check_factors(loops, plan)
+    check_factors(loops, plan)
     rows, columns = plan.factors[0], plan.factors[1]
     assert rows[2] > 1 and columns[2] == 1, plan
     assert rows[2] * rows[3] * reduction * 4 <= AVX512.l2_bytes // 2, plan
@@ -307,7 +299,7 @@ def test_a_reduction_one_run_covers_leaves_no_block_between_a_tile_and_its_epilo
     for spatial, reduction in (([111, 111, 64], [3, 3, 3]), ([56, 56, 64], [64])):
         loops = loops_of(spatial, reduction)
         plan = plan_block(loops, AVX512)
-        _check_factors(loops, plan)
+        check_factors(loops, plan)
         assert all(plan.factors[loop.index][0] == 1 for loop in loops if loop.role == "reduction")
         assert all(plan.factors[loop.index][2] == 1 for loop in loops if loop.role != "reduction"), plan
     deep = plan_block(loops_of([56, 56, 64], [512]), AVX512)

@@ -7,7 +7,8 @@ import io
 import math
 import sqlite3
 
-from tests.test_analytic import AVX512, _check_factors, _loops
+from analytic_facts import AVX512, check_factors, loops_of
+
 from tuner import tune
 from tuner.cli.report import write_report
 from tuner.progress import format_latency
@@ -22,12 +23,12 @@ from workloads import load_workload
 
 
 def test_each_neighbour_is_one_step_of_one_loop_from_the_analytic_plan():
-    loops = _loops([512, 512], [512])
+    loops = loops_of([512, 512], [512])
     plan = plan_block(loops, AVX512)
     neighbours = neighbour_plans([plan], AVX512)
     assert len(neighbours) >= 4
     for (neighbour,) in neighbours:
-        _check_factors(loops, neighbour)
+        check_factors(loops, neighbour)
         changed = [i for i in plan.factors if plan.factors[i] != neighbour.factors[i]]
         assert len(changed) == 1, changed
         before, after = plan.factors[changed[0]], neighbour.factors[changed[0]]
@@ -38,7 +39,7 @@ def test_each_neighbour_is_one_step_of_one_loop_from_the_analytic_plan():
 
 
 def test_no_neighbour_holds_more_accumulators_than_the_registers():
-    loops = _loops([96, 64], [256])  # 96 rows: 6 x 4 vectors fills AVX-512's 24 accumulators
+    loops = loops_of([96, 64], [256])  # 96 rows: 6 x 4 vectors fills AVX-512's 24 accumulators
     plan = plan_block(loops, AVX512)
     assert plan.accumulators == AVX512.registers.max_accumulators
     assert all(n.accumulators <= plan.accumulators for (n,) in neighbour_plans([plan], AVX512))

@@ -4,9 +4,9 @@ group's vectors of output channels together."""
 
 import numpy as np
 import pytest
+from analytic_facts import AVX2, AVX512, check_factors
 from analytic_rules import unscheduled_and_scheduled_outputs
 from lowered_models import error_against_torch
-from test_analytic import AVX2, AVX512, _check_factors
 
 from tuner.lowering import LoweringOptions
 from tuner.spaces.analytic import configure_kernel
@@ -100,10 +100,10 @@ def test_a_tile_of_a_groups_vectors_keeps_a_register_for_each_rows_broadcast(pos
     """3 x 8 would be 24 accumulators, 3 weights and 8 broadcasts: over AVX-512's 32 registers (it spilled)."""
     loops = _grouped_loops(positions)
     plan = plan_block(loops, AVX512, column_vectors=3)
-    _check_factors(loops, plan)
+    check_factors(loops, plan)
     assert plan.factors[2][-1] == 3 and plan.factors[3][-1] == rows
     assert plan.accumulators == 3 * rows
     assert plan_block(loops, AVX512).factors[2][-1] == 1  # without the annotation: a loop like any other
     small = plan_block(loops, AVX2, column_vectors=3)  # 16 registers: 3 x 2 (6 + 3 + 2 + 1)
-    _check_factors(loops, small)
+    check_factors(loops, small)
     assert small.accumulators <= 12
