@@ -80,11 +80,6 @@ def work_dir_model(work_dir: Path):
     return CompiledModel(library, ModelDescription.read(library))
 
 
-def our_kernels(work_dir: Path, inputs, runs: int) -> dict[str, float]:
-    """Seconds per inference of each kernel of the work dir's compiled model, inside the model."""
-    return work_dir_model(work_dir).kernel_times(*inputs, runs=runs)
-
-
 def by_kind(seconds: dict, kind_of) -> list[dict]:
     totals: dict = collections.defaultdict(float)
     for key, value in seconds.items():
@@ -134,7 +129,7 @@ def main() -> None:
         markdown_table(slowest(layers, lambda key: f"{key[0][:60]} {key[1]} ({key[2]})", args.top), ["layer", "us"]),
     ]
     if args.work_dir is not None:
-        ours = our_kernels(args.work_dir, inputs, max(10, args.runs // 20))
+        ours = work_dir_model(args.work_dir).kernel_times(*inputs, runs=max(10, args.runs // 20))
         lines += [
             "",
             f"Ours ({args.work_dir}): its kernels {sum(ours.values()) * 1e3:.3f} ms an inference inside the model",

@@ -15,9 +15,8 @@ from common import peaks
 from tuner.lowering.bf16.precision import slow_bf16_products
 from tuner.spaces import calibration as cal
 from tuner.spaces import metaschedule as msc
-from tuner.spaces.block_plan import BlockPlan
 from tuner.spaces.machine import MachineFacts
-from tuner.spaces.prediction import WEIGHTS_HIDDEN, predicted_seconds
+from tuner.spaces.prediction import predicted_seconds
 from tuner.spaces.register_tiles import RegisterFile
 from tuner.targets import bf16_unit, resolve_target
 
@@ -155,20 +154,3 @@ def test_a_kernels_weights_are_predicted_at_the_bandwidth_from_memory_and_its_ot
     older = cal.Calibration(200.0, 50.0, 0.0)  # a cache from before: one bandwidth for every byte
     assert predicted_seconds(0, moved, [], machine, older, weights=weights) == pytest.approx(moved / 50e9)
     assert "25.0 from memory" in both.describe() and "from memory" not in older.describe()
-
-
-def test_half_of_a_products_weights_stream_hides_behind_its_arithmetic_and_no_other_kernels():
-    """A product reads its packed weights in order while its FMAs run: half of the shorter of the two times is
-    hidden (ResNet-18's 512-channel 3x3 convolutions ran 796-834 us in a model against 776 of arithmetic and 344 of
-    weights). An element-wise kernel's weights, and every kernel's other bytes, stay on top of the rest."""
-    machine = MachineFacts(RegisterFile(16, 32), cores=2, l1_bytes=48 << 10, l2_bytes=2 << 20, l3_bytes=130 << 20)
-    plan = BlockPlan(factors={}, accumulators=16, reduction_run=64, tasks=2)
-    measured = cal.Calibration(100.0, 50.0, 0.0, memory_bandwidth_gbs=25.0)
-    flops, weights, others = 100e6, 10e6, 5e6  # 1 ms of arithmetic, 0.4 ms of weights, 0.1 ms of other bytes
-    product = predicted_seconds(flops, weights + others, [plan], machine, measured, weights=weights)
-    assert product == pytest.approx(1e-3 + 0.4e-3 * (1 - WEIGHTS_HIDDEN) + 0.1e-3)
-    assert 1e-3 + 0.1e-3 < product < 1e-3 + 0.4e-3 + 0.1e-3
-    streamed = predicted_seconds(1e6, weights + others, [plan], machine, measured, weights=weights)  # a classifier
-    assert streamed == pytest.approx(0.4e-3 + 0.01e-3 * (1 - WEIGHTS_HIDDEN) + 0.1e-3)
-    untiled = predicted_seconds(0, weights + others, [], machine, measured, weights=weights)
-    assert untiled == pytest.approx(0.4e-3 + 0.1e-3)

@@ -313,8 +313,9 @@ def _register_tile(
             broadcasts = height if column_vectors > 1 else 0
             if not fits(accumulators, vectors + broadcasts):
                 continue
-            per_load = accumulators / (height + vectors) if vectors > 1 else -accumulators  # docstring
-            key = (min(accumulators, facts.registers.enough_accumulators), per_load)
+            # then the most FMAs a load; one vector wide, a broadcast an FMA at any height: the fewest rows
+            then = accumulators / (height + vectors) if vectors > 1 else -accumulators
+            key = (min(accumulators, facts.registers.enough_accumulators), then)
             if best is None or key > best[0]:
                 best = (key, height, width)
     if best is None:  # even one row of the narrowest width is over: one row
