@@ -94,6 +94,13 @@ class BlockPlan:
     tasks: int  # parallel tasks S0 makes
     loops: tuple[TiledLoop, ...] = ()
 
+    @property
+    def tile_rows(self) -> int:
+        """Rows of the register tile: the innermost factor of the innermost spatial loop of more than one
+        iteration outside the vectorised one (1 where there is none)."""
+        rows = [loop for loop in self.loops if loop.role == "spatial" and loop.extent > 1]
+        return self.factors[rows[-1].index][-1] if rows else 1
+
 
 def plan_block(
     loops: Sequence[TiledLoop],

@@ -26,9 +26,34 @@ def read_by_groups(sch: Schedule, block_rv) -> bool:
     )
 
 
+def read_strided(sch: Schedule, block_rv) -> bool:
+    """Whether a reader steps through the block's output more than one element an output point along some axis
+    (a strided convolution's ``y * 2 + ry``): it reads a larger image, for as much arithmetic, than its output."""
+    written = [region.source for region in sch.get(block_rv).writes]
+    for consumer in sch.get_consumers(block_rv):
+        block = sch.get(consumer)
+        spatial = {v.var.name for v in block.iter_vars if v.iter_type == tvm.tirx.IterVar.DataPar}
+        for region in block.reads:
+            if any(region.source.same_as(buffer) for buffer in written):
+                if any(_scaled(axis.min, spatial) for axis in region.region):
+                    return True
+    return False
+
+
+def _scaled(index: tvm.tirx.PrimExpr, names: set[str]) -> bool:
+    """Whether ``index`` multiplies one of the variables ``names`` by a constant above 1."""
+    if isinstance(index, tvm.tirx.Mul):
+        for var, factor in ((index.a, index.b), (index.b, index.a)):
+            if isinstance(var, tvm.tirx.Var) and var.name in names and isinstance(factor, tvm.tirx.IntImm):
+                return int(factor) > 1
+    return any(_scaled(getattr(index, operand), names) for operand in ("a", "b") if hasattr(index, operand))
+
+
 def copied_by_tasks(mod: tvm.IRModule) -> int:
     """Bytes of what the kernel's parallel tasks copy before they compute: the pads its grouped convolutions
-    read by groups (``AnalyticDraw``: each task pads its part of the image), 0 where there are none."""
+    read by groups (``AnalyticDraw``: each task pads its part of the image), 0 where there are none. A strided
+    one's pad counts too where ``AnalyticDraw`` inlines it after the plan (under a short register tile): the
+    tasks are sized as they were measured."""
     sch = Schedule(mod)
     try:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
