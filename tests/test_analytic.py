@@ -146,21 +146,22 @@ def test_a_budget_below_zero_or_not_whole_is_refused(trials, tmp_path):
         tune("matmul-128", trials=trials, work_dir=tmp_path, progress=False)
 
 
-def _pad_locations(workload_name: str) -> list[int]:
-    """Where a convolution workload's analytic schedule computes its pad (SampleComputeLocation's decisions)."""
-    configured = configure_kernel(load_workload(workload_name).mod, resolve_target("llvm"))
+def _pad_locations(mod: tvm.IRModule) -> list[int]:
+    """Where a convolution's analytic schedule computes its pad (SampleComputeLocation's decisions)."""
+    configured = configure_kernel(mod, resolve_target("llvm"))
     assert configured is not None and configured.plans
     trace = configured.sch.trace
     return [int(trace.decisions[i]) for i in trace.insts if i.kind.name == "SampleComputeLocation"]
 
 
 def test_a_convolutions_pad_is_computed_at_the_root_not_inlined_into_its_innermost_loop():
-    assert _pad_locations("conv2d-resnet18-l2") == [-1]  # the pad, once, at the root (-2 would inline it)
+    # the pad, once, at the root (-2 would inline it)
+    assert _pad_locations(load_workload("conv2d-resnet18-l2").mod) == [-1]
 
 
 def test_a_depthwise_convolutions_pad_is_inlined_its_bounds_test_outside_any_channel_reduction():
     # at the root, a pass of its own over the padded image
-    assert _pad_locations("depthwise-conv2d-mobilenetv2-b4") == [-2]
+    assert _pad_locations(load_workload("depthwise-conv2d-mobilenetv2-b4").mod) == [-2]
 
 
 def _grouped_conv_nhwc(size: int, channels: int, groups: int, stride: int) -> tvm.IRModule:
@@ -202,19 +203,13 @@ def test_a_strided_grouped_convolutions_pad_is_inlined_under_a_short_register_ti
     """RegNet's first strided 3x3 convolution (2 groups of 64 channels, a 4-row tile): padded in its tasks, the
     copy took a tenth of its time; inlined, 1,700 -> 1,580 us in the model (Emerald Rapids). Unstrided, the same
     convolution's pad stays in its tasks."""
-    target = resolve_target("llvm")
-
-    def pad_location(mod: tvm.IRModule) -> tuple[int, int]:
-        configured = configure_kernel(mod, target)
-        trace = configured.sch.trace
-        (location,) = [int(trace.decisions[i]) for i in trace.insts if i.kind.name == "SampleComputeLocation"]
-        return location, configured.plans[0].tile_rows
-
-    location, rows = pad_location(_grouped_conv_nhwc(112, 128, 2, 2))
-    assert rows <= MAX_INLINED_PAD_ROWS and location == INLINED
-    assert pad_location(_grouped_conv_nhwc(56, 128, 2, 1))[0] >= 0
+    first = _grouped_conv_nhwc(112, 128, 2, 2)
+    assert configure_kernel(first, resolve_target("llvm")).plans[0].tile_rows <= MAX_INLINED_PAD_ROWS
+    assert _pad_locations(first) == [INLINED]
+    (unstrided,) = _pad_locations(_grouped_conv_nhwc(56, 128, 2, 1))
+    assert unstrided >= 0
     small = _grouped_conv_nhwc(14, 128, 2, 2)
-    assert pad_location(small)[0] == INLINED
+    assert _pad_locations(small) == [INLINED]
     _check_configured_result(small)
 
 

@@ -48,7 +48,16 @@ from common.error_text import error_line
 from . import metaschedule as msc
 from .bf16_rule import space_accumulators, space_unit
 from .block_plan import COLUMN_VECTORS_ATTR, BlockPlan, TiledLoop, plan_block
-from .block_reads import block_points, copied_by_tasks, is_view, read_by_groups, read_strided, reduced_axes, wraps
+from .block_reads import (
+    block_points,
+    consumer_reads,
+    copied_by_tasks,
+    is_view,
+    read_by_groups,
+    read_strided,
+    reduced_axes,
+    wraps,
+)
 from .column_rule import column_schedule
 from .machine import MachineFacts
 from .norm_rule import norm_schedule
@@ -167,12 +176,7 @@ class AnalyticDraw:
         cannot bound the region a loop of the consumer reads through it, so computed at one of its loops the
         block would be computed whole once per iteration (Hiera's query pooling copied its 1.8 MB input 392
         times: 2.0 ms for a 21 us kernel)."""
-        written = [region.source for region in self.sch.get(block_rv).writes]
-        return any(
-            any(region.source.same_as(buffer) for buffer in written) and any(wraps(r.min) for r in region.region)
-            for consumer in self.sch.get_consumers(block_rv)
-            for region in self.sch.get(consumer).reads
-        )
+        return any(any(wraps(r.min) for r in region.region) for _, region in consumer_reads(self.sch, block_rv))
 
     def _read_broadcast(self, block_rv) -> bool:
         """Whether a reduction's result is read by a block of more points (a row's sum by each of the row's

@@ -95,11 +95,17 @@ class BlockPlan:
     loops: tuple[TiledLoop, ...] = ()
 
     @property
-    def tile_rows(self) -> int:
-        """Rows of the register tile: the innermost factor of the innermost spatial loop of more than one
-        iteration outside the vectorised one (1 where there is none)."""
+    def row_loop(self) -> TiledLoop | None:
+        """The loop of the register tile's rows: the innermost spatial loop of more than one iteration outside the
+        vectorised one (None where there is none)."""
         rows = [loop for loop in self.loops if loop.role == "spatial" and loop.extent > 1]
-        return self.factors[rows[-1].index][-1] if rows else 1
+        return rows[-1] if rows else None
+
+    @property
+    def tile_rows(self) -> int:
+        """Rows of the register tile (1 where there is no row loop)."""
+        row = self.row_loop
+        return self.factors[row.index][-1] if row is not None else 1
 
 
 def plan_block(

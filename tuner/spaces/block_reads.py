@@ -5,7 +5,7 @@ copy before computing). Read from the blocks' iteration variables and access reg
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import tvm
 from tvm.s_tir import Schedule
@@ -26,18 +26,27 @@ def read_by_groups(sch: Schedule, block_rv) -> bool:
     )
 
 
-def read_strided(sch: Schedule, block_rv) -> bool:
-    """Whether a reader steps through the block's output more than one element an output point along some axis
-    (a strided convolution's ``y * 2 + ry``): it reads a larger image, for as much arithmetic, than its output."""
+def consumer_reads(sch: Schedule, block_rv) -> Iterator[tuple[tvm.tirx.Stmt, tvm.tirx.BufferRegion]]:
+    """(reader, region) for each region a consumer of the block reads of what the block writes."""
     written = [region.source for region in sch.get(block_rv).writes]
     for consumer in sch.get_consumers(block_rv):
         block = sch.get(consumer)
-        spatial = {v.var.name for v in block.iter_vars if v.iter_type == tvm.tirx.IterVar.DataPar}
         for region in block.reads:
             if any(region.source.same_as(buffer) for buffer in written):
-                if any(_scaled(axis.min, spatial) for axis in region.region):
-                    return True
-    return False
+                yield block, region
+
+
+def read_strided(sch: Schedule, block_rv) -> bool:
+    """Whether a reader steps through the block's output more than one element an output point along some axis
+    (a strided convolution's ``y * 2 + ry``): it reads a larger image, for as much arithmetic, than its output."""
+    return any(
+        any(_scaled(axis.min, _spatial_names(reader)) for axis in region.region)
+        for reader, region in consumer_reads(sch, block_rv)
+    )
+
+
+def _spatial_names(block: tvm.tirx.Stmt) -> set[str]:
+    return {v.var.name for v in block.iter_vars if v.iter_type == tvm.tirx.IterVar.DataPar}
 
 
 def _scaled(index: tvm.tirx.PrimExpr, names: set[str]) -> bool:

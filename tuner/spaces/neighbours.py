@@ -75,9 +75,8 @@ def neighbour_plans(plans: Sequence[BlockPlan], facts: MachineFacts | None) -> l
 def _step(plan: BlockPlan, step: tuple[str, int, int], facts: MachineFacts | None) -> BlockPlan | None:
     role, source, destination = step
     spatial = [loop for loop in plan.loops if loop.role != "reduction"]
-    rows = [loop for loop in spatial[:-1] if loop.extent > 1]
     reductions = [loop for loop in plan.loops if loop.role == "reduction"]
-    loop = {"row": rows[-1] if rows else None, "vector": spatial[-1] if spatial else None}.get(
+    loop = {"row": plan.row_loop, "vector": spatial[-1] if spatial else None}.get(
         role, reductions[-1] if reductions else None
     )
     if loop is None or loop.levels != len(plan.factors[loop.index]) or max(source, destination) >= loop.levels:
