@@ -11,6 +11,7 @@ from tvm import te
 from codegen.bf16_dot import AMX, AVX512
 from common.host import host_has_amx
 from tuner.lowering.bf16.precision import host_has_bf16
+from tuner.lowering.options import LoweringOptions
 from tuner.spaces.bf16_product import packed_product
 from tuner.spaces.bf16_rule import _tile
 from tuner.targets import resolve_target
@@ -19,6 +20,9 @@ needs_bf16 = pytest.mark.skipif(not host_has_bf16(), reason="this CPU has no AVX
 needs_amx = pytest.mark.skipif(not host_has_amx(), reason="this CPU has no AMX (tdpbf16ps)")
 # each bf16 unit, run where this CPU has it
 EACH_UNIT = [pytest.param(AVX512, marks=needs_bf16), pytest.param(AMX, marks=needs_amx)]
+# every product a bf16 one, as on a CPU whose bf16 products are the faster: on one whose calibration says they are
+# the slower, the products bound by their arithmetic would be lowered in fp32 (``tuner.lowering.bf16.precision``)
+BF16_THROUGHOUT = LoweringOptions(bfloat16=True, bf16_where_faster=False)
 
 
 def te_module(tensors: list[te.Tensor]) -> tvm.IRModule:

@@ -12,6 +12,7 @@ import pytest
 import torch
 import tvm
 from bf16_builds import (
+    BF16_THROUGHOUT,
     bf16_array,
     built_tiled,
     dense_module,
@@ -305,7 +306,13 @@ def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch
     torch.manual_seed(0)
     model, x = _SmallNet().eval(), torch.randn(1, 3, 13, 13)  # 13 columns: computed over 14
     result = tuner.tune(
-        model, example_inputs=[x], target="llvm", dtype="bfloat16", trials_per_task=3, work_dir=tmp_path / "wd"
+        model,
+        example_inputs=[x],
+        target="llvm",
+        dtype="bfloat16",
+        trials_per_task=3,
+        work_dir=tmp_path / "wd",
+        lowering=BF16_THROUGHOUT,
     )
     # its four products (on AMX its two first convolutions, of 3 and 24 channels, are products over patches)
     bf16_kernels = [t for t in result.tasks if "bf16_conv2d" in t.name or "bf16_dense" in t.name]
@@ -331,7 +338,15 @@ def test_a_bf16_work_dir_is_applied_in_bf16_though_the_call_names_no_dtype(tmp_p
 
     torch.manual_seed(0)
     model, x = _SmallNet().eval(), torch.randn(1, 3, 13, 13)
-    tuner.tune(model, example_inputs=[x], target="llvm", dtype="bfloat16", trials_per_task=1, work_dir=tmp_path / "wd")
+    tuner.tune(
+        model,
+        example_inputs=[x],
+        target="llvm",
+        dtype="bfloat16",
+        trials_per_task=1,
+        work_dir=tmp_path / "wd",
+        lowering=BF16_THROUGHOUT,
+    )
     with torch.no_grad():
         expected = model(x).numpy()
     capfd.readouterr()
@@ -384,7 +399,13 @@ def test_attention_tuned_in_bf16_computes_its_products_of_activations_in_bf16(tm
     torch.manual_seed(0)
     model, x = _Attention().eval(), torch.randn(1, 40, 64)  # 40 tokens: on AMX a reduction of a whole step
     result = tuner.tune(
-        model, example_inputs=[x], target="llvm", dtype="bfloat16", trials_per_task=8, work_dir=tmp_path / "wd"
+        model,
+        example_inputs=[x],
+        target="llvm",
+        dtype="bfloat16",
+        trials_per_task=8,
+        work_dir=tmp_path / "wd",
+        lowering=BF16_THROUGHOUT,
     )
     products = [t for t in result.tasks if "bf16_batch_matmul" in t.name]
     assert len(products) == 2 and not any(t.fell_back for t in products), result.summary()

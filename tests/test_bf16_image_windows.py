@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from bf16_builds import EACH_UNIT, bf16_array, needs_bf16, run_built, te_module, torch_conv_nhwc
+from bf16_builds import BF16_THROUGHOUT, EACH_UNIT, bf16_array, needs_bf16, run_built, te_module, torch_conv_nhwc
 from tvm import relax, te
 
 from codegen.bf16_dot import AMX, AVX512, register_if_ours
@@ -135,7 +135,13 @@ def test_a_stem_tuned_in_bf16_searches_its_first_convolution_in_place_and_matche
     stem = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, 2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1)).eval()
     x = torch.randn(1, 3, 40, 40)
     result = tuner.tune(
-        stem, example_inputs=[x], target="llvm", dtype="bfloat16", trials_per_task=4, work_dir=tmp_path / "wd"
+        stem,
+        example_inputs=[x],
+        target="llvm",
+        dtype="bfloat16",
+        trials_per_task=4,
+        work_dir=tmp_path / "wd",
+        lowering=BF16_THROUGHOUT,
     )
     (first,) = [t for t in result.tasks if "bf16_conv2d" in t.name]
     # verified, unless the in-model choice gave it back its analytic schedule (checked end to end)

@@ -5,12 +5,24 @@ products of two activations."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import ml_dtypes
 import numpy as np
 import pytest
 import torch
 import tvm
-from bf16_builds import EACH_UNIT, bf16_array, built_tiled, needs_amx, needs_bf16, run_built, te_module, torch_conv_nhwc
+from bf16_builds import (
+    BF16_THROUGHOUT,
+    EACH_UNIT,
+    bf16_array,
+    built_tiled,
+    needs_amx,
+    needs_bf16,
+    run_built,
+    te_module,
+    torch_conv_nhwc,
+)
 from tvm import te
 
 from codegen.bf16_dot import AMX, AVX512, register_if_ours
@@ -177,7 +189,6 @@ def test_a_first_convolution_over_patches_and_a_1x1_one_copy_nothing_and_merge_t
     # on AMX a 1x1 convolution over a 14x14 image (a GEMM over its 196 positions) reads its input as it is
     from tvm import relax
 
-    from tuner.lowering import LoweringOptions
     from tuner.tasks.extraction import extract_tasks, load_model, lower_workload
 
     torch.manual_seed(0)
@@ -186,7 +197,7 @@ def test_a_first_convolution_over_patches_and_a_1x1_one_copy_nothing_and_merge_t
     workload = load_model(model, [x])
     target = resolve_target("llvm")
     lowered = lower_workload(
-        workload, target, LoweringOptions(bfloat16=True, bf16_image_windows=False, bf16_image_windows_avx512=False)
+        workload, target, replace(BF16_THROUGHOUT, bf16_image_windows=False, bf16_image_windows_avx512=False)
     )
     scripts = {task.name: task.mod.script() for task in extract_tasks(workload, target, lowered)}
     (first,) = [script for script in scripts.values() if '"bf16_dense"' in script]

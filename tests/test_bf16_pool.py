@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
+from bf16_builds import BF16_THROUGHOUT
 from tvm import te
 
 from tuner.lowering import LoweringOptions
@@ -72,7 +73,7 @@ def test_a_models_bf16_pools_are_ours_and_compute_what_tvms_compute(llvm_target)
     module = load_workload(_Fire().eval(), [(1, 3, 33, 33)])
 
     def lowered(ours: bool) -> tvm.IRModule:
-        return lower_workload(module, llvm_target, replace(LoweringOptions(bfloat16=True), bf16_max_pools=ours))
+        return lower_workload(module, llvm_target, replace(BF16_THROUGHOUT, bf16_max_pools=ours))
 
     theirs, ours = lowered(False), lowered(True)
     names = [gv.name_hint for gv, _ in ours.functions_items()]

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import tvm
-from bf16_builds import needs_bf16
+from bf16_builds import BF16_THROUGHOUT, needs_bf16
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
@@ -40,7 +40,7 @@ class _Fire(torch.nn.Module):
 
 def _lowered(llvm_target, rounded_first: bool) -> tvm.IRModule:
     torch.manual_seed(0)
-    options = replace(LoweringOptions(bfloat16=True), bf16_round_before_moves=rounded_first)
+    options = replace(BF16_THROUGHOUT, bf16_round_before_moves=rounded_first)
     return lower_workload(load_workload(_Fire().eval(), [(1, 3, 33, 33)]), llvm_target, options)
 
 

@@ -5,6 +5,7 @@ and that the model, built by real TVM, still computes what PyTorch computes."""
 import numpy as np
 import pytest
 import tvm
+from bf16_builds import BF16_THROUGHOUT
 from lowered_models import error_against_torch
 
 from tuner.lowering import LoweringOptions, inference_passes
@@ -63,7 +64,7 @@ def test_the_option_off_and_bf16_keep_their_columns(llvm_target):
 
     assert padded()
     assert not padded(LoweringOptions(pad_product_columns=False))
-    bf16_passes = inference_passes(LoweringOptions(bfloat16=True), llvm_target)
+    bf16_passes = inference_passes(BF16_THROUGHOUT, llvm_target)
     assert not any(isinstance(p, PadProductColumns) for p in bf16_passes)
 
 

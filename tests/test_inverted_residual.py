@@ -3,8 +3,11 @@
 the fused kernel's design space replays under new decisions, and that the model built with its
 schedules, by real TVM, still computes what PyTorch computes."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
+from bf16_builds import BF16_THROUGHOUT
 from lowered_models import error_against_torch
 from tvm.s_tir import meta_schedule as ms
 
@@ -160,13 +163,13 @@ def test_in_bf16_a_fused_block_writes_bf16_for_its_projection(stride, seed, bloc
     """In a bf16 model the block stays one float32 kernel whose output is bf16, read as it is by the
     projection (a bf16 product): no kernel of its own casts it between them. With the option off, the
     block is two bf16 products and a depthwise kernel, as before."""
-    block, workload, lowered = _block(stride, 20, llvm_target, LoweringOptions(bfloat16=True), block_type)
+    block, workload, lowered = _block(stride, 20, llvm_target, BF16_THROUGHOUT, block_type)
     tasks = extract_tasks(workload, llvm_target, lowered)
     (task,) = _fused(tasks)
     assert str(task.mod["main"].params[-1].dtype) == "bfloat16"
     assert not [t.name for t in tasks if t.name.startswith("cast")]
     assert _error_with_sampled_schedule(block, lowered, task, llvm_target, stride, seed) < 2e-2
-    off = lower_workload(workload, llvm_target, LoweringOptions(bfloat16=True, bf16_fuse_expand_depthwise=False))
+    off = lower_workload(workload, llvm_target, replace(BF16_THROUGHOUT, bf16_fuse_expand_depthwise=False))
     assert _fused_tasks(workload, llvm_target, off) == []
 
 

@@ -5,6 +5,7 @@ that the model, built by real TVM, still computes what PyTorch computes."""
 import numpy as np
 import pytest
 import tvm
+from bf16_builds import BF16_THROUGHOUT
 from lowered_models import error_against_torch
 
 from tuner.lowering import LoweringOptions, inference_passes
@@ -65,7 +66,7 @@ def test_row_counts_that_tile_the_option_off_a_gpu_and_bf16_keep_their_rows(llvm
     assert not padded(128)
     assert not padded(197, options=LoweringOptions(pad_product_rows=False))
     assert not padded(197, target=resolve_target("cuda -arch=sm_90"))
-    bf16_passes = inference_passes(LoweringOptions(bfloat16=True), llvm_target)
+    bf16_passes = inference_passes(BF16_THROUGHOUT, llvm_target)
     assert not any(isinstance(p, PadProductRows) for p in bf16_passes)  # bf16 products pad their own rows
 
 

@@ -53,6 +53,7 @@ class LoweringOptions:
     bf16_image_windows: bool = True  # on AMX, a first convolution reading its padded image in place
     bf16_image_windows_avx512: bool = True  # the same on vdpbf16ps
     bf16_activation_products_avx512: bool = True  # on vdpbf16ps, attention's products bf16 ones too (always on AMX)
+    bf16_where_faster: bool = True  # where bf16 products are calibrated slower, products bound by arithmetic in fp32
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -90,4 +91,5 @@ _PREDATING_RECORDS = {
     "grouped_conv1d_channels_last": False,
     "bounded_reshapes": False,
     "broadcast_values_once": False,
+    "bf16_where_faster": False,
 }

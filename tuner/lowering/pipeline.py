@@ -13,7 +13,9 @@ and compiled, in this order:
    that reuse their weights enough by Winograd's algorithm (``winograd``), and each 1x1 expanding
    convolution with the depthwise convolution after it as one kernel (``inverted_residual``), and
    large matmuls by constant weights by one level of Strassen's algorithm
-   (``strassen``); with ``bfloat16``, convolutions and matmuls by weights from bf16 operands (``bf16``);
+   (``strassen``); with ``bfloat16``, convolutions and matmuls by weights from bf16 operands (``bf16``; where
+   the CPU's bf16 products are calibrated slower than its float32 ones, only the products bound by their
+   operands' bytes, the rest lowered as in float32: ``bf16.precision``);
 2. TVM's legalization and operator fusion (element-wise epilogues such as bias, activation and
    residual add fuse into the convolution or matmul that produces them; a pad or concatenation,
    which writes more than it reads, never does: ``pads`` says why);
@@ -35,6 +37,7 @@ from tvm.relax import pipeline as relax_pipeline
 from codegen.amx_dot import STEP_VALUES
 from codegen.bf16_dot import AMX
 from tuner.lowering.bf16.pool import Bf16MaxPools
+from tuner.lowering.bf16.precision import ProductPrecision, product_precision
 from tuner.lowering.bf16.products import Bfloat16Products
 from tuner.lowering.bf16.rounding import RoundBeforeMoves
 from tuner.targets import bf16_unit
@@ -66,31 +69,33 @@ def _on_cpus_by_default(option: bool | None, target: tvm.target.Target | None) -
     return option if option is not None else (target is not None and target.kind.name == "llvm")
 
 
-def _bf16_products(options: LoweringOptions, unit: str | None) -> Bfloat16Products:
+def _bf16_products(options: LoweringOptions, unit: str | None, precision: ProductPrecision | None) -> Bfloat16Products:
     """The bf16 lowering with the options of ``unit`` (AMX's or ``vdpbf16ps``'s)."""
     if unit == AMX:
-        return Bfloat16Products(unit, options.bf16_image_windows, activation_products=True)
-    return Bfloat16Products(unit, options.bf16_image_windows_avx512, options.bf16_activation_products_avx512)
+        return Bfloat16Products(unit, options.bf16_image_windows, activation_products=True, precision=precision)
+    return Bfloat16Products(unit, options.bf16_image_windows_avx512, options.bf16_activation_products_avx512, precision)
 
 
 def _in_fp32_only(options: LoweringOptions) -> LoweringOptions:
     """In bf16, the rewrites that turn products into other float32 kernels (Winograd's, Strassen's) are left
     out, so that those products are bf16 ones; the fused inverted residual only with its own option."""
-    if not options.bfloat16:
-        return options
     fused = options.fuse_expand_depthwise if options.bf16_fuse_expand_depthwise else False
     return replace(options, winograd=False, fuse_expand_depthwise=fused, strassen=False)
 
 
 def inference_passes(options: LoweringOptions, target: tvm.target.Target | None = None) -> list[tvm.transform.Pass]:
-    options = _in_fp32_only(options)
+    # where bf16 products are the slower ones, products bound by their arithmetic are lowered as in float32
+    precision = product_precision(target) if options.bfloat16 and options.bf16_where_faster else None
+    bf16_products = options.bfloat16 and precision is None
+    if bf16_products:
+        options = _in_fp32_only(options)
     passes = []
     if options.fold_batch_norm:
         passes += [relax.transform.FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference()]
     # before constants are folded: a broadcast of a weight, once folded, is a constant of its own
     passes.append(SimplifyImportedGraph(fast_math=options.fast_math))
     passes.append(FoldPadsIntoConvolutions())
-    if options.pad_attention_tokens and not options.bfloat16 and _on_cpus_by_default(None, target):
+    if options.pad_attention_tokens and not bf16_products and _on_cpus_by_default(None, target):
         passes.append(PadAttentionTokens(fast_math=options.fast_math))
     if options.attention_blocks:
         passes.append(AttentionInQueryBlocks(fast_math=options.fast_math))
@@ -98,8 +103,8 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
         passes.append(SoftmaxByRows())
     if _on_cpus_by_default(options.channels_last, target):
         if _on_cpus_by_default(options.conv1d_as_conv2d, target):
-            passes.append(Conv1dAsConv2d(options.pad_conv1d_positions and not options.bfloat16))
-        if not options.bfloat16 and _on_cpus_by_default(options.grouped_conv1d_channels_last, target):
+            passes.append(Conv1dAsConv2d(options.pad_conv1d_positions and not bf16_products))
+        if not bf16_products and _on_cpus_by_default(options.grouped_conv1d_channels_last, target):
             passes.append(GroupedConv1dChannelsLast())
         # biases must be constants to move past
         passes += [fold_constants(), ChannelsLastConvolutions(options.channels_last_resizes)]
@@ -112,17 +117,17 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
             passes += [
                 fold_constants(),  # the weights in HWIO
                 FuseExpandDepthwise(
-                    "bfloat16" if options.bfloat16 else "float32",
+                    "bfloat16" if bf16_products else "float32",
                     options.fuse_silu_blocks,
                     # on AMX an expansion of a whole step of channels is a bf16 product of its own
-                    STEP_VALUES if options.bfloat16 and bf16_unit(target) == AMX else None,
+                    STEP_VALUES if bf16_products and bf16_unit(target) == AMX else None,
                 ),
                 relax.transform.DeadCodeElimination(["main"]),
             ]
     # both take the weights, transposed, as constants
     strassen = _on_cpus_by_default(options.strassen, target)
-    pad_rows = options.pad_product_rows and not options.bfloat16 and _on_cpus_by_default(None, target)
-    pad_columns = options.pad_product_columns and not options.bfloat16 and _on_cpus_by_default(None, target)
+    pad_rows = options.pad_product_rows and not bf16_products and _on_cpus_by_default(None, target)
+    pad_columns = options.pad_product_columns and not bf16_products and _on_cpus_by_default(None, target)
     if strassen or pad_rows or pad_columns:
         passes.append(fold_constants())
     if strassen:
@@ -134,7 +139,7 @@ def inference_passes(options: LoweringOptions, target: tvm.target.Target | None 
     if options.bfloat16:
         passes += [
             fold_constants(),
-            _bf16_products(options, bf16_unit(target)),
+            _bf16_products(options, bf16_unit(target), precision),
         ]
         if options.bf16_round_before_moves:
             passes += [RoundBeforeMoves(), relax.transform.DeadCodeElimination(["main"])]

@@ -11,7 +11,8 @@ after; a grouped convolution of wide groups, one such kernel, its groups an axis
 and for the products those kernels do not take (dilated convolutions, grouped ones of narrow or small groups,
 an odd reduction in a matmul), Relax's own operator with bf16 operands and a float32 result: bf16 storage,
 fp32 arithmetic, as PyTorch computes bf16 on such CPUs. Matmuls of two activations (attention's) are bf16
-products too, with the second operand packed inside the kernel.
+products too, with the second operand packed inside the kernel. Where the CPU's bf16 products are calibrated
+slower than its float32 ones, a product that runs faster in float32 is left as it is (``precision``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from .kernels import (
     pack_grouped_conv_weight,
     to_bf16,
 )
+from .precision import ProductPrecision
 
 AMX_MIN_REDUCTION = STEP_VALUES  # one whole step of AMX's micro-kernel
 PATCHES_BELOW_CHANNELS = 8  # a first convolution's (RGB): its products over its window's patches
@@ -104,9 +106,17 @@ def is_bf16(expr: Expr) -> bool:
 
 @expr_functor.mutator
 class _Bfloat16Products(PyExprMutator):
-    def __init__(self, mod: IRModule, unit: str | None, image_windows: bool, activation_products: bool) -> None:
+    def __init__(
+        self,
+        mod: IRModule,
+        unit: str | None,
+        image_windows: bool,
+        activation_products: bool,
+        precision: ProductPrecision | None,
+    ) -> None:
         super().__init__(mod)
         self.unit = unit  # the CPU's bf16 dot product (AVX512_BF16, AMX): our kernels, packed weights
+        self.precision = precision  # which products compute in bf16; None: all of them
         self.image_windows = image_windows  # a first convolution reads its padded image in place
         self.activation_products = activation_products  # attention's products of two activations in bf16
         self.rounded: dict[relax.Var, Expr] = {}  # an activation cast to bf16 for a product: that cast
@@ -147,9 +157,26 @@ class _Bfloat16Products(PyExprMutator):
             return call
         if isinstance(call.args[0], Constant):  # a sum as a product (``channel_norms``): kept in fp32
             return call
+        if self.precision is not None and not self._faster_in_bf16(call):
+            return call
         if not isinstance(call.args[1], Constant):  # a product of two activations (attention's)
             return self._batch_matmul(call)
         return self._matmul(call) if name == "relax.matmul" else self._conv2d(call)
+
+    def _faster_in_bf16(self, call: Call) -> bool:
+        """Whether the product ``call`` runs faster in bf16 than in float32 here (``self.precision``); a
+        product whose shapes are known only at run time stays in bf16, as every product does where bf16 is
+        the faster."""
+        shapes = [static_shape(arg) for arg in call.args[:2]]
+        out = static_shape(self.builder_.normalize(call))
+        if any(shape is None for shape in (*shapes, out)):
+            return True
+        if op_name(call) == "relax.nn.conv2d":  # HWIO or OIHW alike: its values over its output channels
+            reduction = int(np.prod(shapes[1])) // out[-1 if call.attrs.out_layout == "NHWC" else 1]
+        else:
+            reduction = shapes[0][-1]
+        flops = 2 * int(np.prod(out)) * reduction
+        return self.precision.in_bf16(flops, sum(int(np.prod(shape)) for shape in shapes))
 
     def _packed_product(self, compute, data: Expr, packed: np.ndarray, *args, name: str) -> Expr:
         """``compute`` (a TE product of ``bf16_kernels``/``bf16_flat``) of ``data`` cast to bf16 and the
@@ -380,13 +407,22 @@ class Bfloat16Products:
     """Convolutions and matmuls by constant weights from bf16 operands into fp32 (module docstring);
     ``unit``: the target CPU's bf16 dot product (``tuner.lowering.bf16.precision.bf16_unit``), None where it has none;
     ``image_windows``: a first convolution reads the model's input in place; ``activation_products``:
-    attention's products of two activations are bf16 products too."""
+    attention's products of two activations are bf16 products too; ``precision``: which products compute in
+    bf16 where bf16 products are the slower ones (``tuner.lowering.bf16.precision``), the rest left in float32;
+    None: all of them."""
 
-    def __init__(self, unit: str | None, image_windows: bool = True, activation_products: bool = True) -> None:
+    def __init__(
+        self,
+        unit: str | None,
+        image_windows: bool = True,
+        activation_products: bool = True,
+        precision: ProductPrecision | None = None,
+    ) -> None:
         self.unit = unit
         self.image_windows = image_windows
         self.activation_products = activation_products
+        self.precision = precision
 
     def transform_module(self, mod: IRModule, ctx: tvm.transform.PassContext) -> IRModule:
-        mutator = _Bfloat16Products(mod, self.unit, self.image_windows, self.activation_products)
+        mutator = _Bfloat16Products(mod, self.unit, self.image_windows, self.activation_products, self.precision)
         return rewrite_functions(mutator, mod)
