@@ -14,12 +14,13 @@ import tvm
 from tvm import relax
 
 from common.host import CACHE_DIR_ENV
+from tuner.compile.check import precision_tolerance
 from tuner.lowering.bf16.precision import ProductPrecision, host_has_bf16, product_precision
 from tuner.lowering.bf16.products import Bfloat16Products
 from tuner.lowering.options import LoweringOptions
 from tuner.spaces import calibration as cal
 from tuner.targets import bf16_unit, resolve_target
-from tuner.tasks.extraction import load_model, lower_workload
+from tuner.tasks.extraction import computes_in_bf16, load_model, lower_workload
 
 EMERALD_RAPIDS_VM = ProductPrecision(float32_gflops=313.0, bf16_gflops=174.0, bandwidth_gbs=54.0)
 needs_bf16_host = pytest.mark.skipif(
@@ -38,6 +39,15 @@ class _ConvAndClassifier(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+class _Conv(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(32, 64, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x))
 
 
 def _example() -> list[torch.Tensor]:
@@ -119,3 +129,16 @@ def test_a_model_of_both_precisions_is_checked_end_to_end_and_right(slow_bf16_ma
     with torch.no_grad():
         expected = model(*x).numpy()
     assert np.abs(got - expected).max() < 3e-2 * np.abs(expected).max()
+
+
+@needs_bf16_host
+def test_a_bf16_model_with_every_product_faster_in_float32_is_checked_as_a_float32_one(slow_bf16_machine, tmp_path):
+    import tuner
+
+    model, x = _Conv().eval(), _example()
+    workload = load_model(model, x, dtype="bfloat16")
+    assert not computes_in_bf16(lower_workload(workload, slow_bf16_machine, LoweringOptions(bfloat16=True)))
+    assert workload.precision == "float32"
+    result = tuner.tune(model, example_inputs=x, target="llvm", dtype="bfloat16", trials=0, work_dir=tmp_path / "wd")
+    assert result.check.ok and result.check.tolerance == precision_tolerance("float32"), result.summary()
+    assert result.check.error < 1e-5, result.summary()  # against PyTorch, in fp32

@@ -39,10 +39,25 @@ def lower_workload(
     workload: Workload, target: tvm.target.Target, options: LoweringOptions | None = None
 ) -> tvm.IRModule:
     """What is tuned and compiled: a model lowered to fused kernels (``tuner.lowering``), or a
-    single kernel keyed as MetaSchedule keys it."""
+    single kernel keyed as MetaSchedule keys it. A bf16 model lowered with nothing left in bf16 (on a CPU whose
+    bf16 products are the slower, every product of it ran faster in fp32: ``tuner.lowering.bf16.precision``)
+    computes as a fp32 one, and is checked as one from here on: against its framework, at fp32's tolerance."""
     if workload.kind == "tir":
         return msc.normalize_prim_func_module(workload.mod["main"])
-    return lower_model(workload.mod, target, options)
+    lowered = lower_model(workload.mod, target, options)
+    if workload.precision == "bfloat16" and not computes_in_bf16(lowered):
+        workload.precision = "float32"
+    return lowered
+
+
+def computes_in_bf16(lowered: tvm.IRModule) -> bool:
+    """Whether a kernel of ``lowered`` reads or writes bf16."""
+    return any(
+        str(param.dtype) == "bfloat16"
+        for func in lowered.functions.values()
+        if isinstance(func, tvm.tirx.PrimFunc)
+        for param in func.params
+    )
 
 
 def extract_tasks(workload: Workload, target: tvm.target.Target, lowered: tvm.IRModule | None = None) -> list[Task]:
