@@ -142,3 +142,12 @@ def test_a_bf16_model_with_every_product_faster_in_float32_is_checked_as_a_float
     result = tuner.tune(model, example_inputs=x, target="llvm", dtype="bfloat16", trials=0, work_dir=tmp_path / "wd")
     assert result.check.ok and result.check.tolerance == precision_tolerance("float32"), result.summary()
     assert result.check.error < 1e-5, result.summary()  # against PyTorch, in fp32
+
+
+def test_a_bf16_model_for_a_cpu_with_no_bf16_unit_computes_as_a_float32_one() -> None:
+    haswell = resolve_target("llvm -mcpu=haswell")
+    workload = load_model(_ConvAndClassifier(), _example(), dtype="bfloat16")
+    assert not computes_in_bf16(lower_workload(workload, haswell, LoweringOptions(bfloat16=True)))
+    assert workload.precision == "float32"
+    storage = load_model(_ConvAndClassifier(), _example(), dtype="bfloat16")  # fp32 arithmetic from bf16 storage
+    assert computes_in_bf16(lower_workload(storage, haswell, LoweringOptions(bfloat16=True, bf16_where_faster=False)))

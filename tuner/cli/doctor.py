@@ -251,7 +251,7 @@ def check_bf16_cpu() -> Check:
         return _warn("bfloat16", f"{what}, but {slow}") if slow else _ok("bfloat16", what)
     return _warn(
         "bfloat16",
-        "no AVX512_BF16: dtype bfloat16 would compute in fp32 from bf16 storage, slower than float32 here",
+        "no AVX512_BF16: dtype bfloat16 computes as float32 here (faster than fp32 arithmetic from bf16 storage)",
     )
 
 

@@ -15,7 +15,8 @@ and compiled, in this order:
    large matmuls by constant weights by one level of Strassen's algorithm
    (``strassen``); with ``bfloat16``, convolutions and matmuls by weights from bf16 operands (``bf16``; where
    the CPU's bf16 products are calibrated slower than its float32 ones, only the products bound by their
-   operands' bytes, the rest lowered as in float32: ``bf16.precision``);
+   operands' bytes, the rest lowered as in float32; on a CPU with no bf16 unit, the model lowered as in
+   float32: ``bf16.precision``);
 2. TVM's legalization and operator fusion (element-wise epilogues such as bias, activation and
    residual add fuse into the convolution or matmul that produces them; a pad or concatenation,
    which writes more than it reads, never does: ``pads`` says why);
@@ -37,7 +38,7 @@ from tvm.relax import pipeline as relax_pipeline
 from codegen.amx_dot import STEP_VALUES
 from codegen.bf16_dot import AMX
 from tuner.lowering.bf16.pool import Bf16MaxPools
-from tuner.lowering.bf16.precision import ProductPrecision, product_precision
+from tuner.lowering.bf16.precision import ProductPrecision, lacks_bf16_unit, product_precision
 from tuner.lowering.bf16.products import Bfloat16Products
 from tuner.lowering.bf16.rounding import RoundBeforeMoves
 from tuner.targets import bf16_unit
@@ -84,6 +85,8 @@ def _in_fp32_only(options: LoweringOptions) -> LoweringOptions:
 
 
 def inference_passes(options: LoweringOptions, target: tvm.target.Target | None = None) -> list[tvm.transform.Pass]:
+    if options.bfloat16 and options.bf16_where_faster and lacks_bf16_unit(target):
+        options = replace(options, bfloat16=False)
     # where bf16 products are the slower ones, products bound by their arithmetic are lowered as in float32
     precision = product_precision(target) if options.bfloat16 and options.bf16_where_faster else None
     bf16_products = options.bfloat16 and precision is None

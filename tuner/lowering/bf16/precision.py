@@ -4,7 +4,8 @@ bf16 is fast on CPUs with AVX512_BF16 (``vdpbf16ps``: twice the FMA's multiply-a
 Cooper Lake, Sapphire Rapids and later) and on GPUs from sm_80 (Ampere); not on every such CPU (an Emerald
 Rapids VM with AMX off calibrated its ``vdpbf16ps`` products at 0.58 of its float32 ones), which the
 calibration tells. On an x86 CPU without it a
-bf16 model still runs, computing in fp32 from bf16 storage, as PyTorch does there.
+bf16 model computes as a float32 one (``lacks_bf16_unit``): fp32 arithmetic from bf16 storage, as PyTorch
+computes bf16 there, runs slower than float32 itself, and OpenVINO's default precision there is float32.
 
 Where the calibration says this CPU's bf16 products are the slower ones, each product takes the precision
 that runs it faster (``ProductPrecision``): a product's time is its FLOPs at the calibrated product rate of
@@ -39,7 +40,7 @@ def host_has_bf16() -> bool | None:
 
 def check_bf16(spec: Any, target: tvm.target.Target) -> str | None:
     """For ``dtype="bfloat16"``: TargetError where ``target`` cannot compute in bf16, a warning line
-    where it can only slowly (this CPU lacks AVX512_BF16), a line saying which products compute in float32
+    where this CPU has no bf16 unit (the model computes as float32), a line saying which products compute in float32
     where its bf16 products are calibrated slower than its float32 ones, None where it is fast."""
     if target.kind.name == "cuda":
         arch = str(target.attrs.get("arch", ""))
@@ -59,9 +60,15 @@ def check_bf16(spec: Any, target: tvm.target.Target) -> str | None:
             "(znver4, sapphirerapids, ...), leave -mcpu out to tune for this CPU, or use dtype float32"
         )
     return (
-        f"warning: this CPU ({target.attrs.get('mcpu', 'unknown')}) has no AVX512_BF16: the model will compute in "
-        "float32 from bfloat16 storage and run slower than in float32; use dtype float32 here"
+        f"warning: this CPU ({target.attrs.get('mcpu', 'unknown')}) has no AVX512_BF16: dtype bfloat16 computes as "
+        "float32 here, which runs faster than float32 arithmetic from bfloat16 storage would"
     )
+
+
+def lacks_bf16_unit(target: tvm.target.Target | None) -> bool:
+    """Whether ``target`` is a CPU with no bf16 unit (neither AVX512_BF16 nor AMX): a bf16 model computes as a
+    float32 one there (module docstring)."""
+    return target is not None and target.kind.name == "llvm" and bf16_unit(target) is None
 
 
 def _calibrated_here(target: tvm.target.Target) -> bool:
