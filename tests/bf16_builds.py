@@ -25,6 +25,21 @@ EACH_UNIT = [pytest.param(AVX512, marks=needs_bf16), pytest.param(AMX, marks=nee
 BF16_THROUGHOUT = LoweringOptions(bfloat16=True, bf16_where_faster=False)
 
 
+def tuned_in_bf16(model, x, trials_per_task: int, work_dir):
+    """``tune()`` of ``model`` on this CPU in bf16, every product a bf16 one (``BF16_THROUGHOUT``)."""
+    import tuner
+
+    return tuner.tune(
+        model,
+        example_inputs=[x],
+        target="llvm",
+        dtype="bfloat16",
+        trials_per_task=trials_per_task,
+        work_dir=work_dir,
+        lowering=BF16_THROUGHOUT,
+    )
+
+
 def te_module(tensors: list[te.Tensor]) -> tvm.IRModule:
     return tvm.IRModule({"main": te.create_prim_func(tensors).with_attr("global_symbol", "main")})
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 import tvm
 from bf16_builds import (
-    BF16_THROUGHOUT,
     bf16_array,
     built_tiled,
     dense_module,
@@ -21,6 +20,7 @@ from bf16_builds import (
     run_built,
     te_module,
     torch_conv_nhwc,
+    tuned_in_bf16,
 )
 from tvm import te
 
@@ -305,15 +305,7 @@ class _SmallNet(torch.nn.Module):
 def test_a_model_tuned_in_bf16_uses_the_dot_product_verifies_and_matches_pytorch(tmp_path) -> None:
     torch.manual_seed(0)
     model, x = _SmallNet().eval(), torch.randn(1, 3, 13, 13)  # 13 columns: computed over 14
-    result = tuner.tune(
-        model,
-        example_inputs=[x],
-        target="llvm",
-        dtype="bfloat16",
-        trials_per_task=3,
-        work_dir=tmp_path / "wd",
-        lowering=BF16_THROUGHOUT,
-    )
+    result = tuned_in_bf16(model, x, 3, tmp_path / "wd")
     # its four products (on AMX its two first convolutions, of 3 and 24 channels, are products over patches)
     bf16_kernels = [t for t in result.tasks if "bf16_conv2d" in t.name or "bf16_dense" in t.name]
     assert len(bf16_kernels) == 4, result.summary()
@@ -338,15 +330,7 @@ def test_a_bf16_work_dir_is_applied_in_bf16_though_the_call_names_no_dtype(tmp_p
 
     torch.manual_seed(0)
     model, x = _SmallNet().eval(), torch.randn(1, 3, 13, 13)
-    tuner.tune(
-        model,
-        example_inputs=[x],
-        target="llvm",
-        dtype="bfloat16",
-        trials_per_task=1,
-        work_dir=tmp_path / "wd",
-        lowering=BF16_THROUGHOUT,
-    )
+    tuned_in_bf16(model, x, 1, tmp_path / "wd")
     with torch.no_grad():
         expected = model(x).numpy()
     capfd.readouterr()
@@ -398,15 +382,7 @@ class _Attention(torch.nn.Module):
 def test_attention_tuned_in_bf16_computes_its_products_of_activations_in_bf16(tmp_path) -> None:
     torch.manual_seed(0)
     model, x = _Attention().eval(), torch.randn(1, 40, 64)  # 40 tokens: on AMX a reduction of a whole step
-    result = tuner.tune(
-        model,
-        example_inputs=[x],
-        target="llvm",
-        dtype="bfloat16",
-        trials_per_task=8,
-        work_dir=tmp_path / "wd",
-        lowering=BF16_THROUGHOUT,
-    )
+    result = tuned_in_bf16(model, x, 8, tmp_path / "wd")
     products = [t for t in result.tasks if "bf16_batch_matmul" in t.name]
     assert len(products) == 2 and not any(t.fell_back for t in products), result.summary()
     assert result.check.ok and result.check.error < 3e-2, result.summary()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from bf16_builds import BF16_THROUGHOUT, EACH_UNIT, bf16_array, needs_bf16, run_built, te_module, torch_conv_nhwc
+from bf16_builds import EACH_UNIT, bf16_array, needs_bf16, run_built, te_module, torch_conv_nhwc, tuned_in_bf16
 from tvm import relax, te
 
 from codegen.bf16_dot import AMX, AVX512, register_if_ours
@@ -129,20 +129,11 @@ def test_the_padded_image_copies_the_image_s_own_pixels_apart_from_its_padding(p
 @needs_bf16
 @pytest.mark.slow  # 25 s; the product over the image in place is checked above: out of CI (`pytest -m slow`)
 def test_a_stem_tuned_in_bf16_searches_its_first_convolution_in_place_and_matches_pytorch(tmp_path) -> None:
-    import tuner
 
     torch.manual_seed(0)
     stem = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, 2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1)).eval()
     x = torch.randn(1, 3, 40, 40)
-    result = tuner.tune(
-        stem,
-        example_inputs=[x],
-        target="llvm",
-        dtype="bfloat16",
-        trials_per_task=4,
-        work_dir=tmp_path / "wd",
-        lowering=BF16_THROUGHOUT,
-    )
+    result = tuned_in_bf16(stem, x, 4, tmp_path / "wd")
     (first,) = [t for t in result.tasks if "bf16_conv2d" in t.name]
     # verified, unless the in-model choice gave it back its analytic schedule (checked end to end)
     taken_back = first.tuned_in_model_latency is not None
