@@ -254,5 +254,5 @@ def test_in_bf16_on_amx_an_expansion_over_a_whole_step_of_channels_is_left_to_am
     for channels, target, fused in ((32, amx, False), (16, amx, True), (32, avx512, True)):
         block = _InvertedResidual(channels, 4, 1).eval()
         workload = load_workload(block, [(1, channels, 12, 12)])
-        lowered = lower_workload(workload, target, LoweringOptions(bfloat16=True))
+        lowered = lower_workload(workload, target, BF16_THROUGHOUT)
         assert len(_fused_tasks(workload, target, lowered)) == int(fused), (channels, str(target))

@@ -39,9 +39,9 @@ def lower_workload(
     workload: Workload, target: tvm.target.Target, options: LoweringOptions | None = None
 ) -> tvm.IRModule:
     """What is tuned and compiled: a model lowered to fused kernels (``tuner.lowering``), or a
-    single kernel keyed as MetaSchedule keys it. A bf16 model lowered with nothing left in bf16 (on a CPU whose
-    bf16 products are the slower, every product of it ran faster in fp32: ``tuner.lowering.bf16.precision``)
-    computes as a fp32 one, and is checked as one from here on: against its framework, at fp32's tolerance."""
+    single kernel keyed as MetaSchedule keys it. A bf16 model lowered with nothing left in bf16 (every product
+    of it faster in fp32 on this CPU, or a CPU with no bf16 unit: ``tuner.lowering.bf16.precision``) computes as
+    a fp32 one, and is checked as one from here on: against its framework, at fp32's tolerance."""
     if workload.kind == "tir":
         return msc.normalize_prim_func_module(workload.mod["main"])
     lowered = lower_model(workload.mod, target, options)

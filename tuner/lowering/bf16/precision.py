@@ -84,8 +84,8 @@ def slow_bf16_products(target: tvm.target.Target, calibrated: Calibration | None
     from tuner.spaces.calibration import calibration
 
     calibrated = calibrated or calibration(target)
-    rate = calibrated.bf16_product_rate(bf16_unit(target))
-    if not rate or rate >= calibrated.product_gflops:
+    rate = _slower_bf16_rate(target, calibrated)
+    if rate is None:
         return None
     return (
         f"this CPU's bf16 products run at {rate / calibrated.product_gflops:.2f} of its float32 ones' rate ({rate:.0f} "
@@ -123,7 +123,11 @@ def product_precision(target: tvm.target.Target) -> ProductPrecision | None:
     from tuner.spaces.calibration import calibration
 
     calibrated = calibration(target)
+    rate = _slower_bf16_rate(target, calibrated)
+    return None if rate is None else ProductPrecision(calibrated.product_gflops, rate, calibrated.bandwidth_gbs)
+
+
+def _slower_bf16_rate(target: tvm.target.Target, calibrated: Calibration) -> float | None:
+    """The calibrated rate of ``target``'s bf16 products where it is below its float32 products'; else None."""
     rate = calibrated.bf16_product_rate(bf16_unit(target))
-    if not rate or rate >= calibrated.product_gflops:
-        return None
-    return ProductPrecision(calibrated.product_gflops, rate, calibrated.bandwidth_gbs)
+    return rate if rate and rate < calibrated.product_gflops else None
