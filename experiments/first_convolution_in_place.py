@@ -41,7 +41,8 @@ WAYS = {"in place": True, "patches": False}
 def tuned(stem: torch.nn.Module, image: torch.Tensor, in_place: bool, trials: int, work_dir: Path) -> fw.Contender:
     import tuner
 
-    options = LoweringOptions(bf16_image_windows=in_place, bf16_image_windows_avx512=in_place)
+    # both ways bf16 ones, on a CPU whose bf16 products are the slower too (where the stem would choose fp32)
+    options = LoweringOptions(bf16_image_windows=in_place, bf16_image_windows_avx512=in_place, bf16_where_faster=False)
     result = tuner.tune(
         stem,
         example_inputs=[image],
