@@ -23,7 +23,8 @@ compiles nothing already done, and times the checkpoints again).
 ``--dtype bfloat16`` tunes and compiles every step with ``tune(..., dtype="bfloat16")`` (bf16 operands,
 fp32 accumulators) and times PyTorch's bf16 autocast beside the rest; its curve is MODEL-bfloat16 and is
 summarised against OpenVINO's default precision (bf16 on a CPU with bf16 units), the runtime a bf16
-user compares with.
+user compares with. ``--cold-cache`` tunes with ``tune(..., cold_cache=True)`` (every kernel timed with its
+arguments flushed); give it an OUT of its own, the curve's name does not say it.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ FP32 = "float32"
 
 
 # -- steps, each in a fresh process ---------------------------------------------------------------------
-def tune_step(name: str, minutes: float, work_dir: Path, seed: int, analytic_start: bool, dtype: str) -> dict:
+def tune_step(
+    name: str, minutes: float, work_dir: Path, seed: int, analytic_start: bool, dtype: str, cold_cache: bool = False
+) -> dict:
     """The user's call: ``tune()`` with the clock alone to end it; its model exported beside the work dir, as
     the run's last checkpoint (what the user gets at the full budget is this model, not the database cut)."""
     from tuner import Objectives, tune
@@ -68,6 +71,7 @@ def tune_step(name: str, minutes: float, work_dir: Path, seed: int, analytic_sta
         seed=seed,
         analytic_start=analytic_start,
         dtype=dtype,
+        cold_cache=cold_cache,
     )
     ended = time.time()
     artifact = work_dir.parent / "final" / "model.so"
@@ -83,7 +87,9 @@ def tune_step(name: str, minutes: float, work_dir: Path, seed: int, analytic_sta
     }
 
 
-def compile_step(name: str, work_dir: Path, cutoff: float, artifact: Path, seed: int, dtype: str) -> dict:
+def compile_step(
+    name: str, work_dir: Path, cutoff: float, artifact: Path, seed: int, dtype: str, cold_cache: bool = False
+) -> dict:
     """The model as a run stopped at ``cutoff`` would have handed it back: a copy of ``work_dir``
     holding only the records committed by then, resumed by ``tune()`` with that many trials, so it
     measures nothing new and does what the end of a run does (re-measure each kernel's best, verify
@@ -102,7 +108,10 @@ def compile_step(name: str, work_dir: Path, cutoff: float, artifact: Path, seed:
         shutil.rmtree(cut)
         return {"records": 0}
     module, inputs = fw.module_and_inputs(name)
-    result = tune(module, example_inputs=inputs, trials=kept, work_dir=cut, seed=seed, dtype=dtype, progress=False)
+    result = tune(
+        module, example_inputs=inputs, trials=kept, work_dir=cut, seed=seed, dtype=dtype, progress=False,
+        cold_cache=cold_cache,
+    )  # fmt: skip
     result.export(artifact)
     shutil.rmtree(cut)
     return {"records": kept, "trials": result.trials, "latency": result.latency_after}
@@ -243,6 +252,9 @@ def main() -> None:
     parser.add_argument("--out", default="experiments/results/budget_curve")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--dtype", default=FP32, choices=(FP32, "bfloat16"), help="tune(dtype=...) (default float32)")
+    parser.add_argument(
+        "--cold-cache", action="store_true", help="tune(cold_cache=True): kernels timed with their arguments flushed"
+    )
     parser.add_argument("--summary", action="store_true", help="rewrite OUT/summary.md from OUT's curves only")
     parser.add_argument("--tune-step", choices=list(STARTS), help=argparse.SUPPRESS)
     parser.add_argument("--compile-step", nargs=3, metavar=("START", "CUTOFF", "ARTIFACT"), help=argparse.SUPPRESS)
@@ -254,12 +266,13 @@ def main() -> None:
     runs = out / "runs" / curve_name(model, args.dtype)
     if args.tune_step:
         work = runs / args.tune_step / "work"
-        step = tune_step(model, args.minutes, work, args.seed, STARTS[args.tune_step], args.dtype)
+        step = tune_step(model, args.minutes, work, args.seed, STARTS[args.tune_step], args.dtype, args.cold_cache)
         return print(json.dumps(step))
     if args.compile_step:
         start, cutoff, artifact = args.compile_step
         work = runs / start / "work"
-        return print(json.dumps(compile_step(model, work, float(cutoff), Path(artifact), args.seed, args.dtype)))
+        cut = compile_step(model, work, float(cutoff), Path(artifact), args.seed, args.dtype, args.cold_cache)
+        return print(json.dumps(cut))
     if args.zero_step:
         return print(json.dumps(zero_step(model, Path(args.zero_step), args.dtype)))
     if args.time_step:
@@ -283,7 +296,7 @@ def main() -> None:
 def measure_curve(model: str, args: argparse.Namespace, out: Path, threads: int) -> dict:
     """One model: trials=0, each start's run cut at the checkpoints, all timed beside the runtimes."""
     runs, script = out / "runs" / curve_name(model, args.dtype), Path(__file__)
-    fixed = ["--model", model, "--out", str(out), "--dtype", args.dtype]
+    fixed = ["--model", model, "--out", str(out), "--dtype", args.dtype, *(["--cold-cache"] if args.cold_cache else [])]
     zero_artifact = runs / "zero" / "model.so"
     zero = _once(zero_artifact.parent / "point.json", script, [*fixed, "--zero-step", str(zero_artifact)])
     points = {"trials=0": {"minute": 0, **zero, "artifact": str(zero_artifact)}}
@@ -307,6 +320,7 @@ def measure_curve(model: str, args: argparse.Namespace, out: Path, threads: int)
     return {
         "model": model,
         "dtype": args.dtype,
+        "cold_cache": args.cold_cache,
         "minutes": args.minutes,
         "cpu": host_cpu(),
         "threads": threads,
