@@ -341,6 +341,8 @@ def _once(record: Path, script: Path, steps: list[str]) -> dict:
     if not record.exists():
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps(run_step(script, steps, record.with_suffix(".log"))) + "\n")
+    else:  # a rerun after a change to the tuner would time the old step's models without it
+        print(f"{record.parent}: this step's earlier result, reused (remove the folder to run it again)", flush=True)
     return json.loads(record.read_text())
 
 
