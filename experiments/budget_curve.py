@@ -24,7 +24,8 @@ compiles nothing already done, and times the checkpoints again).
 fp32 accumulators) and times PyTorch's bf16 autocast beside the rest; its curve is MODEL-bfloat16 and is
 summarised against OpenVINO's default precision (bf16 on a CPU with bf16 units), the runtime a bf16
 user compares with. ``--cold-cache`` tunes with ``tune(..., cold_cache=True)`` (every kernel timed with its
-arguments flushed); give it an OUT of its own, the curve's name does not say it.
+arguments flushed), ``--scheduler round-robin`` with ``tune(..., scheduler="round-robin")``; give either an OUT
+of its own, the curve's name does not say it.
 """
 
 from __future__ import annotations
@@ -55,7 +56,14 @@ FP32 = "float32"
 
 # -- steps, each in a fresh process ---------------------------------------------------------------------
 def tune_step(
-    name: str, minutes: float, work_dir: Path, seed: int, analytic_start: bool, dtype: str, cold_cache: bool = False
+    name: str,
+    minutes: float,
+    work_dir: Path,
+    seed: int,
+    analytic_start: bool,
+    dtype: str,
+    cold_cache: bool = False,
+    scheduler: str = "gradient",
 ) -> dict:
     """The user's call: ``tune()`` with the clock alone to end it; its model exported beside the work dir, as
     the run's last checkpoint (what the user gets at the full budget is this model, not the database cut)."""
@@ -72,6 +80,7 @@ def tune_step(
         analytic_start=analytic_start,
         dtype=dtype,
         cold_cache=cold_cache,
+        scheduler=scheduler,
     )
     ended = time.time()
     artifact = work_dir.parent / "final" / "model.so"
@@ -255,6 +264,9 @@ def main() -> None:
     parser.add_argument(
         "--cold-cache", action="store_true", help="tune(cold_cache=True): kernels timed with their arguments flushed"
     )
+    parser.add_argument(
+        "--scheduler", default="gradient", choices=("gradient", "round-robin"), help="tune(scheduler=...)"
+    )
     parser.add_argument("--summary", action="store_true", help="rewrite OUT/summary.md from OUT's curves only")
     parser.add_argument("--tune-step", choices=list(STARTS), help=argparse.SUPPRESS)
     parser.add_argument("--compile-step", nargs=3, metavar=("START", "CUTOFF", "ARTIFACT"), help=argparse.SUPPRESS)
@@ -266,7 +278,8 @@ def main() -> None:
     runs = out / "runs" / curve_name(model, args.dtype)
     if args.tune_step:
         work = runs / args.tune_step / "work"
-        step = tune_step(model, args.minutes, work, args.seed, STARTS[args.tune_step], args.dtype, args.cold_cache)
+        start = STARTS[args.tune_step]
+        step = tune_step(model, args.minutes, work, args.seed, start, args.dtype, args.cold_cache, args.scheduler)
         return print(json.dumps(step))
     if args.compile_step:
         start, cutoff, artifact = args.compile_step
@@ -296,7 +309,8 @@ def main() -> None:
 def measure_curve(model: str, args: argparse.Namespace, out: Path, threads: int) -> dict:
     """One model: trials=0, each start's run cut at the checkpoints, all timed beside the runtimes."""
     runs, script = out / "runs" / curve_name(model, args.dtype), Path(__file__)
-    fixed = ["--model", model, "--out", str(out), "--dtype", args.dtype, *(["--cold-cache"] if args.cold_cache else [])]
+    fixed = ["--model", model, "--out", str(out), "--dtype", args.dtype, "--scheduler", args.scheduler]
+    fixed += ["--cold-cache"] if args.cold_cache else []
     zero_artifact = runs / "zero" / "model.so"
     zero = _once(zero_artifact.parent / "point.json", script, [*fixed, "--zero-step", str(zero_artifact)])
     points = {"trials=0": {"minute": 0, **zero, "artifact": str(zero_artifact)}}
@@ -321,6 +335,7 @@ def measure_curve(model: str, args: argparse.Namespace, out: Path, threads: int)
         "model": model,
         "dtype": args.dtype,
         "cold_cache": args.cold_cache,
+        "scheduler": args.scheduler,
         "minutes": args.minutes,
         "cpu": host_cpu(),
         "threads": threads,
