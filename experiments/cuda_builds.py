@@ -21,7 +21,6 @@ builds use the stand-in driver of ``measure/cuda/compile_env.py``; they are real
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.environment import environment  # noqa: E402
 from common.host import cpu_model  # noqa: E402
-from experiments.harness import markdown_table, sample_candidates  # noqa: E402
+from experiments.harness import markdown_table, sample_candidates, write_results  # noqa: E402
 from measure import EngineConfig, MeasureEngine, MeasureInput  # noqa: E402
 from measure.cuda.compile_env import (  # noqa: E402
     COMPILE_MODE_ENV,
@@ -197,9 +196,7 @@ def main() -> None:
     meta = describe_run(" ".join(["experiments/cuda_builds.py", *sys.argv[1:]]), args.workers)
     summary = report(rows, meta)
     print(summary)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cuda_builds.md").write_text(summary)
-    (args.out / "cuda_builds.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    write_results(args.out, "cuda_builds", summary, {**meta, "rows": rows})
 
 
 if __name__ == "__main__":

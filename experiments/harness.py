@@ -143,6 +143,14 @@ def markdown_table(rows: list[dict], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def write_results(out: Path, stem: str, summary: str, record: dict) -> None:
+    """An experiment's markdown summary and its JSON record, as OUT/STEM.md and OUT/STEM.json (replacing a
+    previous run's)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text(summary)
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
 def sample_candidates(name: str, target, count: int, seed: int) -> list:
     """``count`` distinct schedules of a built-in workload, sampled from its design space."""
     from costmodel import CandidateFeatures, CostModel

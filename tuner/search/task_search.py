@@ -14,6 +14,7 @@ from tvm.s_tir.schedule import Trace
 from common.error_text import error_line
 from costmodel import CandidateFeatures, CostModel, TopKWithExploration
 from tuner.spaces import metaschedule as msc
+from tuner.spaces.gpu_tiles import checking, gpu_limits
 from tuner.spaces.register_tiles import RegisterFile, register_file
 
 from .parallel import THREADS, parallel_map
@@ -67,6 +68,7 @@ class TaskSearch:
         self.rng = np.random.default_rng(seed)
         self.context = msc.make_context(mod, target, seed, num_threads=THREADS)
         self.registers = register_file(target)  # None: every fresh sample as MetaSchedule draws it
+        self.gpu = gpu_limits(target)  # a GPU's limits that fresh GPU tiles are drawn within (None: not a GPU)
         self.unsearchable: str | None = None  # why no design space could be made: the kernel keeps TVM's default
         try:
             self.spaces = msc.design_spaces(self.context)
@@ -255,7 +257,7 @@ class TaskSearch:
             self.draws += wanted
             draws = [self._draw() for _ in range(wanted)]
             valid = new = 0
-            for sch in parallel_map(lambda d: msc.sample(self.mod, d[0], d[1], self.postprocs, d[2]), draws):
+            for sch in parallel_map(lambda d: msc.sample(self.mod, d[0], d[1], self.postprocs, d[2], self.gpu), draws):
                 if sch is None or len(found) >= n:
                     continue
                 valid += 1
@@ -298,7 +300,7 @@ class TaskSearch:
         trace = msc.mutate(mutator, parent.schedule.trace, mutate_seed)
         if trace is None:
             return None
-        sch = msc.replay(self.mod, trace, replay_seed, self.postprocs)
+        sch = msc.replay(self.mod, trace, replay_seed, self.postprocs, decide=checking(trace, self.gpu, replay_seed))
         return Candidate(msc.structural_key(sch.mod), sch, parent.parent or parent.key) if sch is not None else None
 
 

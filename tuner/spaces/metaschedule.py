@@ -26,6 +26,7 @@ from common.target_kind import is_cuda
 from tuner.targets import cuda_arch_number
 
 from . import schedule_rules
+from .gpu_tiles import GpuLimits, GpuTileDraw, tiled_blocks
 from .register_tiles import RegisterFile, TileDraw, fills, tile_roles
 
 schedule_rules.register()
@@ -230,16 +231,24 @@ def _tile_provider(sch: Schedule, retile: Retile) -> Callable:
 
 
 def sample(
-    mod: tvm.IRModule, space: Schedule, seed: int, postprocs: Sequence, registers: RegisterFile | None = None
+    mod: tvm.IRModule,
+    space: Schedule,
+    seed: int,
+    postprocs: Sequence,
+    registers: RegisterFile | None = None,
+    gpu: GpuLimits | None = None,
 ) -> Schedule | None:
     """A random point of a design space; with ``registers``, its CPU tiles drawn to fill them
-    (``register_tiles.TileDraw``), or MetaSchedule's own draw where its loops allow no such tile."""
+    (``register_tiles.TileDraw``), or MetaSchedule's own draw where its loops allow no such tile; with
+    ``gpu``, its GPU-tiled blocks drawn within those limits (``gpu_tiles.GpuTileDraw``)."""
     trace = Trace(space.trace.insts, {})
     if registers is not None:
         roles = tile_roles(space.trace.insts)
         fitted = replay(mod, trace, seed, postprocs, decide=lambda sch: TileDraw(sch, roles, registers, seed))
         if fitted is not None and fills(fitted, registers):
             return fitted
+    if gpu is not None and (blocks := tiled_blocks(space.trace.insts)):
+        return replay(mod, trace, seed, postprocs, decide=lambda sch: GpuTileDraw(sch, blocks, gpu, seed))
     return replay(mod, trace, seed, postprocs)
 
 
