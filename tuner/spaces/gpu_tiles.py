@@ -37,7 +37,7 @@ from .register_tiles import TILING_ANNOTATION
 
 # The bound levels of the tilings the draw knows, outermost first: SIMT's, and tensor cores' (threadIdx.y: warps)
 GPU_BINDS = (("blockIdx.x", "vthread.x", "threadIdx.x"), ("blockIdx.y", "blockIdx.x", "threadIdx.y"))
-BOUND_LEVELS = 3
+BOUND_LEVELS = len(GPU_BINDS[0])
 THREAD_LOW = "meta_schedule.thread_extent_low_inclusive"
 THREAD_HIGH = "meta_schedule.thread_extent_high_inclusive"
 PIPELINE_STAGES = "software_pipeline_stage"  # the stage of each statement under a pipelined loop
