@@ -33,7 +33,7 @@ from tvm.sym import Analyzer, IntervalSet
 
 from common.target_kind import is_cuda
 
-from .register_tiles import TILING_ANNOTATION
+from .register_tiles import TILING_ANNOTATION, prime_powers
 
 # The bound levels of the tilings the draw knows, outermost first: SIMT's, and tensor cores' (threadIdx.y: warps)
 GPU_BINDS = (("blockIdx.x", "vthread.x", "threadIdx.x"), ("blockIdx.y", "blockIdx.x", "threadIdx.y"))
@@ -162,7 +162,7 @@ def perfect_tile(rng: np.random.Generator, extent: int, levels: int, max_innermo
     """``extent`` split into ``levels`` factors as MetaSchedule's SamplePerfectTile draws them: each prime
     power's exponent spread uniformly over the levels (stars and bars), drawn again while the innermost
     factor is over ``max_innermost`` (-1: no limit)."""
-    powers = _prime_powers(extent)
+    powers = prime_powers(extent)
     while True:
         factors = [1] * levels
         for prime, power in powers:
@@ -173,21 +173,6 @@ def perfect_tile(rng: np.random.Generator, extent: int, levels: int, max_innermo
                 last = cut
         if max_innermost == -1 or factors[-1] <= max_innermost:
             return factors
-
-
-def _prime_powers(n: int) -> list[tuple[int, int]]:
-    powers, prime = [], 2
-    while n > 1:
-        if prime * prime > n:
-            prime = n
-        power = 0
-        while n % prime == 0:
-            n //= prime
-            power += 1
-        if power:
-            powers.append((prime, power))
-        prime += 1
-    return powers
 
 
 class _Refused(Exception):

@@ -137,6 +137,22 @@ def power_of_two(n: int) -> bool:
     return n & (n - 1) == 0
 
 
+def prime_powers(n: int) -> list[tuple[int, int]]:
+    """``n``'s prime factors with their exponents, smallest prime first."""
+    powers, prime = [], 2
+    while n > 1:
+        if prime * prime > n:
+            prime = n
+        power = 0
+        while n % prime == 0:
+            n //= prime
+            power += 1
+        if power:
+            powers.append((prime, power))
+        prime += 1
+    return powers
+
+
 def divisors(n: int) -> list[int]:
     """Every divisor of ``n``, smallest first."""
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
@@ -208,14 +224,9 @@ class TileDraw:
     def _outer(self, extent: int, levels: int) -> list[int]:
         """``extent`` split at random into ``levels`` factors whose product is ``extent``."""
         factors = [1] * levels
-        remaining, prime = extent, 2
-        while remaining > 1:
-            if prime * prime > remaining:
-                prime = remaining
-            while remaining % prime == 0:
+        for prime, power in prime_powers(extent):
+            for _ in range(power):
                 factors[int(self.rng.integers(levels))] *= prime
-                remaining //= prime
-            prime += 1
         return factors
 
     def _pick(self, choices: list[int]) -> int:
