@@ -5,12 +5,15 @@
 
 Per workload (default: matmul-1024 in fp32, Llama-2-7B's q_proj in fp16 with tensor cores, a ResNet-50
 3x3 convolution), the real search proposes N candidates for ``cuda -arch=sm_90`` once (a tuning run's
-first round); each compile mode available here (nvcc, NVRTC) then builds the same candidates with the
-project's engine (``MeasureEngine.build``, 2 build workers), the mode forced by
-``TVM_CUDA_COMPILE_MODE`` and checked in every build worker's log. Each mode has its engine for the
+first round); each compile mode available here then builds the same candidates with the project's
+engine (``MeasureEngine.build``, 2 build workers, the candidates' task as the builds' group): nvcc;
+NVRTC as the tuner uses it (its sources without the libcu++ type traits they do not use,
+``measure/cuda/nvrtc_source.py``); and NVRTC on TVM's sources as they are (``nvrtc-tvm``). The mode is
+forced by ``TVM_CUDA_COMPILE_MODE`` (and ``TENSOR_TUNER_LEAN_NVRTC=0``) and checked in every build
+worker's log. Each mode has its engine for the
 whole run; per workload, each engine first builds one candidate per worker, untimed (the first build
 of a worker imports TVM, the first of a workload may import tensor intrinsics). Modes alternate in
-rounds (nvcc, nvrtc, then nvrtc, nvcc, ...) so that drift of the machine reaches both alike; a round
+rounds (nvcc, nvrtc, nvrtc-tvm, then the reverse, ...) so that drift of the machine reaches all alike; a round
 builds all N candidates of a workload. Reported per workload and mode: candidates per second (N over
 the wall time of the round's builds, failures included; the median over rounds), the median build
 seconds of one candidate (the worker's own count), and the failures with their errors. Results:
@@ -44,15 +47,26 @@ from measure.cuda.compile_env import (  # noqa: E402
     nvrtc_available,
     nvrtc_version,
 )
+from measure.cuda.nvrtc_source import LEAN_ENV, LEAN_SOURCES  # noqa: E402
 
 TARGET = "cuda -arch=sm_90"
+NVRTC_AS_TVM = "nvrtc-tvm"  # NVRTC compiling TVM's sources as they are (with the type traits they do not use)
 WORKLOADS = ("matmul-1024", "matmul-llama2-7b-qproj-fp16", "conv2d-resnet50-l3")
 COLUMNS = ("workload", "mode", "candidates", "rounds", "cand/s", "vs nvcc", "median build s", "failures", "errors")
 
 
+# Each mode's environment: nvcc; NVRTC as the tuner uses it; NVRTC on TVM's sources as they are
+MODES = {
+    "nvcc": {COMPILE_MODE_ENV: "nvcc"},
+    "nvrtc": {COMPILE_MODE_ENV: "nvrtc"},
+    NVRTC_AS_TVM: {COMPILE_MODE_ENV: "nvrtc", LEAN_ENV: "0"},
+}
+
+
 def available_modes() -> list[str]:
     """The compile modes this host has, nvcc first."""
-    return [mode for mode, here in (("nvcc", nvcc_path() is not None), ("nvrtc", nvrtc_available())) if here]
+    here = {"nvcc": nvcc_path() is not None, "nvrtc": nvrtc_available()}
+    return [mode for mode, env in MODES.items() if here[env[COMPILE_MODE_ENV]]]
 
 
 def describe_run(command: str, workers: int) -> dict:
@@ -69,23 +83,25 @@ def describe_run(command: str, workers: int) -> dict:
 
 
 def check_workers_mode(engine: MeasureEngine, mode: str, workers: int) -> None:
-    """Every build worker's log says it compiled with ``mode`` (the line measure.workers.main writes)."""
+    """Every build worker's log says it compiled as ``mode`` does (the lines measure.workers.main writes)."""
+    compiler, lean = MODES[mode][COMPILE_MODE_ENV], mode == "nvrtc"
     for i in range(workers):
         log = engine.log_dir / f"builder-{i}.log"
         text = log.read_text() if log.exists() else ""
-        if f"CUDA compile mode: {mode} " not in text:
-            raise RuntimeError(f"{log} does not say the worker compiled with {mode}:\n{text[-2000:]}")
+        if f"CUDA compile mode: {compiler} " not in text or (f"NVRTC sources: {LEAN_SOURCES}" in text) != lean:
+            raise RuntimeError(f"{log} does not say the worker compiled as {mode} does:\n{text[-2000:]}")
 
 
 def round_order(modes: Sequence[str], rounds: int) -> list[list[str]]:
-    """The modes of each round: in order, then reversed, and so on (nvcc, nvrtc, nvrtc, nvcc, ...)."""
+    """The modes of each round: in order, then reversed, and so on (a, b, c, c, b, a, ...)."""
     return [list(modes) if r % 2 == 0 else list(reversed(modes)) for r in range(rounds)]
 
 
-def timed_build(engine: MeasureEngine, inputs: list[MeasureInput]) -> tuple[float, list]:
-    """Seconds to build ``inputs``, and their results (their libraries deleted)."""
+def timed_build(engine: MeasureEngine, inputs: list[MeasureInput], group: str) -> tuple[float, list]:
+    """Seconds to build ``inputs`` (candidates of one task, ``group``: the builds' timeout follows theirs,
+    as in a tuning run), and their results (their libraries deleted)."""
     started = time.monotonic()
-    built = list(engine.build(inputs))
+    built = list(engine.build(inputs, group=group))
     seconds = time.monotonic() - started
     for result in built:
         if result.artifact:
@@ -109,7 +125,7 @@ def measure_builds(
     target = resolve_target(TARGET)
     engines = {}
     for mode in modes:
-        with environment({COMPILE_MODE_ENV: mode}):  # the engine hands the mode to its build workers
+        with environment(MODES[mode]):  # the engine hands these to its build workers
             config = EngineConfig(build_workers=workers, remember_dop=False)
             engines[mode] = MeasureEngine(target, work_dir / mode, config)  # never started: no measuring workers
     rows = []
@@ -118,12 +134,12 @@ def measure_builds(
             inputs = sample_candidates(name, target, candidates, seed)
             print(f"{name}: {len(inputs)} candidates proposed", flush=True)
             for mode, engine in engines.items():
-                timed_build(engine, inputs[:workers])  # warm-up, untimed
+                timed_build(engine, inputs[:workers], name)  # warm-up, untimed
                 check_workers_mode(engine, mode, min(workers, len(inputs)))
             samples: dict[str, list[tuple[float, list]]] = {mode: [] for mode in modes}
             for order in round_order(modes, rounds):
                 for mode in order:
-                    samples[mode].append(timed_build(engines[mode], inputs))
+                    samples[mode].append(timed_build(engines[mode], inputs, name))
                     print(f"  {mode}: {len(inputs) / samples[mode][-1][0]:.2f} cand/s", flush=True)
             rows += [_row(name, mode, samples[mode], engines[mode]) for mode in modes]
     finally:
@@ -166,7 +182,9 @@ def report(rows: list[dict], meta: dict) -> str:
         f"{meta['workers']} build workers; target `{TARGET}`; compilers: {versions}.",
         "",
         "cand/s: candidates over the wall time of a round's builds (failures included), median over rounds; "
-        "median build s: one candidate's build in its worker; vs nvcc: cand/s over nvcc's.",
+        "median build s: one candidate's build in its worker; vs nvcc: cand/s over nvcc's. nvrtc: NVRTC as the "
+        "tuner uses it (sources without the libcu++ type traits they do not use); nvrtc-tvm: NVRTC on TVM's "
+        "sources as they are.",
         "",
         markdown_table(rows, COLUMNS),
         "",
@@ -180,7 +198,7 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--candidates", type=int, default=32, help="per workload")
     parser.add_argument("--rounds", type=int, default=2, help="builds of every candidate per mode")
-    parser.add_argument("--modes", nargs="+", choices=("nvcc", "nvrtc"), help="default: those available here")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), help="default: those available here")
     parser.add_argument("--workers", type=int, default=2, help="build workers")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("experiments/results/cuda_builds"))

@@ -90,7 +90,7 @@ def test_each_compile_path_builds_sm90_kernels_and_the_run_log_says_which(mode, 
 def test_the_compile_path_is_chosen_on_purpose(monkeypatch):
     monkeypatch.delenv(COMPILE_MODE_ENV, raising=False)
     chosen = choose_compile_mode()
-    assert chosen.mode == ("nvcc" if shutil.which("nvcc") else "nvrtc")  # nvcc where installed, whatever else is
+    assert chosen.mode == ("nvrtc" if nvrtc_available() else "nvcc")  # NVRTC where installed, whatever else is
     monkeypatch.setenv(COMPILE_MODE_ENV, "ptxas")
     with pytest.raises(CudaBuildEnvError, match="set it to nvcc or nvrtc"):
         choose_compile_mode()
@@ -98,6 +98,18 @@ def test_the_compile_path_is_chosen_on_purpose(monkeypatch):
         monkeypatch.setenv(COMPILE_MODE_ENV, "nvrtc")
         with pytest.raises(CudaBuildEnvError, match=re.escape(NVRTC_INSTALL)):
             choose_compile_mode()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or not nvrtc_available(), reason="needs nvcc and NVRTC")
+def test_nvrtc_newer_than_the_gpu_driver_is_passed_over_for_nvcc(monkeypatch):
+    monkeypatch.delenv(COMPILE_MODE_ENV, raising=False)
+    major, minor = (int(part) for part in nvrtc_version().split(".")[:2])
+    monkeypatch.setattr(compile_env, "driver_cuda_version", lambda: major * 1000 + minor * 10)
+    assert choose_compile_mode().mode == "nvrtc"
+    older = major * 1000 + (minor - 1) * 10 if minor else (major - 1) * 1000 + 90
+    monkeypatch.setattr(compile_env, "driver_cuda_version", lambda: older)
+    chosen = choose_compile_mode()
+    assert chosen.mode == "nvcc" and f"NVRTC {nvrtc_version()} is newer than the CUDA" in chosen.why
 
 
 needs_wheel_headers = pytest.mark.skipif(

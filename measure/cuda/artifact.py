@@ -10,7 +10,7 @@ function symbols are the kernels.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 FATBIN_MAGIC = 0xBA55ED50
@@ -31,6 +31,7 @@ class GpuBinary:
     arch: str  # "sm_90"
     kernels: tuple[str, ...]  # function symbols of a cubin (empty for PTX or a compressed entry)
     compressed: bool = False
+    image: bytes = field(default=b"", repr=False, compare=False)  # a cubin's ELF image (not a compressed one's)
 
 
 def gpu_binaries(artifact: str | Path) -> list[GpuBinary]:
@@ -52,7 +53,8 @@ def gpu_binaries(artifact: str | Path) -> list[GpuBinary]:
             continue
         machine, flags = struct.unpack_from("<H", data, at + 18)[0], struct.unpack_from("<I", data, at + 48)[0]
         if machine == _EM_CUDA:
-            found.append(GpuBinary("cubin", _elf_arch(flags, data[at + 8]), _elf_functions(data[at:])))
+            image = data[at : at + _elf_size(data[at:])]
+            found.append(GpuBinary("cubin", _elf_arch(flags, data[at + 8]), _elf_functions(image), image=image))
     return found
 
 
@@ -74,6 +76,7 @@ def _fatbin_entries(data: bytes, start: int, end: int) -> list[GpuBinary]:
                 f"sm_{arch}",
                 kernels,
                 compressed,
+                payload if kind == _KIND_CUBIN and not compressed else b"",
             )
         )
         start += header_size + payload_size
@@ -87,17 +90,49 @@ def _elf_arch(flags: int, abi_version: int) -> str:
 
 def _elf_functions(elf: bytes) -> tuple[str, ...]:
     """Names of the function symbols of a 64-bit little-endian ELF image."""
-    shoff = struct.unpack_from("<Q", elf, 40)[0]
-    shentsize, shnum = struct.unpack_from("<HH", elf, 58)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    return elf_symbols(elf, _STT_FUNC)
+
+
+def elf_symbols(elf: bytes, kind: int | None = None) -> tuple[str, ...]:
+    """Names of the symbols of a 64-bit little-endian ELF image (a cubin), those of type ``kind`` only if given."""
+    sections = _section_headers(elf)
     names = []
     for _, sh_type, _, _, offset, size, link, _, _, entsize in sections:
         if sh_type != 2 or entsize == 0:  # SHT_SYMTAB
             continue
-        strtab = sections[link]
-        strings = elf[strtab[4] : strtab[4] + strtab[5]]
+        strings = _section_bytes(elf, sections[link])
         for at in range(offset, offset + size, entsize):
             name_at, info = struct.unpack_from("<IB", elf, at)
-            if info & 0xF == _STT_FUNC:
-                names.append(strings[name_at : strings.index(b"\0", name_at)].decode())
+            if kind is None or info & 0xF == kind:
+                names.append(_name_at(strings, name_at))
     return tuple(names)
+
+
+def elf_sections(elf: bytes) -> dict[str, bytes]:
+    """The sections of a 64-bit little-endian ELF image by name: a cubin's machine code is in ``.text.KERNEL``."""
+    sections = _section_headers(elf)
+    names = _section_bytes(elf, sections[struct.unpack_from("<H", elf, 62)[0]])  # e_shstrndx
+    return {_name_at(names, header[0]): _section_bytes(elf, header) for header in sections[1:]}
+
+
+def _elf_size(elf: bytes) -> int:
+    """Bytes of the ELF image at the start of ``elf``: to the end of its last section or section header."""
+    shoff = struct.unpack_from("<Q", elf, 40)[0]
+    shentsize, shnum = struct.unpack_from("<HH", elf, 58)
+    ends = [offset + (0 if sh_type == 8 else size) for _, sh_type, _, _, offset, size, *_ in _section_headers(elf)]
+    return max([shoff + shnum * shentsize, *ends])
+
+
+def _section_headers(elf: bytes) -> list[tuple]:
+    shoff = struct.unpack_from("<Q", elf, 40)[0]
+    shentsize, shnum = struct.unpack_from("<HH", elf, 58)
+    return [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+
+
+def _section_bytes(elf: bytes, header: tuple) -> bytes:
+    _, sh_type, _, _, offset, size = header[:6]
+    return b"" if sh_type == 8 else elf[offset : offset + size]  # SHT_NOBITS: no bytes in the file
+
+
+def _name_at(strings: bytes, at: int) -> str:
+    return strings[at : strings.index(b"\0", at)].decode()

@@ -2,9 +2,11 @@
 CUDA code generator build real cubins on a host without a GPU driver.
 
 TVM compiles CUDA C with NVRTC (through the ``cuda-bindings`` package) unless
-``TVM_CUDA_COMPILE_MODE=nvcc``, so installing that package silently changes the compiler. Here
-nvcc is preferred wherever it is installed (CPU build hosts have it, so a kernel is compiled alike
-wherever it is built) and NVRTC is the fallback; an explicit ``TVM_CUDA_COMPILE_MODE`` wins.
+``TVM_CUDA_COMPILE_MODE=nvcc``, so installing that package silently changes the compiler. Here the
+choice is made on purpose and written to the run's log: NVRTC where installed, as its sources lose the
+libcu++ header they do not use (``measure.cuda.nvrtc_source``: 1.1-2.3x the candidates built a second
+of nvcc's), unless it is newer than the GPU driver; nvcc otherwise; an explicit
+``TVM_CUDA_COMPILE_MODE`` wins.
 
 TVM's NVRTC path compiles against the CUDA headers of ``$CUDA_PATH`` (or of the nvcc it finds) and
 looks for libcu++ (CCCL) only in a toolkit's ``targets/<triple>/include/cccl``. Where no toolkit is
@@ -32,7 +34,7 @@ from pathlib import Path
 
 from common.host import user_cache_dir
 from common.tvm_libraries import tvm_library_dir
-from measure.cuda.runtime import nvidia_wheel_file
+from measure.cuda.runtime import driver_cuda_version, nvidia_wheel_file
 
 # Driver entry points libtvm_runtime_cuda.so links against (TVM 0.27); extended from `nm` when present.
 _KNOWN_DRIVER_SYMBOLS = (
@@ -171,8 +173,9 @@ def nvrtc_env() -> dict[str, str]:
 
 
 def choose_compile_mode() -> CompileMode:
-    """The CUDA compile path for this host: ``$TVM_CUDA_COMPILE_MODE`` if set (checked), else nvcc
-    where installed, else NVRTC; raises CudaBuildEnvError naming what to install if neither is."""
+    """The CUDA compile path for this host: ``$TVM_CUDA_COMPILE_MODE`` if set (checked), else NVRTC where
+    installed (no newer than the GPU driver, where there is one), else nvcc; raises CudaBuildEnvError
+    naming what to install if neither is."""
     requested = os.environ.get(COMPILE_MODE_ENV, "").strip().lower()
     nvcc = nvcc_path()
     if requested == "nvcc":
@@ -193,13 +196,30 @@ def choose_compile_mode() -> CompileMode:
         raise CudaBuildEnvError(
             f"{COMPILE_MODE_ENV}={requested!r} is not a compile mode: set it to nvcc or nvrtc, or unset it"
         )
+    nvrtc = nvrtc_available()
+    too_new = nvrtc and _newer_than_driver(nvrtc_version())
+    if nvrtc and too_new is None:
+        return CompileMode("nvrtc", f"{_describe_nvrtc()}, preferred where installed")
     if nvcc is not None:
-        return CompileMode("nvcc", f"nvcc {nvcc_version(nvcc)} at {nvcc}, preferred where installed")
-    if nvrtc_available():
+        why = too_new or "no NVRTC installed"
+        return CompileMode("nvcc", f"nvcc {nvcc_version(nvcc)} at {nvcc}; {why}")
+    if nvrtc:
         return CompileMode("nvrtc", f"{_describe_nvrtc()}; no nvcc installed")
     raise CudaBuildEnvError(
-        f"building for CUDA needs nvcc (the CUDA toolkit; or set CUDA_PATH) or NVRTC ({NVRTC_INSTALL})"
+        f"building for CUDA needs NVRTC ({NVRTC_INSTALL}) or nvcc (the CUDA toolkit; or set CUDA_PATH)"
     )
+
+
+def _newer_than_driver(version: str | None) -> str | None:
+    """Why NVRTC of ``version`` ("13.5") is passed over: its cubins may use what this host's GPU driver does
+    not know (a newer cubin format); None where the driver supports that version, or there is no driver."""
+    driver = driver_cuda_version()
+    if driver is None or version is None:
+        return None
+    major, minor = (int(part) for part in version.split(".")[:2])
+    if (major, minor) <= (driver // 1000, driver % 1000 // 10):
+        return None
+    return f"NVRTC {version} is newer than the CUDA {driver // 1000}.{driver % 1000 // 10} the GPU driver supports"
 
 
 def _describe_nvrtc() -> str:

@@ -32,6 +32,7 @@ import tvm
 
 from measure.contract import Engine, EngineConfig
 from measure.cuda.compile_env import COMPILE_MODE_ENV, CudaBuildEnvError, choose_compile_mode
+from measure.cuda.nvrtc_source import LEAN_ENV
 from measure.dop.controller import GPU_DEFAULT_MAX_DOP, DopController, DopDecision, relative_error
 from measure.dop.memory import DopMemory, machine_key
 from measure.nvml import NvmlMonitor, split_energy
@@ -318,7 +319,8 @@ class MeasureEngine(WorkerPrograms, CandidateChecks, Engine):
             self._note(f"CUDA compile: none available ({err})")
             return {CUDA_BUILD_ENV: "1"}
         self._note(f"CUDA compile: {mode.describe()}")
-        return {CUDA_BUILD_ENV: "1", COMPILE_MODE_ENV: mode.mode}
+        lean = {LEAN_ENV: os.environ[LEAN_ENV]} if LEAN_ENV in os.environ else {}  # as when the mode was chosen
+        return {CUDA_BUILD_ENV: "1", COMPILE_MODE_ENV: mode.mode} | lean
 
     def _note(self, text: str) -> None:
         """Say how this engine measures, in the run's log (logs/engine.log)."""

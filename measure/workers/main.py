@@ -28,10 +28,7 @@ def _load_handlers(role: str) -> dict:
         # workers held 8 GB on an H100): hidden before anything can create one.
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         if os.environ.get(CUDA_BUILD_ENV) == "1":
-            from measure.cuda.compile_env import prepare_cuda_build_env
-
-            mode = prepare_cuda_build_env()  # must precede `import tvm`
-            print(f"CUDA compile mode: {mode.describe()}", flush=True)
+            _prepare_cuda_builds()
         from . import build_job
 
         build_job.warm_up()
@@ -50,6 +47,18 @@ def _load_handlers(role: str) -> dict:
 
         return cluster_driver.HANDLERS
     raise ValueError(f"unknown worker role {role!r}")
+
+
+def _prepare_cuda_builds() -> None:
+    """The compile path (before TVM is imported), then NVRTC's lean sources in front of TVM's callback."""
+    from measure.cuda.compile_env import prepare_cuda_build_env
+
+    mode = prepare_cuda_build_env()
+    print(f"CUDA compile mode: {mode.describe()}", flush=True)
+    from measure.cuda.nvrtc_source import LEAN_SOURCES, use_lean_nvrtc_sources
+
+    if use_lean_nvrtc_sources() and mode.mode == "nvrtc":
+        print(f"NVRTC sources: {LEAN_SOURCES}", flush=True)
 
 
 def _die_with_parent(poll_seconds: float = 0.5) -> None:
