@@ -92,9 +92,9 @@ def stock_step(kernel_name: str, target_spec: str, trials: int, work_dir: Path, 
 
 def _cuda_environment_for_workers() -> None:
     """Set up, in the environment MetaSchedule's builder and runner processes inherit, what ours sets
-    up in its own for CUDA: the compiler (nvcc where installed; TVM alone picks NVRTC) and, where
-    NVIDIA's wheel brings the CUDA 13 runtime library, its folder (a plain ``import tvm`` finds only the
-    system's, and without one sees no GPU)."""
+    up in its own for CUDA: the same compiler (NVRTC where installed, on TVM's sources as they are, as
+    stock MetaSchedule compiles them; else nvcc) and, where NVIDIA's wheel brings the CUDA 13 runtime
+    library, its folder (a plain ``import tvm`` finds only the system's, and without one sees no GPU)."""
     import os
 
     from measure.cuda.compile_env import prepare_cuda_build_env
