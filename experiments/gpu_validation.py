@@ -10,6 +10,8 @@ Ten steps, each recorded with its verdict, numbers and time, a failing one does 
   3. tune() of a matmul (matmul-1024, 16 trials on a GPU), verified, with its DOP decisions;
   4. the measurement-engine experiment on real candidates (24 on a GPU): serial against the engine
      (throughput, median and worst error, top-1 agreement, share of wall time the device spent in timed calls);
+     on a GPU also the same candidates built by the CUDA compiler the run does not use (nvcc beside NVRTC)
+     and timed serially: their latencies over the run's compiler's kernels;
   5. caches flushed and not on a kernel whose inputs fit in the L2 (cold must be slower), and on a
      GPU the launch's host-side delay: a tiny kernel timed cold the tuner's way and TVM's way;
   6. candidates that fault (GPU: an illegal address, too many registers for their launch; CPU: a
@@ -37,12 +39,13 @@ estimate no longer fits the time left is recorded as not run (run it later with 
 come. Estimates on one H100/H200 (experiments/gpu_validation_plan.py), in seconds:
 
     step       1   2   3   4   5   6   7   8   9    10   all
-    estimate   3   5  35  25   3   3  20  60  160  140   454 (and ~10 s of start-up: under 8 minutes)
+    estimate   3   5  35  35   3   3  20  60  160  140   464 (and ~10 s of start-up: under 8 minutes)
 
 Steps 1-8 from the recorded runs (results/gpu_validation/h100 and h200, 438 and 528 s at the former
 sizes): steps 1, 2, 5, 6 took 1-3 s, step 7 4-18 s; a matmul trial costs 1.35-2.1 s of tuning and
 a tune() ~20 s besides (step 3: 90-137 s at 64 trials; step 8: 116-167 s a GEMM at 64 trials, its
-build workers importing TVM's tensor intrinsics first, 20-40 s); step 4 took 0.8 s a candidate.
+build workers importing TVM's tensor intrinsics first, 20-40 s); step 4 took 0.8 s a candidate (its
+other compiler's builds and serial timing ~10 s more, not yet run on a GPU).
 Step 9: stock MetaSchedule at 16 trials ~100 s (its process, and every build worker once a batch,
 imports the tensor intrinsics: on the 2-core CPU its set-up took 44 s and its 8 builds 100 s of
 159 s), ours ~50 s (start-up and a tune() besides its 16 trials), timing ~12 s. Step 10: ResNet-18's

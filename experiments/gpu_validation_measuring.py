@@ -87,7 +87,56 @@ def step_engine(ctx: Context) -> StepResult:
         "device_busy": busy,
         "dops": dops,
     }
+    if ctx.device == "cuda" and (other := other_compiler()) is not None:
+        details["other_compiler"] = by_other_compiler(ctx, other, inputs, serial, keys)
+        summary += f"; {describe_other_compiler(details['other_compiler'])}"
     return StepResult(bool(accuracy["same_top1"]), summary, details)
+
+
+def other_compiler() -> str | None:
+    """The CUDA compiler the run does not use (nvcc where it uses NVRTC, and back), where installed."""
+    from measure.cuda.compile_env import choose_compile_mode, nvcc_path, nvrtc_available
+
+    other = "nvcc" if choose_compile_mode().mode == "nvrtc" else "nvrtc"
+    return other if (nvcc_path() if other == "nvcc" else nvrtc_available()) else None
+
+
+def by_other_compiler(ctx: Context, other: str, inputs: list, timed: dict, keys: list[str]) -> dict:
+    """The same candidates built by ``other`` (a build-only engine of its own) and timed serially by the
+    run's engine: their latencies over those of the run's compiler's kernels (``timed``, serially)."""
+    from common.environment import environment
+    from measure import EngineConfig, MeasureEngine
+    from measure.cuda.compile_env import COMPILE_MODE_ENV
+
+    with environment({COMPILE_MODE_ENV: other}):  # handed to its build workers when it is made
+        builder = MeasureEngine(ctx.target, ctx.work / f"built-by-{other}", EngineConfig(remember_dop=False))
+    try:
+        built = [b for b in builder.build([i for i in inputs if i.key in keys]) if b.ok]
+        results, _ = timed_pass(ctx.engine, copies(built, other), serial=True)
+    finally:
+        builder.close()
+    both = [k for k in keys if k in results and results[k].ok]
+    ratios = [results[k].latency / timed[k].latency for k in both]
+    if not ratios:
+        return {"compiler": other, "candidates": 0}
+    fastest = lambda by: min(both, key=lambda k: by[k].latency)  # noqa: E731
+    return {
+        "compiler": other,
+        "candidates": len(both),
+        "median_ratio": statistics.median(ratios),
+        "ratio_range": [min(ratios), max(ratios)],
+        "same_top1": fastest(results) == fastest(timed),
+    }
+
+
+def describe_other_compiler(found: dict) -> str:
+    if not found.get("candidates"):
+        return f"{found['compiler']}: none of the candidates built and timed"
+    low, high = found["ratio_range"]
+    return (
+        f"the same {found['candidates']} built by {found['compiler']}: {found['median_ratio']:.2f}x the latency "
+        f"(median; {low:.2f}-{high:.2f}), same top-1 {found['same_top1']}"
+    )
 
 
 def step_flush(ctx: Context) -> StepResult:

@@ -65,7 +65,7 @@ PLANS = {
         model_trials=8,
         model_rounds=5,
         model_round_seconds=0.3,
-        seconds={1: 3, 2: 5, 3: 35, 4: 25, 5: 3, 6: 3, 7: 20, 8: 60, 9: 160, 10: 140},
+        seconds={1: 3, 2: 5, 3: 35, 4: 35, 5: 3, 6: 3, 7: 20, 8: 60, 9: 160, 10: 140},
         more_seconds={
             "4096": 60,
             "matmul-llama2-7b-qproj-fp16": 150,

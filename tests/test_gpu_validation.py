@@ -85,3 +85,27 @@ def test_a_step_left_out_for_time_does_not_replace_what_an_earlier_run_found():
     steps = merged(earlier, now)
     assert [s["verdict"] for s in steps] == ["PASS", "not run"] and steps[1] is now[1]
     assert "--steps 10" in now[1]["summary"] and now[1]["ok"] is None
+
+
+def test_the_other_compilers_kernels_are_timed_serially_beside_the_runs(tmp_path):
+    """Step 4 on a GPU also times its candidates as the CUDA compiler the run does not use builds them
+    (``by_other_compiler``); its plumbing runs here on CPU kernels, which the compile mode does not change."""
+    sys.path.insert(0, str(ROOT))
+    from experiments.gpu_validation_measuring import by_other_compiler, describe_other_compiler
+    from experiments.gpu_validation_plan import Context
+    from experiments.harness import sample_candidates
+    from experiments.measurement_engine import copies, timed_pass
+    from measure import EngineConfig, MeasureEngine
+    from tuner.targets import resolve_target
+
+    target = resolve_target("llvm -num-cores=1")
+    inputs = sample_candidates("matmul-128", target, 3, seed=1)
+    with MeasureEngine(target, tmp_path / "run", EngineConfig(build_workers=1)) as engine:
+        builds = [b for b in engine.build(inputs) if b.ok]
+        timed, _ = timed_pass(engine, copies(builds, "serial"), serial=True)
+        keys = sorted(timed)
+        ctx = Context(target=target, device="cpu", plan=None, out=tmp_path, engine=engine)
+        found = by_other_compiler(ctx, "nvcc", inputs, timed, keys)
+    assert found["compiler"] == "nvcc" and found["candidates"] == len(keys) == 3
+    assert 0.5 < found["median_ratio"] < 2 and found["ratio_range"][0] <= found["median_ratio"]
+    assert describe_other_compiler(found).startswith("the same 3 built by nvcc: ")
