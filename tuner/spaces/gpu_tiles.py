@@ -12,11 +12,14 @@ the kernel lowered), so a batch of 16 candidates took 2,600 draws and 6-10 s of 
 ``GpuTileDraw`` draws a tiled block's factors the way MetaSchedule does (each prime power of a loop's
 extent spread uniformly over its levels, the innermost factor within the space's limit), all of the
 block's loops at once, and draws again while the block's threads or its shared-memory tiles are out of
-bounds; MetaSchedule draws everything else. The two checks are necessary conditions of the verifier's
-(the shared tiles are counted without their padding, a tensor-core accumulator's staging and other
-buffers the verifier also counts), so the samples that pass are the ones MetaSchedule's own draws would
-have passed, in the same proportions, and the verifier still has the last word. Blocks in other forms (the
-cross-thread reductions, element-wise kernels) keep MetaSchedule's own draw.
+bounds; MetaSchedule draws everything else. The shared tiles are counted as the lowered kernel allocates
+them: each cached input's region, its rows padded as the trace's ``StorageAlign`` says, times a software
+pipeline's copies, and for tensor cores the accumulators staged in ``shared.dyn`` (one warp-level slice of
+the first spatial axis by the warps' whole tile of the others, as the write-back walks them). Both checks
+are necessary conditions of the verifier's (it also counts what these leave out: a conservative count
+gives a lower bound), so the samples that pass are the ones MetaSchedule's own draws would have passed, in
+the same proportions, and the verifier still has the last word. Blocks in other forms (the cross-thread
+reductions, element-wise kernels) keep MetaSchedule's own draw.
 """
 
 from __future__ import annotations
@@ -76,6 +79,8 @@ class TiledBlock:
     shared_reads: tuple[int, ...]  # its reads cached in shared memory (indices into the block's reads)
     buffered: int = 1  # copies of each shared tile a software pipeline keeps (its stages apart, plus one)
     warps: bool = False  # each thread-level unit is a warp (tensor cores)
+    aligned: tuple[tuple[int, int, int, int], ...] = ()  # (read, axis, factor, offset) of its padded shared tiles
+    staged: bool = False  # its output is staged in shared memory (tensor cores' accumulators, in shared.dyn)
 
     def is_spatial(self, tile: int) -> bool:
         return self.splits[tile][0] == self.structure.count("S")
@@ -104,6 +109,9 @@ class _BlockInTrace:
     reads: list[int] = field(default_factory=list)
     buffered: int = 1
     warps: bool = False
+    copies: list[tuple[object, int]] = field(default_factory=list)  # (the shared copy's block, its read)
+    aligned: list[tuple[int, int, int, int]] = field(default_factory=list)
+    staged: bool = False
 
     def read(self, index: int, inst) -> None:
         kind, attrs = inst.kind.name, inst.attrs
@@ -126,6 +134,13 @@ class _BlockInTrace:
             self.buffered = max(stages) - min(stages) + 1
         elif kind == "CacheRead" and str(attrs[1]) == "shared" and inst.inputs[0].same_as(self.block):
             self.reads.append(int(attrs[0]))
+            self.copies.append((inst.outputs[0], int(attrs[0])))
+        elif kind == "CacheWrite" and str(attrs[1]) == "shared.dyn" and inst.inputs[0].same_as(self.block):
+            self.staged = True
+        elif kind == "StorageAlign" and int(attrs[0]) == 0:  # the shared copy's rows padded (against bank conflicts)
+            read = next((read for copy, read in self.copies if inst.inputs[0].same_as(copy)), None)
+            if read is not None:
+                self.aligned.append((read, int(attrs[1]), int(attrs[2]), int(attrs[3])))
 
     def tiled(self) -> TiledBlock | None:
         """The block, where its tiling is a form the draw knows."""
@@ -142,6 +157,8 @@ class _BlockInTrace:
             tuple(self.reads),
             self.buffered,
             self.warps,
+            tuple(self.aligned),
+            self.staged,
         )
 
 
@@ -254,7 +271,10 @@ def _loop_nest(loop, count: int):
 
 class _SharedFootprint:
     """Bytes of a block's shared-memory tiles for its tile factors: each cached read's region over the
-    block's tile (every level inside the block's blockIdx and outer reduction loops), within the buffer."""
+    block's tile (every level inside the block's blockIdx and outer reduction loops), within the buffer, its
+    rows padded as the trace aligns them; and where the block's output is staged in shared memory (tensor
+    cores), the staged part: one warp-level slice of its first spatial axis by the warps' whole tile of the
+    others (the write-back walks the first axis's inner levels one slice at a time)."""
 
     def __init__(self, block: TiledBlock, loops: list, realize):
         self.block = block
@@ -263,27 +283,47 @@ class _SharedFootprint:
         for iter_var, value in zip(realize.block.iter_vars, realize.iter_values, strict=True):
             if isinstance(value, tvm.tirx.Var) and value in by_loop_var:
                 self.axis_of[iter_var.var] = by_loop_var[value]
-        reads = realize.block.reads
-        self.regions = [reads[i] for i in block.shared_reads if i < len(reads)]
+        reads, writes = realize.block.reads, realize.block.writes
+        self.regions = {read: reads[read] for read in block.shared_reads if read < len(reads)}
+        self.padding = {read: (axis, factor, offset) for read, axis, factor, offset in block.aligned}
+        self.staged = writes[0] if block.staged and len(writes) == 1 else None
 
     def bytes(self, tiles: list[list[int]]) -> int:
-        if not self.regions:
-            return 0
+        block, analyzer = self.block, Analyzer()
         # a shared tile spans the levels inside the grid's (spatial) and inside the outer reduction loop
-        inner = [
-            math.prod(tile[self.block.grid_levels if self.block.is_spatial(i) else 1 :]) for i, tile in enumerate(tiles)
-        ]
-        domain = {var: IntervalSet(0, inner[axis] - 1) for var, axis in self.axis_of.items()}
-        analyzer = Analyzer()
-        total = 0
-        for region in self.regions:
-            elements = 1
-            for bound, size in zip(region.region, region.source.shape, strict=True):
-                span = _span(analyzer, bound, domain)
-                if span is not None:
-                    elements *= min(span, int(size)) if isinstance(size, tvm.tirx.IntImm) else span
-            total += self.block.buffered * elements * tvm.DataType(str(region.source.dtype)).bits // 8
+        inner = [math.prod(tile[block.grid_levels if block.is_spatial(i) else 1 :]) for i, tile in enumerate(tiles)]
+        total = sum(
+            block.buffered * _region_bytes(analyzer, region, self._domain(inner), self.padding.get(read))
+            for read, region in self.regions.items()
+        )
+        if self.staged is not None:
+            spatial = [i for i in range(len(tiles)) if block.is_spatial(i)]
+            level = block.thread_level
+            staged = [
+                tiles[i][level] if i == spatial[0] else math.prod(tiles[i][level:]) if i in spatial else 1
+                for i in range(len(tiles))
+            ]
+            total += _region_bytes(analyzer, self.staged, self._domain(staged), None)
         return total
+
+    def _domain(self, extents: list[int]) -> dict:
+        return {var: IntervalSet(0, extents[axis] - 1) for var, axis in self.axis_of.items()}
+
+
+def _region_bytes(analyzer: Analyzer, region, domain: dict, padding: tuple[int, int, int] | None) -> int:
+    """Bytes of ``region`` over ``domain``, within its buffer; with ``padding`` (axis, factor, offset), the
+    stride of that axis raised to ``factor * k + offset`` as ``storage_align`` does."""
+    spans = []
+    for bound, size in zip(region.region, region.source.shape, strict=True):
+        span = _span(analyzer, bound, domain)
+        spans.append(1 if span is None else min(span, int(size)) if isinstance(size, tvm.tirx.IntImm) else span)
+    elements = math.prod(spans)
+    if padding is not None and spans:
+        axis, factor, offset = padding
+        axis %= len(spans)
+        row = math.prod(spans[axis + 1 :])
+        elements = math.prod(spans[: axis + 1]) * (row + (offset - row) % factor)
+    return elements * tvm.DataType(str(region.source.dtype)).bits // 8
 
 
 def _span(analyzer: Analyzer, bound, domain: dict) -> int | None:
