@@ -18,6 +18,7 @@ from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 from common.model_weights import read_weights, save_weights, weights_path
 from common.target_kind import is_cuda
 
+from .script_parsing import light_frame_stacks
 from .weight_prefetch import tir_pipeline
 from .weights import attach_weights, detach_weights
 
@@ -118,7 +119,7 @@ def default_gpu_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IR
     """TVM's own GPU schedules (DLight), the untuned baseline on a GPU."""
     from tvm.s_tir import dlight as dl
 
-    with target:
+    with target, light_frame_stacks():  # its Matmul rule imports TVM's tensor intrinsics: parsed quickly
         return dl.ApplyDefaultSchedule(
             dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
         )(mod)
