@@ -9,7 +9,7 @@ from experiments.harness import sample_candidates
 from measure import EngineConfig, MeasureEngine
 from measure.cuda.artifact import elf_sections, elf_symbols, gpu_binaries
 from measure.cuda.compile_env import COMPILE_MODE_ENV, NVRTC_INSTALL, nvrtc_env, nvrtc_missing
-from measure.cuda.nvrtc_source import without_unused_type_traits
+from measure.cuda.nvrtc_source import SPLIT_COMPILE, nvrtc_options, without_unused_type_traits
 from tuner.targets import resolve_target
 
 TARGET = "cuda -arch=sm_90"
@@ -31,12 +31,16 @@ def candidates(tmp_path_factory) -> dict[str, tuple]:
         return {name: (candidate, engine.cuda_source(candidate.mod)) for name, candidate in picked.items()}
 
 
-def nvrtc_cubin(code: str, monkeypatch) -> bytes:
+def nvrtc_cubin(code: str, monkeypatch, options: list[str] | None = None) -> bytes:
     for key, value in nvrtc_env().items():
         monkeypatch.setenv(key, value)
     from tvm.support import nvcc
 
-    return bytes(nvcc.compile_cuda(code, target_format="cubin", arch="sm_90", compiler="nvrtc"))
+    return bytes(nvcc.compile_cuda(code, target_format="cubin", arch="sm_90", compiler="nvrtc", options=options))
+
+
+def machine_code(cubin: bytes) -> dict[str, bytes]:
+    return {name: text for name, text in elf_sections(cubin).items() if name.startswith(".text.")}
 
 
 def libcuxx_symbols(cubin: bytes) -> set[str]:
@@ -63,8 +67,7 @@ def test_a_source_naming_one_of_the_traits_keeps_them():
 def test_nvrtc_makes_the_same_machine_code_from_the_lean_source(candidates, monkeypatch):
     for name, (_, source) in candidates.items():
         whole, lean = (nvrtc_cubin(code, monkeypatch) for code in (source, without_unused_type_traits(source)))
-        code_of = [{k: v for k, v in elf_sections(cubin).items() if k.startswith(".text.")} for cubin in (whole, lean)]
-        assert code_of[0] and code_of[0] == code_of[1], name
+        assert machine_code(whole) and machine_code(whole) == machine_code(lean), name
         assert libcuxx_symbols(lean) < libcuxx_symbols(whole), name  # the traits' constants are gone
 
 
@@ -78,3 +81,19 @@ def test_build_workers_compile_with_nvrtc_from_the_lean_source(candidates, tmp_p
     assert cubin.kernels == ("main_kernel",)
     assert libcuxx_symbols(cubin.image) == libcuxx_symbols(nvrtc_cubin(without_unused_type_traits(source), monkeypatch))
     assert libcuxx_symbols(cubin.image) != libcuxx_symbols(nvrtc_cubin(source, monkeypatch))
+
+
+TWO_KERNELS = """
+extern "C" __global__ void __launch_bounds__(64) scale(float* __restrict__ a) { a[threadIdx.x] *= 2.0f; }
+extern "C" __global__ void __launch_bounds__(64, 2) shift(float* __restrict__ a, float b) {
+  for (int i = 0; i < 16; ++i) a[threadIdx.x * 16 + i] += b * i;
+}
+"""
+
+
+def test_a_module_of_several_kernels_is_optimised_on_every_core_into_the_same_machine_code(monkeypatch):
+    assert nvrtc_options(TWO_KERNELS) == [SPLIT_COMPILE]
+    assert nvrtc_options(TWO_KERNELS.split("\n")[1]) is None  # one kernel: nothing to split
+    alone, split = (nvrtc_cubin(TWO_KERNELS, monkeypatch, options) for options in (None, [SPLIT_COMPILE]))
+    assert sorted(machine_code(alone)) == [".text.scale", ".text.shift"]
+    assert machine_code(alone) == machine_code(split)

@@ -31,6 +31,8 @@ _TRAITS_BLOCK = re.compile(
     r"[ \t]*\}[ \t]*\n"
 )
 _ALIAS = re.compile(r"using cuda::std::(\w+);")
+_KERNEL = re.compile(r'extern "C" __global__ void (?:__\w+__\([^)]*\) )*(\w+)\(')  # its name, after attributes
+SPLIT_COMPILE = "--split-compile=0"  # NVVM optimises a module's functions in parallel, on every core
 
 
 def without_unused_type_traits(code: str) -> str:
@@ -45,6 +47,13 @@ def without_unused_type_traits(code: str) -> str:
     return rest
 
 
+def nvrtc_options(code: str) -> list[str] | None:
+    """NVRTC's options beyond TVM's for ``code``: a model's module of several kernels is optimised on every
+    core (``--split-compile=0``; the kernels' machine code is the same: ResNet-18's 20 kernels in fp16 in
+    4.5 s instead of 5.8 on two cores); a candidate's one kernel has nothing to split."""
+    return [SPLIT_COMPILE] if len(set(_KERNEL.findall(code))) > 1 else None
+
+
 def use_lean_nvrtc_sources() -> bool:
     """Compile this process's CUDA code through :func:`without_unused_type_traits` where the compile
     path is NVRTC (``$TVM_CUDA_COMPILE_MODE``, read at each compile as TVM's callback reads it); TVM's
@@ -56,7 +65,8 @@ def use_lean_nvrtc_sources() -> bool:
 
     def compile_cuda(code: str, *_target) -> bytearray:
         if os.environ.get(COMPILE_MODE_ENV, "nvrtc").lower() == "nvrtc":
-            return nvcc.compile_cuda(without_unused_type_traits(code), target_format="cubin", compiler="nvrtc")
+            lean = without_unused_type_traits(code)
+            return nvcc.compile_cuda(lean, target_format="cubin", compiler="nvrtc", options=nvrtc_options(lean))
         return nvcc.tvm_callback_cuda_compile(code)
 
     tvm_ffi.register_global_func(COMPILE_CALLBACK, compile_cuda, override=True)
