@@ -135,6 +135,17 @@ def _tmpfs(path: Path, size: str, *options: str):
 needs_mount = pytest.mark.skipif(not _can_mount(), reason="mounting a small file system needs root")
 
 
+def _remount_read_only(mount: Path, tries: int = 50) -> None:
+    """Make a bind mount read-only; the kernel refuses (EBUSY) while a file the tuner has just opened there
+    is open for writing (a log, a database journal), so it is tried again until a moment without one."""
+    for _ in range(tries):
+        remounted = subprocess.run(["mount", "-o", "remount,bind,ro", str(mount)], capture_output=True)
+        if remounted.returncode == 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{mount} could not be made read-only: {remounted.stderr.decode().strip()}")
+
+
 @needs_mount
 def test_a_full_disk_ends_the_run_in_one_line_with_every_measurement_kept(tmp_path):
     with _tmpfs(tmp_path / "disk", "64m") as disk:
@@ -161,7 +172,7 @@ def test_a_work_dir_turning_read_only_ends_the_run_without_blaming_candidates(tm
         run = disk / "run"
         subprocess.run(["mount", "--bind", str(run), str(run)], check=True)
         try:
-            subprocess.run(["mount", "-o", "remount,bind,ro", str(run)], check=True)
+            _remount_read_only(run)
             assert tuner.process.wait(timeout=120) == 2
         finally:
             subprocess.run(["umount", "-l", str(run)], capture_output=True)

@@ -9,7 +9,8 @@ and the aliases wherever the rest of the source does not name them; the kernels'
 same byte for byte (what goes are libcu++'s own constants, which nothing reads).
 
 :func:`use_lean_nvrtc_sources` puts that in front of TVM's NVRTC path, in the process that builds
-(a build worker: ``measure.workers.main``); nvcc's path is TVM's own, untouched.
+(a build worker: ``measure.workers.main``), with :func:`nvrtc_options` (a model's module of several kernels
+optimised on every core); nvcc's path is TVM's own, untouched.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def without_unused_type_traits(code: str) -> str:
     if block is None:
         return code
     rest = code[: block.start()] + code[block.end() :]
-    if any(re.search(rf"\b{name}\b", rest) for name in _ALIAS.findall(block.group(1))):
+    if re.search(rf"\b(?:{'|'.join(_ALIAS.findall(block.group(1)))})\b", rest):
         return code
     return rest
 
