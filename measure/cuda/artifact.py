@@ -117,15 +117,18 @@ def elf_sections(elf: bytes) -> dict[str, bytes]:
 
 def _elf_size(elf: bytes) -> int:
     """Bytes of the ELF image at the start of ``elf``: to the end of its last section or section header."""
-    shoff = struct.unpack_from("<Q", elf, 40)[0]
-    shentsize, shnum = struct.unpack_from("<HH", elf, 58)
+    shoff, shentsize, shnum = _header_table(elf)
     ends = [offset + (0 if sh_type == 8 else size) for _, sh_type, _, _, offset, size, *_ in _section_headers(elf)]
     return max([shoff + shnum * shentsize, *ends])
 
 
+def _header_table(elf: bytes) -> tuple[int, int, int]:
+    """Where an ELF image's section headers start, the size of one, and how many there are."""
+    return struct.unpack_from("<Q", elf, 40)[0], *struct.unpack_from("<HH", elf, 58)
+
+
 def _section_headers(elf: bytes) -> list[tuple]:
-    shoff = struct.unpack_from("<Q", elf, 40)[0]
-    shentsize, shnum = struct.unpack_from("<HH", elf, 58)
+    shoff, shentsize, shnum = _header_table(elf)
     return [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
 
 

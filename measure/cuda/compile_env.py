@@ -34,7 +34,7 @@ from pathlib import Path
 
 from common.host import user_cache_dir
 from common.tvm_libraries import tvm_library_dir
-from measure.cuda.runtime import driver_cuda_version, nvidia_wheel_file
+from measure.cuda.runtime import cuda_version_text, driver_cuda_version, nvidia_wheel_file
 
 # Driver entry points libtvm_runtime_cuda.so links against (TVM 0.27); extended from `nm` when present.
 _KNOWN_DRIVER_SYMBOLS = (
@@ -217,9 +217,9 @@ def _newer_than_driver(version: str | None) -> str | None:
     if driver is None or version is None:
         return None
     major, minor = (int(part) for part in version.split(".")[:2])
-    if (major, minor) <= (driver // 1000, driver % 1000 // 10):
+    if major * 1000 + minor * 10 <= driver:  # the driver API's form: 12040 for 12.4
         return None
-    return f"NVRTC {version} is newer than the CUDA {driver // 1000}.{driver % 1000 // 10} the GPU driver supports"
+    return f"NVRTC {version} is newer than the CUDA {cuda_version_text(driver)} the GPU driver supports"
 
 
 def _describe_nvrtc() -> str:

@@ -91,7 +91,8 @@ def driver_cuda_version() -> int | None:
     return version.value
 
 
-def _version_text(version: int) -> str:
+def cuda_version_text(version: int) -> str:
+    """ "12.4" for the driver API's 12040."""
     return f"{version // 1000}.{version % 1000 // 10}"
 
 
@@ -118,7 +119,7 @@ def runtime_problem() -> str | None:
     version = driver_cuda_version()
     if version is not None and version < MIN_DRIVER_CUDA:
         return (
-            f"the NVIDIA driver supports CUDA {_version_text(version)}, but TVM 0.27's CUDA runtime needs CUDA 13: "
+            f"the NVIDIA driver supports CUDA {cuda_version_text(version)}, but TVM 0.27's CUDA runtime needs CUDA 13: "
             f"upgrade the driver to release {MIN_DRIVER_RELEASE} or later"
         )
     missing = load_cudart()

@@ -106,7 +106,6 @@ class _BlockInTrace:
     reordered: bool = False  # its loops are tiled: later SamplePerfectTiles are not its tiles
     binds: list[str] = field(default_factory=list)
     limits: dict[str, int] = field(default_factory=dict)
-    reads: list[int] = field(default_factory=list)
     buffered: int = 1
     warps: bool = False
     copies: list[tuple[object, int]] = field(default_factory=list)  # (the shared copy's block, its read)
@@ -133,7 +132,6 @@ class _BlockInTrace:
             stages = [int(stage) for stage in inst.inputs[1]]
             self.buffered = max(stages) - min(stages) + 1
         elif kind == "CacheRead" and str(attrs[1]) == "shared" and inst.inputs[0].same_as(self.block):
-            self.reads.append(int(attrs[0]))
             self.copies.append((inst.outputs[0], int(attrs[0])))
         elif kind == "CacheWrite" and str(attrs[1]) == "shared.dyn" and inst.inputs[0].same_as(self.block):
             self.staged = True
@@ -154,7 +152,7 @@ class _BlockInTrace:
             binds,
             self.limits[THREAD_LOW],
             self.limits[THREAD_HIGH],
-            tuple(self.reads),
+            tuple(read for _, read in self.copies),
             self.buffered,
             self.warps,
             tuple(self.aligned),
